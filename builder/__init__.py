@@ -1,0 +1,3 @@
+"""ml-image-builder: one build matrix for CUDA, ROCm, XPU and CPU container images."""
+
+__version__ = "0.1.0"
