@@ -27,8 +27,13 @@ def _index_pairs(values: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def project_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Options every command shares: where the matrix and wheel mapping are, mirrors, pinning."""
+def project_options(func: Callable[..., Any] | None = None, *, pinned: bool = True) -> Any:
+    """Options every command shares: where the matrix and wheel mapping are, mirrors, pinning.
+
+    ``pinned=False`` is for ``builder base``, which writes the pin the others need.
+    """
+    if func is None:
+        return functools.partial(project_options, pinned=pinned)
 
     @click.option(
         "--matrix", "matrix_path", default="matrix.yaml", show_default=True, type=click.Path(dir_okay=False),
@@ -48,7 +53,8 @@ def project_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(matrix_path: str, mapping_path: str | None, indexes: tuple[str, ...], allow_unpinned: bool, **kw: Any):
         project = load_project(
-            matrix_path, mapping_path, allow_unpinned=allow_unpinned, index_overrides=_index_pairs(indexes)
+            matrix_path, mapping_path, allow_unpinned=allow_unpinned or not pinned,
+            index_overrides=_index_pairs(indexes),
         )
         return func(project, **kw)
 
@@ -137,6 +143,154 @@ def lint_cmd(project: Project, targets: tuple[str, ...]) -> None:
     if problems:
         sys.exit(1)
     click.echo("hadolint: clean")
+
+
+@cli.command("base")
+@project_options(pinned=False)
+@click.option("--check", is_flag=True, help="Bootstrap afresh and say whether base.lock.json still matches (exit 1 if not).")
+@click.option("--update", is_flag=True, help="Re-pin when a fresh bootstrap differs from the lock (mirror moved).")
+def base_cmd(project: Project, check: bool, update: bool) -> None:
+    """Make (or reuse), push and pin the shared base in base.lock.json."""
+    import tempfile
+    from pathlib import Path
+
+    from builder import base, render
+    from builder.baselock import read_lock
+
+    spec = project.matrix.base.bootstrap
+    if check:
+        lock = read_lock(project.root)
+        if spec is None or lock is None:
+            raise UserError("base --check needs a bootstrap: spec and a base.lock.json; run 'builder base' first")
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            image_id, rootfs = base.image_id_of(spec, Path(tmp))
+        if image_id == lock.image_id:
+            click.echo(f"base.lock.json matches a fresh bootstrap ({image_id})")
+            return
+        click.echo(f"base drift: a fresh bootstrap is {image_id}, base.lock.json pins {lock.image_id}")
+        for line in base.drift_report(lock.packages, rootfs.packages):
+            click.echo(line)
+        click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
+        sys.exit(1)
+    from builder.engine import connect
+
+    lock = base.ensure_base(connect(), project, update=update, say=click.echo)
+    click.echo(f"base: {lock.reference} (image {lock.image_id})")
+    fresh = load_project(project.matrix_path, project.mapping_path)
+    changed = render.write(render.render(fresh, fresh.targets))
+    if changed:
+        click.echo(f"re-rendered {len(changed)} Dockerfiles for the new base pin")
+
+
+@cli.command("lock")
+@project_options
+@target_option
+def lock_cmd(project: Project, targets: tuple[str, ...]) -> None:
+    """Resolve wheels on the host into the wheelhouse and write the hash locks."""
+    from builder import wheels
+
+    failed = wheels.lock_all(project, project.select(targets), click.echo)
+    for name, error in failed.items():
+        click.echo(f"{name}: {error}", err=True)
+    sys.exit(1 if failed else 0)
+
+
+def _report(outcomes: list[Any], as_json: bool) -> None:
+    from builder.progress import summary
+
+    if as_json:
+        keys = ("target", "tags", "image_id", "size_bytes", "seconds", "smoke", "steps", "cached_steps",
+                "digest", "error")
+        click.echo(json.dumps([{k: o.as_dict()[k] for k in keys} for o in outcomes], indent=2))
+    else:
+        from rich.console import Console
+
+        Console(stderr=True).print(summary(outcomes))
+    if any(o.error for o in outcomes):
+        sys.exit(1)
+
+
+@cli.command("build")
+@project_options
+@target_option
+@click.option("--push", is_flag=True, help="Push every tag after the smoke test passes (aliases last).")
+@click.option("--keep-going", "-k", is_flag=True, help="A failing target doesn't stop the others.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Targets built concurrently; the shared stage is built once first.")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke test (the result says 'skipped').")
+@click.option("--quiet", "-q", is_flag=True, help="Progress bars only, no build log.")
+def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
+              jobs: int, no_smoke: bool, quiet: bool) -> None:
+    """Build, smoke-test, tag (and push) targets with docker-py."""
+    from builder.build import build_all
+    from builder.engine import connect
+    from builder.progress import Progress
+
+    client = connect()
+    if push:
+        from builder.registry import ensure_local
+
+        started = ensure_local(project.matrix.registry.split("/", 1)[0])
+        if started:
+            click.echo(started, err=True)
+    with Progress(verbose=not quiet) as ui:
+        outcomes = build_all(client, project, project.select(targets), ui, push=push, smoke=not no_smoke,
+                             keep_going=keep_going, jobs=jobs)
+    _report(outcomes, as_json)
+
+
+@cli.command("smoke")
+@project_options
+@target_option
+@click.option("--no-train", is_flag=True, help="Skip the 2-process accelerate training run.")
+def smoke_cmd(project: Project, targets: tuple[str, ...], no_train: bool) -> None:
+    """Smoke-test the tagged images of targets (build them first)."""
+    from builder.engine import connect
+    from builder.smoke import smoke_test
+
+    client = connect()
+    failed = False
+    for target in project.select(targets):
+        try:
+            client.api.inspect_image(target.primary_ref)
+        except Exception:  # noqa: BLE001 - docker raises ImageNotFound or APIError
+            click.echo(f"{target.name}: SKIPPED (no image {target.primary_ref}; run 'builder build -t {target.name}')")
+            continue
+        result = smoke_test(client, project, target, target.primary_ref, train=not no_train, log=click.echo)
+        for line in result.skipped:
+            click.echo(f"{target.name}: {line}")
+        click.echo(f"{target.name}: {result.status.upper()} ({result.summary()})")
+        failed |= result.status == "failed"
+    sys.exit(1 if failed else 0)
+
+
+@cli.command("push")
+@project_options
+@target_option
+def push_cmd(project: Project, targets: tuple[str, ...]) -> None:
+    """Push already-built targets (versioned tags first, then latest-<vendor>)."""
+    from builder import publish
+    from builder.engine import connect
+    from builder.errors import TargetFailed
+
+    client = connect()
+    records, failed = [], False
+    for target in project.select(targets):
+        try:
+            image_id = client.api.inspect_image(target.primary_ref)["Id"]
+            records.append(publish.push_target(client, target, image_id))
+            click.echo(f"{target.name}: pushed {records[-1]['reference']}")
+        except TargetFailed as exc:
+            click.echo(f"{target.name}: {exc}", err=True)
+            failed = True
+        except Exception as exc:  # noqa: BLE001 - ImageNotFound / APIError
+            click.echo(f"{target.name}: no local image {target.primary_ref} ({exc.__class__.__name__}); build it first",
+                       err=True)
+            failed = True
+    if records:
+        click.echo(f"published manifest: {publish.record(project.root, records)}")
+    sys.exit(1 if failed else 0)
 
 
 def main() -> None:

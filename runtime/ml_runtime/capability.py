@@ -98,10 +98,10 @@ def parse_capability(value: str) -> Capability:
     Example:
         >>> parse_capability("sm_90a").variant
         'a'
-        >>> parse_capability("sm8")
+        >>> parse_capability("sm8")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: 'sm8' is not a valid compute capability (expected sm_XY, gfxNNN[a-z] or an Intel family (pvc, dg2, bmg) / device id 0xNNNN)
+        ValueError: 'sm8' is not a valid compute capability (expected sm_XY, gfxNNN[a-z] or ...)
     """
     text = str(value).strip().lower()
     match = _SM.match(text)
@@ -209,13 +209,12 @@ def satisfies(found: Capability, required: Capability) -> tuple[bool, str]:
     Example:
         >>> satisfies(parse_capability("gfx942"), parse_capability("gfx90a"))
         (True, '')
-        >>> satisfies(parse_capability("gfx1100"), parse_capability("gfx90a"))[1]
-        'requires gfx90a or newer of the AMD gfx9 family but found gfx1100 (gfx11 family; different AMD families are not ordered)'
+        >>> print(satisfies(parse_capability("gfx1100"), parse_capability("gfx90a"))[1])
+        requires gfx90a or newer of the AMD gfx9 family but found gfx1100 (gfx11 family; ...)
     """
     if found.vendor != required.vendor:
         return False, (
-            f"requires an {VENDOR_LABEL[required.vendor]} GPU ({required.text}) "
-            f"but found {found.describe()}"
+            f"requires an {VENDOR_LABEL[required.vendor]} GPU ({required.text}) but found {found.describe()}"
         )
     if required.vendor == "nvidia":
         return _nvidia_satisfies(found, required)
@@ -237,11 +236,15 @@ def _nvidia_satisfies(found: Capability, required: Capability) -> tuple[bool, st
     have = f"{found.text} ({version_text(found)})"
     if required.variant == "a":
         ok = found.version == required.version
-        return ok, "" if ok else f"requires exactly compute capability {need} ({required.text}) but found {have}"
+        return (
+            ok,
+            "" if ok else f"requires exactly compute capability {need} ({required.text}) but found {have}",
+        )
     if required.variant == "f":
         ok = found.version[0] == required.version[0] and found.version[1] >= required.version[1]
         return ok, "" if ok else (
-            f"requires compute capability {required.version[0]}.x >= {need} ({required.text}) but found {have}"
+            f"requires compute capability {required.version[0]}.x >= {need} ({required.text}) "
+            f"but found {have}"
         )
     ok = found.version >= required.version
     return ok, "" if ok else f"requires compute capability >= {need} ({required.text}) but found {have}"
@@ -277,4 +280,6 @@ def suggestion(required: Capability) -> str:
         )
     if required.device_id is not None:
         return f"run on a host with the Intel GPU {required.text}"
-    return f"run on a host with an Intel {INTEL_FAMILY_TITLES.get(required.family or '', required.family)} GPU"
+    return (
+        f"run on a host with an Intel {INTEL_FAMILY_TITLES.get(required.family or '', required.family)} GPU"
+    )

@@ -13,7 +13,8 @@ API; ROCm builds report through ``torch.cuda`` with device type ``"cuda"`` and
 
 Example:
     >>> facts = TorchFacts.from_dict({"torch_version": "2.5.1+cu124", "cuda_version": "12.4",
-    ...     "accelerator_type": "cuda", "devices": [{"index": 0, "name": "NVIDIA H100", "major": 9, "minor": 0}]})
+    ...     "accelerator_type": "cuda",
+    ...     "devices": [{"index": 0, "name": "NVIDIA H100", "major": 9, "minor": 0}]})
     >>> facts.devices[0].major
     9
 """

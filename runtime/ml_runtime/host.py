@@ -13,7 +13,7 @@ The parsers are pure functions of the tools' text so tests can feed recorded
 output.
 
 Example:
-    >>> parse_nvidia_proc_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.54.03  Tue Jun  6 22:20:39 UTC 2023")
+    >>> parse_nvidia_proc_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.54.03  Tue Jun 6")
     '535.54.03'
 """
 
@@ -59,16 +59,34 @@ def gather_host_facts(vendor: str, facts: TorchFacts | None = None, runner: Runn
     host = HostFacts(cpu_model=cpu_model(), cpu_cores=usable_cores(), cpu_logical=os.cpu_count())
     host.device_nodes = [p for p in ("/dev/nvidiactl", "/dev/kfd", "/dev/dri") if os.path.exists(p)]
     if vendor == "nvidia":
-        _first_driver(host, [("nvml", _nvml_driver), ("/proc/driver/nvidia/version", _proc_nvidia),
-                             ("nvidia-smi", lambda: _nvidia_smi_driver(runner))])
+        _first_driver(
+            host,
+            [
+                ("nvml", _nvml_driver),
+                ("/proc/driver/nvidia/version", _proc_nvidia),
+                ("nvidia-smi", lambda: _nvidia_smi_driver(runner)),
+            ],
+        )
     elif vendor == "amd":
-        _first_driver(host, [("/sys/module/amdgpu/version", _sys_amdgpu),
-                             ("amd-smi", lambda: _amd_smi_driver(runner)),
-                             ("rocm-smi", lambda: _rocm_smi_driver(runner))])
+        _first_driver(
+            host,
+            [
+                ("/sys/module/amdgpu/version", _sys_amdgpu),
+                ("amd-smi", lambda: _amd_smi_driver(runner)),
+                ("rocm-smi", lambda: _rocm_smi_driver(runner)),
+            ],
+        )
     elif vendor == "intel":
-        from_torch = next((d.driver_version for d in (facts.devices if facts else []) if d.driver_version), None)
-        _first_driver(host, [("torch.xpu", lambda: (from_torch, None if from_torch else "not reported")),
-                             ("xpu-smi", lambda: _xpu_smi_driver(runner))])
+        from_torch = next(
+            (d.driver_version for d in (facts.devices if facts else []) if d.driver_version), None
+        )
+        _first_driver(
+            host,
+            [
+                ("torch.xpu", lambda: (from_torch, None if from_torch else "not reported")),
+                ("xpu-smi", lambda: _xpu_smi_driver(runner)),
+            ],
+        )
     return host
 
 
@@ -121,7 +139,7 @@ def parse_nvidia_proc_version(text: str) -> str | None:
     """Driver version from ``/proc/driver/nvidia/version``.
 
     Example:
-        >>> parse_nvidia_proc_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build")
+        >>> parse_nvidia_proc_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15")
         '570.86.15'
     """
     match = _PROC_NVIDIA.search(text)

@@ -19,8 +19,9 @@ import io
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable
 
 DEFAULT_TIMEOUT_S = 15.0
 
@@ -40,7 +41,7 @@ class ToolResult:
 
     ok: bool
     stdout: str
-    note: Optional[str] = None
+    note: str | None = None
 
 
 # A runner takes argv and returns a ToolResult; tests inject fakes.
@@ -77,7 +78,7 @@ def run_tool(argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT_S) -> ToolRes
     return ToolResult(True, proc.stdout, None)
 
 
-def last_line(text: Optional[str]) -> str:
+def last_line(text: str | None) -> str:
     """Last non-blank line of ``text`` (for short error notes).
 
     Example:
@@ -88,7 +89,7 @@ def last_line(text: Optional[str]) -> str:
     return lines[-1] if lines else ""
 
 
-def normalize_header(header: str) -> tuple[str, Optional[str]]:
+def normalize_header(header: str) -> tuple[str, str | None]:
     """Lower-case a CSV header, collapse spaces and split off a ``[unit]``.
 
     Example:
@@ -128,7 +129,7 @@ def parse_csv_table(text: str) -> list[dict[str, str]]:
     return table
 
 
-def parse_number(value: object) -> Optional[float]:
+def parse_number(value: object) -> float | None:
     """Leading number of a cell such as ``8188 MiB``, ``35 %`` or ``41.0``.
 
     ``N/A``, ``[Not Supported]`` and empty cells give ``None``.
@@ -148,7 +149,7 @@ def parse_number(value: object) -> Optional[float]:
     return float(match.group(0)) if match else None
 
 
-def pick(row: dict[str, str], *candidates: str) -> Optional[str]:
+def pick(row: dict[str, str], *candidates: str) -> str | None:
     """First non-missing cell among candidate (normalised) header names.
 
     Example:
