@@ -134,7 +134,8 @@ def process(
     start = time.monotonic()
     ui.start(target.name)
     try:
-        cache_from = [*_cache_sources(client, target), *cache_also]
+        pulled = _cache_sources(client, target)
+        cache_from = [*pulled, *cache_also] if pulled else []
         out.image_id, out.steps, out.cached_steps = docker_build(
             client, project, target, cache_from=cache_from,
             on_step=lambda n, total, text: ui.step(target.name, n, total, text),
@@ -166,19 +167,23 @@ def process(
 
 
 def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[str]:
-    """The target's published image as a cache source: pulled if missing (a fresh runner).
+    """On a fresh runner, the target's published image pulled as a cache source.
 
-    With cache sources the classic builder accepts a local cache hit only inside their
-    layer chains, so callers add the shared stage's image when they built it just now.
+    Returns [] when the image is already local (the local cache covers it; naming it as a
+    source would make the classic builder re-run the final metadata steps) or was never
+    published. With sources, the classic builder accepts a local hit only inside their layer
+    chains, so callers add the shared stage's image when they built it just now.
     """
     ref = target.primary_ref
     try:
         client.api.inspect_image(ref)
+        return []
     except docker.errors.ImageNotFound:
-        try:
-            client.api.pull(ref)
-        except docker.errors.DockerException:
-            return []  # never published yet: build cold
+        pass
+    try:
+        client.api.pull(*ref.rsplit(":", 1))
+    except docker.errors.DockerException:
+        return []  # never published yet: build cold
     return [ref]
 
 

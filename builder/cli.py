@@ -293,10 +293,16 @@ def push_cmd(project: Project, targets: tuple[str, ...]) -> None:
     sys.exit(1 if failed else 0)
 
 
+from builder.commands_host import doctor_cmd, run_cmd  # noqa: E402 - they use project_options above
+
+cli.add_command(doctor_cmd)
+cli.add_command(run_cmd)
+
+
 def main() -> None:
     """Entry point: map user errors to exit 2 with one line per problem, never a traceback."""
     try:
-        cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False)
     except UserError as exc:
         for line in exc.lines:
             click.echo(f"error: {line}", err=True)
@@ -310,5 +316,4 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
-    except SystemExit:
-        raise
+    sys.exit(code if isinstance(code, int) else 0)

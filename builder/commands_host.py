@@ -22,14 +22,27 @@ _dev_option = click.option("--dev-root", default="/dev", envvar="BUILDER_DEV_ROO
 
 
 @click.command("doctor")
-@click.option("--matrix", "matrix_path", default="matrix.yaml", show_default=True, type=click.Path(dir_okay=False),
-              help="The build matrix (for the registry and base); a broken one is reported, not fatal.")
-@click.option("--wheel-mapping", "mapping_path", default=None, type=click.Path(dir_okay=False),
-              help="Wheel mapping (default: wheel-mapping.json beside the matrix).")
+@click.option(
+    "--matrix",
+    "matrix_path",
+    default="matrix.yaml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The build matrix (for the registry and base); a broken one is reported, not fatal.",
+)
+@click.option(
+    "--wheel-mapping",
+    "mapping_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Wheel mapping (default: wheel-mapping.json beside the matrix).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON on stdout.")
 @_sysfs_option
 @_dev_option
-def doctor_cmd(matrix_path: str, mapping_path: str | None, as_json: bool, sysfs_root: str, dev_root: str) -> None:
+def doctor_cmd(
+    matrix_path: str, mapping_path: str | None, as_json: bool, sysfs_root: str, dev_root: str
+) -> None:
     """Check this host: engine, GPUs and their runtime/devices, disk, registry, tools.
 
     Each item prints [OK], [WARN] or [FAIL] with what was found and, for problems, the fix.
@@ -54,17 +67,41 @@ def doctor_cmd(matrix_path: str, mapping_path: str | None, as_json: bool, sysfs_
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @project_options
-@click.option("--target", "-t", default="auto", show_default=True, metavar="auto|T",
-              help="Target to run; auto: the matrix target of this host's GPU vendor (latest-<vendor>), else cpu.")
-@click.option("--gpus/--no-gpus", default=True, show_default=True, help="Give the container the vendor's GPUs.")
-@click.option("--env", "-e", "env", multiple=True, metavar="K=V",
-              help="Set a variable in the container (repeatable; a bare K passes the host's value).")
-@click.option("--dry-run", is_flag=True, help="Print the target, why, and the equivalent docker run line; run nothing.")
+@click.option(
+    "--target",
+    "-t",
+    default="auto",
+    show_default=True,
+    metavar="auto|T",
+    help="Target to run; auto: the matrix target of this host's GPU vendor (latest-<vendor>), else cpu.",
+)
+@click.option(
+    "--gpus/--no-gpus", default=True, show_default=True, help="Give the container the vendor's GPUs."
+)
+@click.option(
+    "--env",
+    "-e",
+    "env",
+    multiple=True,
+    metavar="K=V",
+    help="Set a variable in the container (repeatable; a bare K passes the host's value).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the target, why, and the equivalent docker run line; run nothing."
+)
 @_sysfs_option
 @_dev_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run_cmd(project: Project, target: str, gpus: bool, env: tuple[str, ...], dry_run: bool,
-            sysfs_root: str, dev_root: str, command: tuple[str, ...]) -> None:
+def run_cmd(
+    project: Project,
+    target: str,
+    gpus: bool,
+    env: tuple[str, ...],
+    dry_run: bool,
+    sysfs_root: str,
+    dev_root: str,
+    command: tuple[str, ...],
+) -> None:
     """Run COMMAND in the image for this host's GPUs, with the current directory at /workspace.
 
     The container runs as the image's user (uid 1001), streams its output, and is removed

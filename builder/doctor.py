@@ -38,7 +38,8 @@ MIN_API_FOR_GPUS = "1.40"
 DAEMON_FIX = "systemctl start docker (or: dockerd &), or point DOCKER_HOST at a running engine"
 TOOLKIT_FIX = (
     "apt-get install nvidia-container-toolkit && nvidia-ctk runtime configure --runtime=docker "
-    "&& systemctl restart docker (or generate a CDI spec: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+    "&& systemctl restart docker "
+    "(or generate a CDI spec: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
 )
 
 
@@ -83,13 +84,21 @@ def check_daemon(ctx: Context) -> list[Check]:
         ctx.info = client.info()
     except (DockerException, RequestException, OSError) as exc:
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        return [Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)]
+        return [
+            Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)
+        ]
     ctx.client = client
     api = version.get("ApiVersion", "?")
     found = f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}"
     if api != "?" and Version(api) < Version(MIN_API_FOR_GPUS):
-        return [Check("warn", "docker daemon", f"{found}; GPUs need API >= {MIN_API_FOR_GPUS}",
-                      "upgrade Docker to 19.03 or newer")]
+        return [
+            Check(
+                "warn",
+                "docker daemon",
+                f"{found}; GPUs need API >= {MIN_API_FOR_GPUS}",
+                "upgrade Docker to 19.03 or newer",
+            )
+        ]
     return [Check("ok", "docker daemon", found)]
 
 
@@ -102,7 +111,11 @@ def check_gpus(ctx: Context) -> list[Check]:
     try:
         vendor, why = hostdetect.choose_vendor(host)
     except UserError as exc:
-        return [Check("fail", "gpus", f"{found}; {exc.lines[0]}", f"unset {hostdetect.VENDOR_ENV} or fix its value")]
+        return [
+            Check(
+                "fail", "gpus", f"{found}; {exc.lines[0]}", f"unset {hostdetect.VENDOR_ENV} or fix its value"
+            )
+        ]
     return [Check("ok", "gpus", f"{found}; builder run picks {vendor} ({why})")]
 
 
@@ -115,19 +128,33 @@ def check_nvidia(ctx: Context) -> list[Check]:
     if hostdetect.has_nvidia_gpu_node(host.nodes):
         checks.append(Check("ok", "nvidia driver", f"{', '.join(host.nodes.nvidia)}"))
     else:
-        checks.append(Check("fail", "nvidia driver", f"GPU(s) {host.describe('nvidia')} but no /dev/nvidia[0-9]*",
-                            "install the NVIDIA driver (apt-get install nvidia-driver) and reboot; nvidia-smi must work"))
+        checks.append(
+            Check(
+                "fail",
+                "nvidia driver",
+                f"GPU(s) {host.describe('nvidia')} but no /dev/nvidia[0-9]*",
+                "install the NVIDIA driver (apt-get install nvidia-driver) and reboot; nvidia-smi must work",
+            )
+        )
     runtimes = sorted((ctx.info or {}).get("Runtimes") or {})
     if "nvidia" in runtimes:
-        checks.append(Check("ok", "nvidia runtime", f"registered in the engine (runtimes: {', '.join(runtimes)})"))
+        checks.append(
+            Check("ok", "nvidia runtime", f"registered in the engine (runtimes: {', '.join(runtimes)})")
+        )
     elif ctx.cdi:
         checks.append(Check("ok", "nvidia runtime", f"CDI spec for nvidia.com/gpu: {', '.join(ctx.cdi)}"))
     elif ctx.info is None:
         checks.append(Check("warn", "nvidia runtime", "not checked: no engine answered", DAEMON_FIX))
     else:
-        checks.append(Check("fail", "nvidia runtime",
-                            f"not in the engine's runtimes ({', '.join(runtimes) or 'none'}) and no CDI spec in "
-                            f"{' or '.join(hostdetect.CDI_DIRS)}", TOOLKIT_FIX))
+        checks.append(
+            Check(
+                "fail",
+                "nvidia runtime",
+                f"not in the engine's runtimes ({', '.join(runtimes) or 'none'}) and no CDI spec in "
+                f"{' or '.join(hostdetect.CDI_DIRS)}",
+                TOOLKIT_FIX,
+            )
+        )
     return checks
 
 
@@ -141,8 +168,12 @@ def _access(path: str) -> Check:
     found = f"{path} (group {group}, GID {info.st_gid})"
     if os.access(path, os.R_OK | os.W_OK):
         return Check("ok", f"access {path}", f"{found}; builder run adds GID {info.st_gid} to the container")
-    return Check("fail", f"access {path}", f"{found}: not readable and writable by you",
-                 f"sudo usermod -aG {group} $USER, then log in again")
+    return Check(
+        "fail",
+        f"access {path}",
+        f"{found}: not readable and writable by you",
+        f"sudo usermod -aG {group} $USER, then log in again",
+    )
 
 
 def check_amd_intel(ctx: Context) -> list[Check]:
@@ -151,23 +182,36 @@ def check_amd_intel(ctx: Context) -> list[Check]:
     checks = []
     if host.of("amd"):
         checks.append(
-            Check("ok", "amd /dev/kfd", nodes.kfd) if nodes.kfd else
-            Check("fail", "amd /dev/kfd", f"GPU(s) {host.describe('amd')} but no /dev/kfd",
-                  "install the amdgpu driver with KFD (amdgpu-install --usecase=rocm) and reboot")
+            Check("ok", "amd /dev/kfd", nodes.kfd)
+            if nodes.kfd
+            else Check(
+                "fail",
+                "amd /dev/kfd",
+                f"GPU(s) {host.describe('amd')} but no /dev/kfd",
+                "install the amdgpu driver with KFD (amdgpu-install --usecase=rocm) and reboot",
+            )
         )
     if host.of("amd") or host.of("intel"):
         if nodes.render:
             checks.append(Check("ok", "/dev/dri", f"render nodes {', '.join(nodes.render)}"))
         else:
             vendors = " and ".join(v for v in ("amd", "intel") if host.of(v))
-            checks.append(Check("fail", "/dev/dri", f"{vendors} GPU(s) but no /dev/dri/renderD* node",
-                                "load the GPU driver (amdgpu, i915 or xe) and reboot"))
+            checks.append(
+                Check(
+                    "fail",
+                    "/dev/dri",
+                    f"{vendors} GPU(s) but no /dev/dri/renderD* node",
+                    "load the GPU driver (amdgpu, i915 or xe) and reboot",
+                )
+            )
         for path in ([nodes.kfd] if nodes.kfd and host.of("amd") else []) + list(nodes.render):
             checks.append(_access(path))
         names = hostdetect.group_gids(["video", "render"])
         if names:
             gids = ", ".join(f"{k} {v}" for k, v in names.items())
-            checks.append(Check("ok", "gpu groups", f"host GIDs {gids}; the image's differ, builder run adds these"))
+            checks.append(
+                Check("ok", "gpu groups", f"host GIDs {gids}; the image's differ, builder run adds these")
+            )
     return checks
 
 
@@ -179,11 +223,19 @@ def check_disk(ctx: Context) -> list[Check]:
     try:
         free = shutil.disk_usage(root).free / 2**30
     except OSError:
-        return [Check("warn", "docker disk", f"{root} is not visible from here (remote engine?); not checked")]
+        return [
+            Check("warn", "docker disk", f"{root} is not visible from here (remote engine?); not checked")
+        ]
     found = f"{free:.1f} GiB free at {root}"
     if free < MIN_FREE_GIB:
-        return [Check("warn", "docker disk", f"{found}; GPU images need >= {MIN_FREE_GIB} GiB",
-                      "docker system prune (or docker builder prune), or move data-root to a larger disk")]
+        return [
+            Check(
+                "warn",
+                "docker disk",
+                f"{found}; GPU images need >= {MIN_FREE_GIB} GiB",
+                "docker system prune (or docker builder prune), or move data-root to a larger disk",
+            )
+        ]
     return [Check("ok", "docker disk", found)]
 
 
@@ -195,20 +247,38 @@ def check_registry(ctx: Context) -> list[Check]:
     if registry.ping(host):
         return [Check("ok", "registry", f"{host} answers /v2/")]
     if registry.is_local(host):
-        return [Check("warn", "registry", f"nothing answers at {host} (a loopback registry builder starts on demand)",
-                      "'builder base' and 'builder build --push' start it (docker-registry) when they need it")]
-    return [Check("fail", "registry", f"{host} does not answer /v2/",
-                  f"check 'registry' in {ctx.project.matrix_path.name}, the network, and 'docker login {host}'")]
+        return [
+            Check(
+                "warn",
+                "registry",
+                f"nothing answers at {host} (a loopback registry builder starts on demand)",
+                "'builder base' and 'builder build --push' start it (docker-registry) when they need it",
+            )
+        ]
+    return [
+        Check(
+            "fail",
+            "registry",
+            f"{host} does not answer /v2/",
+            f"check 'registry' in {ctx.project.matrix_path.name}, the network, and 'docker login {host}'",
+        )
+    ]
 
 
 def check_tools(ctx: Context) -> list[Check]:
     """mmdebstrap (``builder base``) and docker-registry (a loopback registry for ``make images``)."""
     checks = []
     for tool, needed, why in (
-        ("mmdebstrap", ctx.project is None or ctx.project.matrix.base.bootstrap is not None,
-         "builder base bootstraps the base with it"),
-        ("docker-registry", ctx.project is None or registry.is_local(registry.Ref.parse(ctx.project.matrix.registry).host),
-         "make images pushes to a loopback registry it serves"),
+        (
+            "mmdebstrap",
+            ctx.project is None or ctx.project.matrix.base.bootstrap is not None,
+            "builder base bootstraps the base with it",
+        ),
+        (
+            "docker-registry",
+            ctx.project is None or registry.is_local(registry.Ref.parse(ctx.project.matrix.registry).host),
+            "make images pushes to a loopback registry it serves",
+        ),
     ):
         path = shutil.which(tool)
         if path:
@@ -221,22 +291,37 @@ def check_tools(ctx: Context) -> list[Check]:
 
 
 def check_config(ctx: Context) -> list[Check]:
-    """The project loads; a missing or stale base pin is a WARN (it loads unpinned), any other problem a FAIL."""
+    """The project loads; a missing or stale base pin is a WARN (loads unpinned), other problems a FAIL."""
     name = Path(ctx.matrix_path).name
     try:
         ctx.project = load_project(ctx.matrix_path, ctx.mapping_path)
-        return [Check("ok", "config", f"{name}: {len(ctx.project.targets)} targets, registry {ctx.project.matrix.registry}")]
+        return [
+            Check(
+                "ok",
+                "config",
+                f"{name}: {len(ctx.project.targets)} targets, registry {ctx.project.matrix.registry}",
+            )
+        ]
     except UserError as exc:
         strict = exc
     try:
         ctx.project = load_project(ctx.matrix_path, ctx.mapping_path, allow_unpinned=True)
     except UserError as exc:
         return [Check("fail", "config", "; ".join(exc.lines), f"fix {name} as the message says")]
-    return [Check("warn", "config", "; ".join(strict.lines), "run 'builder base' to bootstrap and pin the base")]
+    return [
+        Check("warn", "config", "; ".join(strict.lines), "run 'builder base' to bootstrap and pin the base")
+    ]
 
 
 CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
-    check_daemon, check_gpus, check_nvidia, check_amd_intel, check_disk, check_config, check_registry, check_tools,
+    check_daemon,
+    check_gpus,
+    check_nvidia,
+    check_amd_intel,
+    check_disk,
+    check_config,
+    check_registry,
+    check_tools,
 )
 
 
@@ -262,8 +347,14 @@ def run_checks(
         try:
             checks += check(ctx)
         except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
-            checks.append(Check("fail", check.__name__.removeprefix("check_"), f"the check crashed: {exc!r}",
-                                "report this as a builder bug"))
+            checks.append(
+                Check(
+                    "fail",
+                    check.__name__.removeprefix("check_"),
+                    f"the check crashed: {exc!r}",
+                    "report this as a builder bug",
+                )
+            )
     if ctx.client is not None:
         ctx.client.close()
     return checks

@@ -97,9 +97,15 @@ class HostGpus:
         """What keeps a present vendor's GPUs from being usable (empty: usable)."""
         n = self.nodes
         if vendor == "nvidia":
-            return [] if has_nvidia_gpu_node(n) or self.nvidia_runtime else ["/dev/nvidia[0-9]* (NVIDIA driver not loaded; nvidia-smi must work)"]
+            return (
+                []
+                if has_nvidia_gpu_node(n) or self.nvidia_runtime
+                else ["/dev/nvidia[0-9]* (NVIDIA driver not loaded; nvidia-smi must work)"]
+            )
         if vendor == "amd":
-            return [p for p, ok in (("/dev/kfd (amdgpu driver with KFD)", n.kfd), ("/dev/dri", n.dri)) if not ok]
+            return [
+                p for p, ok in (("/dev/kfd (amdgpu driver with KFD)", n.kfd), ("/dev/dri", n.dri)) if not ok
+            ]
         if vendor == "intel":
             return [] if n.render else ["/dev/dri/renderD* (i915 or xe driver not loaded)"]
         return []
@@ -217,7 +223,9 @@ def choose_vendor(host: HostGpus, env: Mapping[str, str] | None = None) -> tuple
     forced = env.get(VENDOR_ENV, "").strip().lower()
     if forced:
         if forced not in (*VENDOR_ORDER, "cpu"):
-            raise UserError(f"{VENDOR_ENV}={forced!r} is not a vendor; use one of nvidia, amd, intel, cpu (or unset it)")
+            raise UserError(
+                f"{VENDOR_ENV}={forced!r} is not a vendor; use one of nvidia, amd, intel, cpu (or unset it)"
+            )
         return forced, f"forced by {VENDOR_ENV}={forced}"
     usable = host.usable()
     if usable:

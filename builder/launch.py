@@ -47,7 +47,13 @@ from builder.project import LABEL_PREFIX, Project, ResolvedTarget
 
 WORKSPACE = "/workspace"
 #: One process on one machine; a launcher on the host (torchrun, Slurm) may set its own.
-DIST_DEFAULTS = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+DIST_DEFAULTS = {
+    "WORLD_SIZE": "1",
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "29500",
+}
 #: On every container builder run starts; image labels are inherited, hence a ``run.`` namespace.
 RUN_LABEL = f"{LABEL_PREFIX}.run"
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
@@ -82,11 +88,7 @@ class RunPlan:
             "labels": dict(self.labels),
             "mounts": [docker.types.Mount(WORKSPACE, self.workspace, type="bind", read_only=False)],
             "working_dir": WORKSPACE,
-            "device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if self.gpus else None,
-            "devices": [f"{d}:{d}:rwm" for d in self.devices] or None,
-            "group_add": [str(g) for g in self.group_add] or None,
-            "ipc_mode": self.ipc_mode,
-            "shm_size": self.shm_size,
+            **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size),
             "stdin_open": False,
             "tty": False,
         }
@@ -144,7 +146,9 @@ def choose_target(
     if len(candidates) == 1:
         return candidates[0], why
     latest = [t for t in candidates if t.alias_refs] or candidates
-    return latest[0], why + f"; {latest[0].name} carries latest-{vendor} (of {', '.join(t.name for t in candidates)})"
+    return latest[
+        0
+    ], why + f"; {latest[0].name} carries latest-{vendor} (of {', '.join(t.name for t in candidates)})"
 
 
 def parse_env(pairs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -181,6 +185,24 @@ def container_env(target: ResolvedTarget, pairs: Sequence[str], environ: Mapping
     return env
 
 
+def device_kwargs(
+    gpus: bool, devices: Sequence[str], group_add: Sequence[int], ipc_mode: str | None, shm_size: str | None
+) -> dict[str, Any]:
+    """docker-py ``containers.create`` options that hand a container its GPUs.
+
+    Example:
+        >>> device_kwargs(True, (), (), None, "8g")["device_requests"][0]["Capabilities"]
+        [['gpu']]
+    """
+    return {
+        "device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+        "devices": [f"{d}:{d}:rwm" for d in devices] or None,
+        "group_add": [str(g) for g in group_add] or None,
+        "ipc_mode": ipc_mode,
+        "shm_size": shm_size,
+    }
+
+
 @dataclass(frozen=True)
 class DeviceFlags:
     """A vendor's device flags worked out for this host."""
@@ -193,9 +215,16 @@ class DeviceFlags:
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
 
+    def docker_kwargs(self) -> dict[str, Any]:
+        return device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size)
+
 
 def device_flags(
-    target: ResolvedTarget, host: hostdetect.HostGpus, *, gpus: bool = True, environ: Mapping[str, str] | None = None
+    target: ResolvedTarget,
+    host: hostdetect.HostGpus,
+    *,
+    gpus: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> DeviceFlags:
     """The target vendor's ``run`` flags, with group names turned into this host's GIDs.
 
@@ -209,7 +238,11 @@ def device_flags(
     environ = os.environ if environ is None else environ
     flags = target.run_flags
     if not gpus or target.vendor == "cpu":
-        notes = (f"--no-gpus: running the {target.vendor} image without its devices",) if target.vendor != "cpu" else ()
+        notes = (
+            (f"--no-gpus: running the {target.vendor} image without its devices",)
+            if target.vendor != "cpu"
+            else ()
+        )
         return DeviceFlags(shm_size=flags.shm_size, notes=notes)
     notes, problems = [], []
     forced = environ.get(hostdetect.VENDOR_ENV, "").strip().lower() == target.vendor
@@ -222,12 +255,17 @@ def device_flags(
         )
     for device in flags.devices:
         if not host.nodes.host_path(device).exists():
-            problems.append(f"{device}: missing on this host; load the {target.vendor} driver, or pass --no-gpus")
+            problems.append(
+                f"{device}: missing on this host; load the {target.vendor} driver, or pass --no-gpus"
+            )
     gids: tuple[int, ...] = ()
     if flags.group_add:
         known = hostdetect.group_gids(flags.group_add)
-        notes += [f"host has no {name!r} group; relying on the device nodes' groups"
-                  for name in flags.group_add if name not in known]
+        notes += [
+            f"host has no {name!r} group; relying on the device nodes' groups"
+            for name in flags.group_add
+            if name not in known
+        ]
         gids = tuple(hostdetect.container_gids(flags.group_add, host.nodes))
     return DeviceFlags(
         gpus=flags.gpus,
@@ -350,7 +388,8 @@ def _start_error(plan: RunPlan, exc: APIError) -> UserError:
     if "could not select device driver" in text:
         return UserError(
             f"the engine cannot give GPUs to {plan.image} ({text}); install nvidia-container-toolkit, then "
-            "'nvidia-ctk runtime configure --runtime=docker && systemctl restart docker' (builder doctor checks this)"
+            "'nvidia-ctk runtime configure --runtime=docker && systemctl restart docker' "
+            "(builder doctor checks this)"
         )
     return UserError(f"the engine could not start {plan.image}: {text}")
 
@@ -380,7 +419,9 @@ def run_container(
             try:
                 container = client.containers.create(**plan.create_kwargs())
                 # Attach before start (logs=True as well) so not a byte of early output is lost.
-                stream = client.api.attach(container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+                stream = client.api.attach(
+                    container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True
+                )
                 container.start()
             except APIError as exc:
                 raise _start_error(plan, exc) from None
@@ -392,8 +433,15 @@ def run_container(
                             sink.flush()
                 return int(container.wait()["StatusCode"])
             except KeyboardInterrupt:
-                with _shielded(), contextlib.suppress(NotFound, APIError):
-                    container.stop(timeout=stop_timeout)
+                with _shielded():
+                    # A closed terminal must not keep the container from being stopped.
+                    with contextlib.suppress(OSError, ValueError):
+                        stderr.write(
+                            f"builder run: interrupted; stopping the container (<= {stop_timeout} s)\n".encode()
+                        )
+                        stderr.flush()
+                    with contextlib.suppress(NotFound, APIError):
+                        container.stop(timeout=stop_timeout)
                 raise
     finally:
         if container is not None:

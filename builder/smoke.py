@@ -71,12 +71,18 @@ def device_options(target: ResolvedTarget) -> tuple[dict[str, Any], str | None]:
     """docker-py options giving the container this target's GPUs, or (None, why not)."""
     if target.vendor == "cpu":
         return {}, "cpu target: no device to test"
-    from builder.launch import device_kwargs, host_vendor
+    from builder import hostdetect
+    from builder.launch import device_flags
 
-    vendor = host_vendor()
-    if vendor != target.vendor:
-        return {}, f"this host has no {target.vendor} GPU (found: {vendor or 'none'})"
-    return device_kwargs(target), None
+    host = hostdetect.detect()
+    if target.vendor not in host.usable():
+        found = host.describe(target.vendor) or "none on the PCI bus"
+        lack = "; ".join(host.missing(target.vendor)) if host.describe(target.vendor) else ""
+        return {}, f"this host has no usable {target.vendor} GPU ({found}{'; ' + lack if lack else ''})"
+    flags = device_flags(target, host)
+    if flags.problems:
+        return {}, "; ".join(flags.problems)
+    return {k: v for k, v in flags.docker_kwargs().items() if v is not None}, None
 
 
 def expected_flavour(target: ResolvedTarget, facts: dict[str, Any]) -> tuple[bool, str]:

@@ -27,16 +27,13 @@ import importlib.metadata
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from ml_runtime import capability as cap
 from ml_runtime.probe import DeviceInfo, ProbeResult
 from ml_runtime.spec import Dependency, DriverRequirement, Spec
-
-# measure(device) -> GB/s; injectable so tests need no accelerator.
-Measure = Callable[[DeviceInfo], float]
 
 _TOKENS = re.compile(r"\d+")
 
@@ -86,7 +83,6 @@ def run_checks(
     spec: Spec,
     probe: ProbeResult,
     devices: Sequence[DeviceInfo] | None = None,
-    measure: Measure | None = None,
 ) -> list[CheckResult]:
     """Evaluate every item of ``spec``; ``devices`` defaults to all visible.
 
@@ -104,7 +100,7 @@ def run_checks(
         if key == "gpu_compute_capability":
             results.append(check_capability(value, probe, devs))
         elif key == "memory_bandwidth_gbps":
-            results.append(check_bandwidth(value, probe, devs, measure or _default_measure(probe)))
+            results.append(check_bandwidth(value, probe, devs))
         elif key == "driver_version_min":
             results.append(check_driver(value, probe, spec.required_vendor))
         elif key == "device_memory_gb":
@@ -130,10 +126,11 @@ def _no_accelerator(item: str, probe: ProbeResult, need: str, suggestion: str) -
 
 
 def _describe_devices(devices: Sequence[DeviceInfo]) -> str:
-    texts = [
-        f"{cap.VENDOR_LABEL[d.vendor]} {d.name} ({d.capability.text if d.capability else 'unknown'})"
-        for d in devices
-    ]
+    texts = []
+    for d in devices:
+        label = cap.VENDOR_LABEL[d.vendor]
+        name = d.name if d.name.lower().startswith(label.lower()) else f"{label} {d.name}"
+        texts.append(f"{name} ({d.capability.text if d.capability else 'unknown'})")
     if len(set(texts)) == 1:
         return texts[0] + (f" x{len(texts)}" if len(texts) > 1 else "")
     return ", ".join(f"[{d.index}] {t}" for d, t in zip(devices, texts))
@@ -208,15 +205,15 @@ def check_memory(required_gb: float, probe: ProbeResult, devices: Sequence[Devic
     return CheckResult(item, found, False, need, f"{prefix}requires {need}", hint)
 
 
-def check_bandwidth(
-    required: float | str, probe: ProbeResult, devices: Sequence[DeviceInfo], measure: Measure
-) -> CheckResult:
-    """``memory_bandwidth_gbps``: measure every device; "auto" only reports.
+def check_bandwidth(required: float | str, probe: ProbeResult, devices: Sequence[DeviceInfo]) -> CheckResult:
+    """``memory_bandwidth_gbps``: the measured copy bandwidth of every device; "auto" only reports.
+
+    The figures come from the probe (``probe_host(measure_bandwidth=True)``).
 
     Example:
         >>> from ml_runtime.probe import ProbeResult, DeviceInfo
-        >>> d = DeviceInfo(0, "NVIDIA H100", "nvidia", cap.nvidia_capability(9, 0))
-        >>> check_bandwidth(2000.0, ProbeResult("nvidia", "cuda", devices=[d]), [d], lambda _: 2900.4).found
+        >>> d = DeviceInfo(0, "NVIDIA H100", "nvidia", cap.nvidia_capability(9, 0), bandwidth_gbps=2900.4)
+        >>> check_bandwidth(2000.0, ProbeResult("nvidia", "cuda", devices=[d]), [d]).found
         '2900 GB/s (measured)'
     """
     item = "memory_bandwidth_gbps"
@@ -229,26 +226,20 @@ def check_bandwidth(
     missing = _no_accelerator(item, probe, f"{need} (device-to-device copy)", hint)
     if missing:
         return missing
-    measured = []
     for d in devices:
-        try:
-            measured.append((measure(d), d))
-        except Exception as exc:  # e.g. out of memory: report, do not crash the entrypoint
+        if d.bandwidth_gbps is None:
+            why = d.bandwidth_error or "no measurement was taken"
             return CheckResult(
-                item,
-                "measurement failed",
-                False,
-                need,
-                f"measuring device {d.index} failed: {type(exc).__name__}: {exc}",
-                hint,
+                item, "measurement failed", False, need, f"measuring device {d.index} failed: {why}", hint
             )
-    slowest, device = min(measured, key=lambda m: m[0])
-    found = f"{slowest:.0f} GB/s (measured" + (
+    slowest = min(devices, key=lambda d: d.bandwidth_gbps or 0.0)
+    value = slowest.bandwidth_gbps or 0.0
+    found = f"{value:.0f} GB/s (measured" + (
         f", slowest of {len(devices)} devices)" if len(devices) > 1 else ")"
     )
-    if required == "auto" or slowest >= float(required):
+    if required == "auto" or value >= float(required):
         return CheckResult(item, found, True, need)
-    prefix = f"device {device.index} ({device.name}): " if len(devices) > 1 else ""
+    prefix = f"device {slowest.index} ({slowest.name}): " if len(devices) > 1 else ""
     return CheckResult(item, found, False, need, f"{prefix}requires {need}", hint)
 
 
@@ -406,17 +397,6 @@ def check_distribution(dep: Dependency, probe: ProbeResult) -> CheckResult:
     if probe.distributed_backends.get(backend):
         return CheckResult(item, found, True, need)
     return CheckResult(item, found, False, need, f"requires the {backend} backend for {probe.backend}", hint)
-
-
-def _default_measure(probe: ProbeResult) -> Measure:
-    device_type = "xpu" if probe.backend == "xpu" else "cuda"
-
-    def measure(device: DeviceInfo) -> float:
-        from ml_runtime.bandwidth import measure_device_bandwidth
-
-        return measure_device_bandwidth(device_type, device.index, device.memory_total_bytes)
-
-    return measure
 
 
 def summary_line(results: Sequence[CheckResult], mode: str) -> str | None:

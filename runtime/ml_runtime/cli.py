@@ -213,7 +213,8 @@ def _checked(args: argparse.Namespace, spec: Any, mode: str, stream: TextIO) -> 
     from ml_runtime.selection import load_accelerator_config, select_devices
 
     config = load_accelerator_config(args.config)
-    probe = probe_host()
+    # Isolated: this process is about to exec the command and must not hold an accelerator context.
+    probe = probe_host(isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features)
     selection = select_devices(config, probe) if config else None
     devices = selection.devices if selection and selection.devices else probe.devices
     results = run_checks(spec, probe, devices)

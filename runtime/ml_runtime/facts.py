@@ -22,11 +22,19 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 # Backends torch.distributed can report through is_<name>_available().
 _DIST_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+# Prefix of the one stdout line the isolated child prints its facts on.
+_MARKER = "ML_RUNTIME_FACTS "
+ISOLATED_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -47,6 +55,8 @@ class DeviceFacts:
     device_id: int | None = None  # Intel PCI device id
     driver_version: str | None = None  # Intel reports it per device
     uuid: str | None = None
+    bandwidth_gbps: float | None = None  # measured device-to-device copy, when asked for
+    bandwidth_error: str | None = None
 
 
 @dataclass
@@ -98,8 +108,11 @@ class TorchFacts:
         return cls(**values)
 
 
-def gather_torch_facts() -> TorchFacts:
+def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     """Collect :class:`TorchFacts` from the real torch; never raises.
+
+    With ``measure_bandwidth`` every visible device also gets a measured
+    device-to-device copy bandwidth (see :mod:`ml_runtime.bandwidth`).
 
     Example:
         >>> facts = gather_torch_facts()
@@ -137,7 +150,64 @@ def gather_torch_facts() -> TorchFacts:
         facts.devices = _safe(facts, "torch.xpu devices", lambda: _xpu_devices(torch), [])
 
     _gather_distributed(facts)
+    if measure_bandwidth:
+        _measure_bandwidth(facts)
     return facts
+
+
+def gather_torch_facts_isolated(
+    measure_bandwidth: bool = False, timeout: float = ISOLATED_TIMEOUT_S
+) -> TorchFacts:
+    """:func:`gather_torch_facts` in a child Python; never raises.
+
+    ``runtime-check exec`` replaces itself with the user's command, so it must
+    not initialise an accelerator itself: a device context or open device file
+    could outlive the exec and hold memory. The child exits after reporting.
+
+    Example:
+        >>> gather_torch_facts_isolated().torch_version == gather_torch_facts().torch_version
+        True
+    """
+    package_parent = str(Path(__file__).resolve().parents[1])  # the same ml_runtime, installed or copied
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-m", "ml_runtime.facts", *(["--bandwidth"] if measure_bandwidth else [])]
+    try:
+        proc = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return TorchFacts(
+            torch_version=None, import_error=f"probe process failed: {type(exc).__name__}: {exc}"
+        )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_MARKER):
+            try:
+                return TorchFacts.from_dict(json.loads(line[len(_MARKER) :]))
+            except (ValueError, TypeError) as exc:
+                return TorchFacts(torch_version=None, import_error=f"probe process output unreadable: {exc}")
+    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return TorchFacts(
+        torch_version=None, import_error=f"probe process failed (exit {proc.returncode}): {detail}"
+    )
+
+
+def _measure_bandwidth(facts: TorchFacts) -> None:
+    from ml_runtime.bandwidth import measure_device_bandwidth
+
+    for device in facts.devices:
+        try:
+            device.bandwidth_gbps = measure_device_bandwidth(
+                facts.accelerator_type or "cuda", device.index, device.total_memory
+            )
+        except Exception as exc:  # e.g. out of memory on a busy device: report it, do not crash
+            device.bandwidth_error = f"{type(exc).__name__}: {exc}"
 
 
 def _safe(facts: TorchFacts, what: str, fn: Any, default: Any = None) -> Any:
@@ -212,3 +282,21 @@ def _gather_distributed(facts: TorchFacts) -> None:
             facts.distributed_backends[name] = bool(_safe(facts, f"is_{name}_available", check, False))
     # Before torch 2.8, Intel GPUs use the "ccl" backend from oneCCL's bindings.
     facts.distributed_backends["ccl"] = importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ml_runtime.facts [--bandwidth]``: print the facts as one marked JSON line.
+
+    Example:
+        >>> main([])  # doctest: +ELLIPSIS
+        ML_RUNTIME_FACTS {"torch_version": ...
+        0
+    """
+    args = sys.argv[1:] if argv is None else argv
+    facts = gather_torch_facts(measure_bandwidth="--bandwidth" in args)
+    print(_MARKER + json.dumps(facts.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,7 +29,7 @@ from ml_runtime.capability import (
     intel_capability,
     nvidia_capability,
 )
-from ml_runtime.facts import DeviceFacts, TorchFacts, gather_torch_facts
+from ml_runtime.facts import DeviceFacts, TorchFacts, gather_torch_facts, gather_torch_facts_isolated
 from ml_runtime.host import HostFacts, gather_host_facts
 
 BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu", "none": "cpu"}
@@ -60,6 +60,8 @@ class DeviceInfo:
     arch: str | None = None  # full gcnArchName on AMD, e.g. gfx942:sramecc+:xnack-
     device_id: int | None = None  # Intel PCI device id
     uuid: str | None = None
+    bandwidth_gbps: float | None = None  # measured, when the spec asks for it
+    bandwidth_error: str | None = None
 
     @property
     def memory_gb(self) -> float | None:
@@ -94,6 +96,9 @@ class DeviceInfo:
             data["family"] = self.capability.family if self.capability else None
         if self.uuid:
             data["uuid"] = self.uuid
+        if self.bandwidth_gbps is not None or self.bandwidth_error:
+            data["bandwidth_gbps"] = None if self.bandwidth_gbps is None else round(self.bandwidth_gbps, 1)
+            data["bandwidth_error"] = self.bandwidth_error
         return data
 
 
@@ -238,6 +243,8 @@ def device_info(vendor: str, device: DeviceFacts) -> DeviceInfo:
         arch=device.gcn_arch_name,
         device_id=capability.device_id if capability and vendor == "intel" else None,
         uuid=device.uuid,
+        bandwidth_gbps=device.bandwidth_gbps,
+        bandwidth_error=device.bandwidth_error,
     )
 
 
@@ -299,14 +306,20 @@ def _mismatch_notes(facts: TorchFacts, vendor: str, host: HostFacts) -> list[str
     return notes
 
 
-def probe_host() -> ProbeResult:
+def probe_host(isolated: bool = False, measure_bandwidth: bool = False) -> ProbeResult:
     """Probe this machine with the real torch and tools.
+
+    ``isolated`` gathers the torch facts in a child process (used before
+    ``exec``); ``measure_bandwidth`` adds a copy-bandwidth figure per device.
 
     Example:
         >>> probe_host().backend in ("cuda", "rocm", "xpu", "cpu")
         True
     """
-    facts = gather_torch_facts()
+    if isolated:
+        facts = gather_torch_facts_isolated(measure_bandwidth)
+    else:
+        facts = gather_torch_facts(measure_bandwidth)
     vendor, _ = classify(facts)
     return build_probe(facts, gather_host_facts(vendor, facts))
 

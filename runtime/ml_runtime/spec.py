@@ -201,6 +201,8 @@ def parse_spec(data: dict[str, Any], source: str) -> Spec:
     features = _parse_features(data.get("required_features"), source)
     dependencies = _parse_dependencies(data.get("dependencies"), source)
     mode = data.get("mode", "strict")
+    if mode is False:  # YAML 1.1 reads an unquoted `off` as the boolean false
+        mode = "off"
     if not isinstance(mode, str) or mode.strip().lower() not in MODES:
         raise ConfigError(f"{source}: mode: {mode!r} is not one of {', '.join(MODES)}")
     return Spec(source=source, features=features, dependencies=dependencies, mode=mode.strip().lower())
@@ -238,6 +240,16 @@ def _parse_features(raw: Any, source: str) -> dict[str, Any]:
 
 
 def capability_value(value: Any, where: str) -> Capability:
+    """Validate a compute capability value; ``where`` prefixes the error.
+
+    Example:
+        >>> capability_value("gfx942", "s.yaml: x").text
+        'gfx942'
+        >>> capability_value(80, "s.yaml: x")
+        Traceback (most recent call last):
+        ...
+        ml_runtime.errors.ConfigError: s.yaml: x: must be a string such as "sm_80" or "gfx90a", not a number
+    """
     if not isinstance(value, str):
         raise ConfigError(f'{where}: must be a string such as "sm_80" or "gfx90a", not {type_name(value)}')
     try:
@@ -263,6 +275,12 @@ def _parse_memory(value: Any, where: str) -> float:
 
 
 def positive_number(value: Any) -> float | None:
+    """``value`` as a float when it is a positive int/float (not a bool), else None.
+
+    Example:
+        >>> positive_number(40), positive_number(True), positive_number(-1)
+        (40.0, None, None)
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         return None
     return float(value)

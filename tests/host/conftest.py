@@ -1,8 +1,6 @@
-"""Fixtures for the host tests: kernel-shaped sysfs and /dev trees, a tiny project, the engine.
+"""Fixtures for the host tests: a tiny project, the engine, a busybox image tagged like a target.
 
-The sysfs and /dev trees are laid out the way the kernel lays them out, because the CI
-machines have no GPUs: ``bus/pci/devices/<addr>`` is a symlink into ``devices/pci0000:00/...``
-holding ``vendor``, ``device`` and ``class`` files with the kernel's ``0x....\\n`` format.
+Sysfs and /dev layouts live in hostlayouts.py.
 """
 
 from __future__ import annotations
@@ -23,49 +21,6 @@ from builder.project import Project, load_project
 MAIN = Path(__file__).resolve().parents[2]
 TEST_LABEL = "io.ml-image-builder.test"
 
-# (address, vendor, device, class) as the kernel prints them.
-H200 = ("0000:19:00.0", "0x10de", "0x2335", "0x030200")
-MI300X = ("0000:0c:00.0", "0x1002", "0x74a1", "0x120000")
-RADEON = ("0000:03:00.0", "0x1002", "0x744c", "0x030000")  # RX 7900 XTX, a VGA-class consumer card
-MAX1550 = ("0000:29:00.0", "0x8086", "0x0bd5", "0x038000")  # Intel Data Center GPU Max
-IGPU = ("0000:00:02.0", "0x8086", "0xa780", "0x030000")  # Intel UHD 770 on the CPU
-HOST_BRIDGE = ("0000:00:00.0", "0x8086", "0x0d57", "0x060000")
-USB = ("0000:00:14.0", "0x8086", "0x7ae0", "0x0c0330")
-ROOT_PORT = ("0000:00:01.0", "0x8086", "0x0d58", "0x060400")
-
-
-def make_sysfs(root: Path, *devices: tuple[str, str, str, str]) -> Path:
-    """A sysfs tree under *root*: devices off bus 00 sit behind root port 0000:00:01.0, as on real hosts."""
-    (root / "bus" / "pci" / "devices").mkdir(parents=True, exist_ok=True)
-    for address, vendor, device, pci_class in devices:
-        bus = address.split(":")[1]
-        parts = ["pci0000:00"] + ([] if bus == "00" else ["0000:00:01.0"]) + [address]
-        real = root / "devices" / Path(*parts)
-        real.mkdir(parents=True, exist_ok=True)
-        for name, value in (("vendor", vendor), ("device", device), ("class", pci_class)):
-            (real / name).write_text(value + "\n")
-        (real / "driver_override").write_text("(null)\n")
-        # The kernel's link is relative: bus/pci/devices/X -> ../../../devices/pci0000:00/.../X
-        os.symlink(Path("..", "..", "..", "devices", *parts), root / "bus" / "pci" / "devices" / address)
-    return root
-
-
-def make_dev(root: Path, *nodes: str, gid: int | None = None) -> Path:
-    """A /dev tree with the named nodes (``nvidia0``, ``kfd``, ``dri/renderD128``) as plain files.
-
-    Plain files stand in for character devices (mknod needs privileges the CI may lack);
-    *gid* sets their owning group like the host's ``render`` group would.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    for node in nodes:
-        path = root / node
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-        path.chmod(0o660)
-        if gid is not None:
-            os.chown(path, -1, gid)
-    return root
-
 
 @pytest.fixture
 def project_dir(tmp_path: Path) -> Path:
@@ -74,7 +29,9 @@ def project_dir(tmp_path: Path) -> Path:
     folder.mkdir()
     text = (MAIN / "matrix.yaml").read_text()
     registry = f"localhost:5999/builder-hosttest-{uuid.uuid4().hex[:10]}"
-    (folder / "matrix.yaml").write_text(text.replace("registry: localhost:5000/ml-runtime", f"registry: {registry}", 1))
+    (folder / "matrix.yaml").write_text(
+        text.replace("registry: localhost:5000/ml-runtime", f"registry: {registry}", 1)
+    )
     shutil.copy(MAIN / "wheel-mapping.json", folder / "wheel-mapping.json")
     return folder
 

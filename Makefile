@@ -1,0 +1,52 @@
+# ml-image-builder: `make help` lists the targets (built from the ## comments).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BUILDER := $(VENV)/bin/builder
+TARGETS ?=
+PUSH ?=
+TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t))
+
+.DEFAULT_GOAL := help
+.PHONY: help install render check lint images push test test-heavy golden bench clean
+
+help: ## Show this help
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml runtime/pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]' -e ./runtime
+	# CPU torch for the runtime's unit tests (pip's configuration here serves torch 2.13.0+cpu).
+	$(VENV)/bin/pip install -q 'torch==2.13.0' 'accelerate>=1.0'
+	touch $@
+
+install: $(VENV)/.installed ## Create .venv with the builder, the in-image runtime and test tools
+
+render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
+	$(BUILDER) render
+
+check: install ## Check images/ is current and every Dockerfile passes hadolint
+	$(BUILDER) render --check
+	$(BUILDER) lint
+
+images: install ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
+	$(BUILDER) base
+	$(BUILDER) build --keep-going $(TARGET_FLAGS) $(if $(PUSH),--push)
+
+push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset)
+	$(BUILDER) push $(TARGET_FLAGS)
+
+test: install ## Run the test suite (unit + real engine end-to-end; not the multi-GB ones)
+	$(PY) -m pytest -q
+
+test-heavy: install ## Also build and smoke-test the current NVIDIA image (several GB)
+	$(PY) -m pytest -q -m heavy
+
+golden: install ## Regenerate the golden Dockerfiles in tests/golden/
+	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_render.py -k golden
+
+bench: install ## Benchmark cold/no-op/runtime-change builds against the ARG-switch baseline
+	$(PY) -m bench
+
+clean: ## Remove the venv, caches and dist/ (not the wheelhouse in ~/.cache)
+	rm -rf $(VENV) .pytest_cache dist bench/out

@@ -1,0 +1,47 @@
+"""The shared base: reproducible bootstrap (two real mmdebstrap runs), load, push, pin."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import copy_project, edit_matrix, run_builder
+
+pytestmark = pytest.mark.engine
+
+
+def test_builder_base_twice_gives_the_same_image_id(tmp_path, engine, registry, based_project):
+    """Two bootstraps in this run (the fixture's, then one more with the lock deleted) load as the
+    same image ID and the same registry digest."""
+    root = copy_project(tmp_path / "p")
+    edit_matrix(root, registry=f"{registry}/ml-runtime")
+    lock1 = json.loads((based_project / "base.lock.json").read_text())
+    (root / "base.lock.json").unlink()
+    second = run_builder("base", cwd=root)  # bootstraps afresh: no lock
+    assert second.returncode == 0, second.stderr
+    lock2 = json.loads((root / "base.lock.json").read_text())
+    assert lock1["image_id"] == lock2["image_id"]
+    assert lock1["reference"] == lock2["reference"]
+    assert lock1["reference"].startswith(f"{registry}/ml-runtime/base@sha256:")
+    info = engine.api.inspect_image(lock1["image_id"])
+    assert info["Created"].startswith("2025-01-01T00:00:00"), "created must be SOURCE_DATE_EPOCH, not now"
+    # The Dockerfiles were re-rendered onto the new pin, and lint stays clean.
+    assert lock2["reference"] in (root / "images/cpu/Dockerfile").read_text()
+    assert run_builder("render", "--check", cwd=root).returncode == 0
+    # Third run: the lock matches and the image is local: nothing is bootstrapped.
+    third = run_builder("base", cwd=root)
+    assert third.returncode == 0 and "pinned" not in third.stdout
+
+
+def test_base_check_reports_drift_with_packages(tmp_path):
+    """--check bootstraps afresh; a lock from another mirror state is reported package by package."""
+    root = copy_project(tmp_path / "p")
+    lock = json.loads((root / "base.lock.json").read_text())
+    lock["image_id"] = "sha256:" + "0" * 64
+    lock["packages"]["bash"] = "0.0-old"
+    (root / "base.lock.json").write_text(json.dumps(lock))
+    proc = run_builder("base", "--check", cwd=root)
+    assert proc.returncode == 1, proc.stderr
+    assert "base drift" in proc.stdout and "bash: 0.0-old ->" in proc.stdout
+    assert "builder base --update" in proc.stdout

@@ -1,0 +1,51 @@
+# Rendered by `builder render` from templates/: do not edit; change matrix.yaml or templates/.
+# Target cpu: backend cpu, torch 2.13.0+cpu
+#
+# Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
+# wheels) -> runtime (the in-image runtime, the layer that changes most). Wheels come from the
+# builder's loopback wheel server (the build runs with --network host), are checked against
+# the hash locks and never stay in a layer; no cache, CA bundle or credential does either.
+
+FROM registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa AS common
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+RUN groupadd --gid 1001 app \
+ && useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
+ && python3 -m venv /opt/venv \
+ && install -d -o 1001 -g 1001 /workspace
+WORKDIR /workspace
+COPY images/tools.lock images/common.lock /opt/locks/
+# uv (from tools.lock) lives in /tmp/uv for this step only.
+RUN pip install --no-index --no-deps --require-hashes --find-links http://127.0.0.1:38611/ --target /tmp/uv -r /opt/locks/tools.lock \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+      --compile-bytecode --find-links http://127.0.0.1:38611/ -r /opt/locks/common.lock \
+ && rm -rf /tmp/uv
+
+FROM common AS torch
+COPY images/cpu/requirements.lock /opt/locks/requirements.lock
+RUN pip install --no-index --no-deps --require-hashes --find-links http://127.0.0.1:38611/ --target /tmp/uv -r /opt/locks/tools.lock \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+      --compile-bytecode --find-links http://127.0.0.1:38611/ -r /opt/locks/requirements.lock \
+ && rm -rf /tmp/uv
+
+FROM torch AS runtime
+COPY runtime /tmp/runtime
+RUN pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
+ && rm -rf /tmp/runtime
+COPY examples /opt/examples
+LABEL \
+      org.opencontainers.image.title="ml-runtime cpu" \
+      org.opencontainers.image.version="cpu-torch2.13.0" \
+      io.ml-image-builder.target="cpu" \
+      io.ml-image-builder.backend="cpu" \
+      io.ml-image-builder.vendor="cpu" \
+      io.ml-image-builder.accelerator-version="none" \
+      io.ml-image-builder.torch="2.13.0+cpu" \
+      io.ml-image-builder.distributed="gloo"
+USER 1001:1001
+ENTRYPOINT ["runtime-check", "exec", "--"]
+CMD ["runtime-check", "probe"]

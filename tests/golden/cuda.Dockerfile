@@ -1,0 +1,54 @@
+# Rendered by `builder render` from templates/: do not edit; change matrix.yaml or templates/.
+# Target cuda: backend cuda 11.8, torch 2.7.1+cu118
+#
+# Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
+# wheels) -> runtime (the in-image runtime, the layer that changes most). Wheels come from the
+# builder's loopback wheel server (the build runs with --network host), are checked against
+# the hash locks and never stay in a layer; no cache, CA bundle or credential does either.
+
+FROM registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa AS common
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+RUN groupadd --gid 1001 app \
+ && useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
+ && python3 -m venv /opt/venv \
+ && install -d -o 1001 -g 1001 /workspace
+WORKDIR /workspace
+COPY images/tools.lock images/common.lock /opt/locks/
+# uv (from tools.lock) lives in /tmp/uv for this step only.
+RUN pip install --no-index --no-deps --require-hashes --find-links http://127.0.0.1:38611/ --target /tmp/uv -r /opt/locks/tools.lock \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+      --compile-bytecode --find-links http://127.0.0.1:38611/ -r /opt/locks/common.lock \
+ && rm -rf /tmp/uv
+
+FROM common AS torch
+# The NVIDIA container runtime reads these to inject the host's driver libraries and nvidia-smi.
+ENV NVIDIA_VISIBLE_DEVICES="all" NVIDIA_DRIVER_CAPABILITIES="compute,utility"
+COPY images/cuda/requirements.lock /opt/locks/requirements.lock
+RUN pip install --no-index --no-deps --require-hashes --find-links http://127.0.0.1:38611/ --target /tmp/uv -r /opt/locks/tools.lock \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+      --compile-bytecode --find-links http://127.0.0.1:38611/ -r /opt/locks/requirements.lock \
+ && rm -rf /tmp/uv
+
+FROM torch AS runtime
+COPY runtime /tmp/runtime
+RUN pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
+ && rm -rf /tmp/runtime
+COPY examples /opt/examples
+LABEL \
+      org.opencontainers.image.title="ml-runtime cuda" \
+      org.opencontainers.image.version="cuda-torch2.7.1" \
+      io.ml-image-builder.target="cuda" \
+      io.ml-image-builder.backend="cuda" \
+      io.ml-image-builder.vendor="nvidia" \
+      io.ml-image-builder.accelerator-version="11.8" \
+      io.ml-image-builder.torch="2.7.1+cu118" \
+      io.ml-image-builder.distributed="nccl" \
+      team="vision"
+USER 1001:1001
+ENTRYPOINT ["runtime-check", "exec", "--"]
+CMD ["runtime-check", "probe"]

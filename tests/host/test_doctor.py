@@ -1,0 +1,161 @@
+"""``builder doctor``: the real engine on this machine, a dead engine, and GPU hosts laid out
+as the kernel does (hostlayouts.py) because we lack the hardware.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hostlayouts import H200, MI300X, make_dev, make_sysfs
+
+from builder import doctor
+from builder.commands_host import doctor_cmd
+
+
+def by_item(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
+    return {c.item: c for c in checks}
+
+
+@pytest.fixture
+def dead_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    address = f"unix://{tmp_path / 'nothing-listens.sock'}"
+    monkeypatch.setenv("DOCKER_HOST", address)
+    return address
+
+
+@pytest.mark.engine
+def test_engine_ok_on_this_machine(engine, project_dir: Path) -> None:
+    result = CliRunner().invoke(doctor_cmd, ["--matrix", str(project_dir / "matrix.yaml"), "--json"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    report = json.loads(result.stdout)
+    daemon = next(c for c in report["checks"] if c["item"] == "docker daemon")
+    version = engine.version()
+    assert daemon["status"] == "ok"
+    assert f"Docker {version['Version']} (API {version['ApiVersion']})" in daemon["found"]
+    assert report["ok"] == (result.exit_code == 0)
+    # No base.lock.json beside the copied matrix: it loads unpinned and says how to pin it.
+    config = next(c for c in report["checks"] if c["item"] == "config")
+    assert config["status"] == "warn" and "builder base" in config["fix"]
+
+
+def test_dead_engine_fails_with_the_fix(dead_engine: str, project_dir: Path) -> None:
+    result = CliRunner().invoke(doctor_cmd, ["--matrix", str(project_dir / "matrix.yaml")], color=False)
+    assert result.exit_code == 1
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("[FAIL] docker daemon:"))
+    assert f"no engine answers at {dead_engine}" in lines[at]
+    assert lines[at + 1] == f"       fix: {doctor.DAEMON_FIX}"
+    assert "[WARN] docker disk: not checked: no engine answered" in result.stdout
+
+
+def test_broken_matrix_is_one_fail_item(dead_engine: str, project_dir: Path, tmp_path: Path) -> None:
+    (project_dir / "matrix.yaml").write_text("registry: [\n")
+    checks = doctor.run_checks(
+        project_dir / "matrix.yaml", sysfs_root=tmp_path / "no-sys", dev_root=tmp_path / "no-dev"
+    )
+    items = by_item(checks)
+    assert items["config"].status == "fail" and "matrix.yaml" in items["config"].found
+    assert items["registry"].status == "warn"  # not checked, but the other checks still ran
+    assert {"docker daemon", "gpus", "docker disk", "mmdebstrap", "docker-registry"} <= set(items)
+
+
+def test_nvidia_host_without_driver_or_toolkit(dead_engine: str, project_dir: Path, tmp_path: Path) -> None:
+    checks = doctor.run_checks(
+        project_dir / "matrix.yaml",
+        sysfs_root=make_sysfs(tmp_path / "sys", H200),
+        dev_root=make_dev(tmp_path / "dev"),
+        cdi_dirs=[tmp_path / "cdi"],
+    )
+    items = by_item(checks)
+    assert items["gpus"].found.startswith("nvidia: 0000:19:00.0 (0x2335); builder run picks cpu")
+    assert items["nvidia driver"].status == "fail" and "nvidia-smi must work" in items["nvidia driver"].fix
+    assert items["nvidia runtime"].status == "warn"  # the engine is down: not checked
+    assert doctor.exit_status(checks) == 1
+
+
+def test_nvidia_cdi_spec_counts(dead_engine: str, project_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "cdi").mkdir()
+    (tmp_path / "cdi/nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
+    checks = doctor.run_checks(
+        project_dir / "matrix.yaml",
+        sysfs_root=make_sysfs(tmp_path / "sys", H200),
+        dev_root=make_dev(tmp_path / "dev", "nvidia0", "nvidiactl"),
+        cdi_dirs=[tmp_path / "cdi"],
+    )
+    items = by_item(checks)
+    assert items["nvidia driver"].status == "ok"
+    assert items["nvidia runtime"].status == "ok" and "nvidia.yaml" in items["nvidia runtime"].found
+
+
+def test_nvidia_runtime_missing_from_engine(project_dir: Path, tmp_path: Path) -> None:
+    ctx = doctor.Context(
+        host=doctor.hostdetect.detect(
+            make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0")
+        ),
+        info={"Runtimes": {"runc": {}}},
+    )
+    runtime = by_item(doctor.check_nvidia(ctx))["nvidia runtime"]
+    assert runtime.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in runtime.fix
+    ctx.info = {"Runtimes": {"runc": {}, "nvidia": {}}}
+    assert by_item(doctor.check_nvidia(ctx))["nvidia runtime"].status == "ok"
+
+
+def test_amd_host_devices_and_groups(dead_engine: str, project_dir: Path, tmp_path: Path) -> None:
+    dev = make_dev(tmp_path / "dev", "kfd", "dri/renderD128", gid=4242 if os.geteuid() == 0 else None)
+    checks = doctor.run_checks(
+        project_dir / "matrix.yaml", sysfs_root=make_sysfs(tmp_path / "sys", MI300X), dev_root=dev
+    )
+    items = by_item(checks)
+    assert items["amd /dev/kfd"].status == "ok" and items["/dev/dri"].status == "ok"
+    access = items[f"access {dev / 'kfd'}"]
+    if os.geteuid() == 0:
+        assert access.status == "ok" and "GID 4242" in access.found
+
+
+def test_amd_host_without_kfd(dead_engine: str, project_dir: Path, tmp_path: Path) -> None:
+    checks = doctor.run_checks(
+        project_dir / "matrix.yaml",
+        sysfs_root=make_sysfs(tmp_path / "sys", MI300X),
+        dev_root=make_dev(tmp_path / "dev"),
+    )
+    items = by_item(checks)
+    assert items["amd /dev/kfd"].status == "fail" and "amdgpu-install" in items["amd /dev/kfd"].fix
+    assert items["/dev/dri"].status == "fail"
+
+
+def test_missing_tools_and_low_disk(
+    project_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.chdir(tmp_path)
+    ctx = doctor.Context(host=doctor.hostdetect.HostGpus())
+    doctor.check_config(ctx)  # cwd has no matrix: a FAIL, and both tools count as needed
+    tools = by_item(doctor.check_tools(ctx))
+    assert tools["mmdebstrap"].status == "fail" and tools["mmdebstrap"].fix == "apt-get install mmdebstrap"
+    assert tools["docker-registry"].fix == "apt-get install docker-registry"
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: type("U", (), {"free": 5 * 2**30})())
+    ctx.info = {"DockerRootDir": "/var/lib/docker"}
+    disk = doctor.check_disk(ctx)[0]
+    assert disk.status == "warn" and "5.0 GiB free" in disk.found and "prune" in disk.fix
+
+
+def test_check_line_format() -> None:
+    assert doctor.Check("ok", "x", "fine", "ignored").line() == "[OK]   x: fine"
+    assert doctor.Check("fail", "tool", "missing", "apt-get install tool").line() == (
+        "[FAIL] tool: missing\n       fix: apt-get install tool"
+    )
+
+
+def test_a_crashing_check_is_a_fail_item(dead_engine: str, project_dir: Path, monkeypatch) -> None:
+    def boom(ctx):
+        raise RuntimeError("bad")
+
+    monkeypatch.setattr(doctor, "CHECKS", (boom, doctor.check_gpus))
+    checks = doctor.run_checks(project_dir / "matrix.yaml", sysfs_root="/nonexistent")
+    assert checks[0].status == "fail" and "RuntimeError('bad')" in checks[0].found
+    assert checks[1].item == "gpus"

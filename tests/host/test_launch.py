@@ -1,0 +1,383 @@
+"""``builder run``: target choice and device flags per vendor (fake hosts laid out as the
+kernel does, see hostlayouts.py), the ``--dry-run`` output, and real runs on the engine with
+a busybox image tagged like the cpu target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import docker
+import pytest
+from click.testing import CliRunner
+from hostlayouts import H200, IGPU, MAX1550, MI300X, make_dev, make_sysfs
+
+from builder import hostdetect, launch
+from builder.commands_host import run_cmd
+from builder.errors import UserError
+from builder.launch import RUN_LABEL, build_plan, choose_target, device_flags
+from builder.project import Project
+
+NVIDIA_NODES = ("nvidia0", "nvidiactl")
+AMD_NODES = ("kfd", "dri/card0", "dri/renderD128")
+INTEL_NODES = ("dri/card0", "dri/renderD128")
+
+
+def fake_host(tmp_path: Path, *devices, nodes=(), gid: int | None = None) -> hostdetect.HostGpus:
+    gid = gid if os.geteuid() == 0 else None
+    return hostdetect.detect(
+        make_sysfs(tmp_path / "sys", *devices),
+        make_dev(tmp_path / "dev", *nodes, gid=gid),
+        nvidia_runtime=False,
+    )
+
+
+# --- target choice -------------------------------------------------------------------------
+
+
+def test_auto_nvidia_picks_the_latest_nvidia_target(project: Project, tmp_path: Path) -> None:
+    target, why = choose_target(project, "auto", fake_host(tmp_path, H200, nodes=NVIDIA_NODES), environ={})
+    assert target.name == "nvidia-cu130" and target.alias_refs
+    assert why == (
+        "host has usable nvidia GPU(s): 0000:19:00.0 (0x2335); "
+        "nvidia-cu130 carries latest-nvidia (of nvidia-cu130, nvidia-cu118)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("devices", "nodes", "expected"),
+    [
+        ((MI300X,), AMD_NODES, "amd-rocm5.7"),
+        ((MAX1550,), INTEL_NODES, "intel-oneapi"),
+        ((IGPU, MI300X), AMD_NODES, "amd-rocm5.7"),  # discrete AMD over the Intel iGPU
+        ((), (), "cpu"),
+        ((H200,), (), "cpu"),  # NVIDIA card, driver not loaded
+    ],
+)
+def test_auto_per_host(project: Project, tmp_path: Path, devices, nodes, expected: str) -> None:
+    target, _ = choose_target(project, "auto", fake_host(tmp_path, *devices, nodes=nodes), environ={})
+    assert target.name == expected
+
+
+def test_no_gpus_and_forced_vendor(project: Project, tmp_path: Path) -> None:
+    nvidia = fake_host(tmp_path, H200, nodes=NVIDIA_NODES)
+    assert choose_target(project, "auto", nvidia, gpus=False, environ={}) == (
+        project.target("cpu"),
+        "--no-gpus",
+    )
+    target, why = choose_target(project, "auto", nvidia, environ={"BUILDER_VENDOR": "intel"})
+    assert target.name == "intel-oneapi" and why == "forced by BUILDER_VENDOR=intel"
+
+
+def test_explicit_target(project: Project, tmp_path: Path) -> None:
+    assert choose_target(project, "nvidia-cu118", hostdetect.HostGpus())[0].name == "nvidia-cu118"
+    with pytest.raises(UserError, match="unknown target 'nope'"):
+        choose_target(project, "nope", hostdetect.HostGpus())
+
+
+def test_vendor_without_target_falls_back_to_cpu(project: Project, tmp_path: Path) -> None:
+    no_intel = dataclasses.replace(project, targets=[t for t in project.targets if t.vendor != "intel"])
+    target, why = choose_target(no_intel, "auto", fake_host(tmp_path, MAX1550, nodes=INTEL_NODES), environ={})
+    assert target.name == "cpu" and why.endswith("matrix.yaml has no intel target, so the cpu one")
+    only_gpu = dataclasses.replace(project, targets=[t for t in project.targets if t.vendor != "cpu"])
+    with pytest.raises(UserError, match="no cpu target to run here; add one"):
+        choose_target(only_gpu, "auto", hostdetect.HostGpus(), environ={})
+
+
+# --- device flags --------------------------------------------------------------------------
+
+
+def test_nvidia_flags(project: Project, tmp_path: Path) -> None:
+    plan = build_plan(
+        project, ["nvidia-smi"], host=fake_host(tmp_path, H200, nodes=NVIDIA_NODES), environ={}, cwd=tmp_path
+    )
+    kwargs = plan.create_kwargs()
+    assert kwargs["device_requests"] == [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    assert kwargs["devices"] is None and kwargs["group_add"] is None and kwargs["ipc_mode"] is None
+    assert kwargs["shm_size"] == "8g"
+    assert plan.problems == ()
+    argv = plan.docker_argv()
+    assert argv[argv.index("--gpus") + 1] == "all"
+
+
+def _host_gids(*names: str) -> set[int]:
+    return {gid for gid in hostdetect.group_gids(names).values() if gid != 0}
+
+
+def test_amd_flags(project: Project, tmp_path: Path) -> None:
+    host = fake_host(tmp_path, MI300X, nodes=AMD_NODES, gid=4242)
+    plan = build_plan(project, ["python", "-V"], host=host, environ={}, cwd=tmp_path)
+    assert plan.target.name == "amd-rocm5.7"
+    kwargs = plan.create_kwargs()
+    assert kwargs["device_requests"] is None
+    assert kwargs["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
+    expected = _host_gids("video", "render") | ({4242} if os.geteuid() == 0 else set())
+    assert set(plan.group_add) == expected and kwargs["group_add"] == [str(g) for g in sorted(expected)]
+    assert kwargs["ipc_mode"] == "host" and kwargs["shm_size"] == "8g"
+    assert plan.problems == ()
+    if "render" not in hostdetect.group_gids(["render"]):
+        assert "host has no 'render' group; relying on the device nodes' groups" in plan.notes
+
+
+def test_intel_flags(project: Project, tmp_path: Path) -> None:
+    plan = build_plan(
+        project,
+        ["python", "-V"],
+        host=fake_host(tmp_path, MAX1550, nodes=INTEL_NODES, gid=4243),
+        environ={},
+        cwd=tmp_path,
+    )
+    kwargs = plan.create_kwargs()
+    assert plan.target.name == "intel-oneapi"
+    assert kwargs["devices"] == ["/dev/dri:/dev/dri:rwm"] and kwargs["ipc_mode"] is None
+    assert set(plan.group_add) == _host_gids("video", "render") | ({4243} if os.geteuid() == 0 else set())
+
+
+def test_cpu_flags(project: Project, tmp_path: Path) -> None:
+    plan = build_plan(project, ["true"], host=hostdetect.HostGpus(), environ={}, cwd=tmp_path)
+    kwargs = plan.create_kwargs()
+    assert plan.target.name == "cpu"
+    assert (kwargs["device_requests"], kwargs["devices"], kwargs["group_add"]) == (None, None, None)
+    assert kwargs["shm_size"] == "2g"
+    mount = kwargs["mounts"][0]
+    assert (mount["Target"], mount["Source"], mount["Type"], mount["ReadOnly"]) == (
+        "/workspace",
+        str(tmp_path.resolve()),
+        "bind",
+        False,
+    )
+    assert kwargs["working_dir"] == "/workspace" and kwargs["command"] == ["true"]
+    assert "user" not in kwargs  # the image's user 1001 stays
+
+
+def test_gpu_target_on_a_host_without_it_is_refused(project: Project, tmp_path: Path) -> None:
+    plan = build_plan(
+        project, ["true"], target="amd-rocm5.7", host=hostdetect.HostGpus(), environ={}, cwd=tmp_path
+    )
+    assert len(plan.problems) == 3
+    assert "pass --no-gpus to run it without GPUs" in plan.problems[0]
+    with pytest.raises(UserError, match="target amd-rocm5.7 needs a usable amd GPU"):
+        launch.launch(plan)  # refused before any engine is asked
+    relaxed = build_plan(
+        project,
+        ["true"],
+        target="amd-rocm5.7",
+        gpus=False,
+        host=hostdetect.HostGpus(),
+        environ={},
+        cwd=tmp_path,
+    )
+    assert relaxed.problems == () and relaxed.devices == () and relaxed.ipc_mode is None
+    assert relaxed.notes == ("--no-gpus: running the amd image without its devices",)
+
+
+def test_flags_without_the_engine_helper(project: Project) -> None:
+    flags = device_flags(
+        project.target("nvidia-cu130"), hostdetect.HostGpus(), environ={"BUILDER_VENDOR": "nvidia"}
+    )
+    assert flags.gpus and flags.problems == ()  # forced: trust the user, the engine will tell
+
+
+# --- environment ---------------------------------------------------------------------------
+
+
+def test_environment(project: Project, tmp_path: Path) -> None:
+    host_env = {"MASTER_PORT": "29600", "CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "x", "PATH": "/bin"}
+    plan = build_plan(
+        project,
+        ["true"],
+        target="nvidia-cu130",
+        gpus=False,
+        env=["SEED=1", "HF_TOKEN", "RANK=3"],
+        host=hostdetect.HostGpus(),
+        environ=host_env,
+        cwd=tmp_path,
+    )
+    assert plan.environment == {
+        "WORLD_SIZE": "1",
+        "RANK": "3",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29600",
+        "CUDA_VISIBLE_DEVICES": "1",
+        "SEED": "1",
+        "HF_TOKEN": "x",
+    }
+    with pytest.raises(UserError, match="--env NOPE: not set on the host"):
+        launch.parse_env(["NOPE"], {})
+    with pytest.raises(UserError, match="expected KEY=VALUE"):
+        launch.parse_env(["=1"], {})
+
+
+# --- dry run -------------------------------------------------------------------------------
+
+
+def test_dry_run(
+    project_dir: Path, project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sysfs = make_sysfs(tmp_path / "sys", MI300X)
+    dev = make_dev(tmp_path / "dev", *AMD_NODES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MASTER_PORT", "29777")
+    monkeypatch.delenv("BUILDER_VENDOR", raising=False)
+    result = CliRunner().invoke(
+        run_cmd,
+        [
+            "--matrix",
+            str(project_dir / "matrix.yaml"),
+            "--allow-unpinned",
+            "--sysfs-root",
+            str(sysfs),
+            "--dev-root",
+            str(dev),
+            "--env",
+            "MSG=it's here",
+            "--dry-run",
+            "--",
+            "python",
+            "-c",
+            "print(1 + 1)",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    ref = project.target("amd-rocm5.7").primary_ref
+    assert lines[0] == f"# target: amd-rocm5.7 ({ref})"
+    assert lines[1] == "# why: host has usable amd GPU(s): 0000:0c:00.0 (0x74a1)"
+    argv = shlex.split(lines[-1])
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert argv[-4:] == [ref, "python", "-c", "print(1 + 1)"]
+    for flag in (
+        ["--device", "/dev/kfd"],
+        ["--device", "/dev/dri"],
+        ["--ipc", "host"],
+        ["--shm-size", "8g"],
+        ["--env", "MSG=it's here"],
+        ["--env", "MASTER_PORT=29777"],
+        ["--workdir", "/workspace"],
+        ["--mount", f"type=bind,source={tmp_path.resolve()},target=/workspace"],
+    ):
+        assert any(argv[i : i + 2] == flag for i in range(len(argv))), flag
+    assert "--gpus" not in argv
+
+
+def test_run_needs_a_command(project_dir: Path) -> None:
+    result = CliRunner().invoke(run_cmd, ["--matrix", str(project_dir / "matrix.yaml"), "--allow-unpinned"])
+    assert result.exit_code == 2 and "Missing argument 'COMMAND...'" in result.output
+
+
+# --- the real engine -----------------------------------------------------------------------
+
+SCRIPT = 'echo "out $WORLD_SIZE $RANK $SEED"; echo oops >&2; cat /workspace/hello.txt; id -u; exit 7'
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    folder.chmod(0o755)  # uid 1001 in the container must enter it
+    (folder / "hello.txt").write_text("hello from the host\n")
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def _left(engine: docker.DockerClient, ref: str) -> list:
+    return engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}.image={ref}"})
+
+
+@pytest.mark.engine
+def test_run_exit_status_output_and_cleanup(engine, image: str, project_dir: Path, workspace: Path) -> None:
+    result = CliRunner().invoke(
+        run_cmd,
+        [
+            "--matrix",
+            str(project_dir / "matrix.yaml"),
+            "--allow-unpinned",
+            "--target",
+            "cpu",
+            "-e",
+            "SEED=42",
+            "--",
+            "sh",
+            "-c",
+            SCRIPT,
+        ],
+    )
+    assert result.exit_code == 7, result.output
+    assert result.stdout == "out 1 0 42\nhello from the host\n1001\n"
+    assert "oops\n" in result.stderr and f"builder run: cpu ({image}): --target cpu" in result.stderr
+    assert _left(engine, image) == []
+
+
+@pytest.mark.engine
+def test_run_auto_on_a_gpu_less_host(
+    engine, image: str, project_dir: Path, workspace: Path, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        run_cmd,
+        [
+            "--matrix",
+            str(project_dir / "matrix.yaml"),
+            "--allow-unpinned",
+            "--sysfs-root",
+            str(tmp_path / "empty"),
+            "--",
+            "sh",
+            "-c",
+            "exit 0",
+        ],
+        env={"BUILDER_VENDOR": None},
+    )
+    assert result.exit_code == 0, result.output
+    assert "cpu" in result.stderr and "no usable GPU on this host" in result.stderr
+    assert _left(engine, image) == []
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_and_removes(
+    engine, image: str, project: Project, workspace: Path, signum: int
+) -> None:
+    plan = build_plan(
+        project, ["sh", "-c", "echo started; sleep 60"], target="cpu", host=hostdetect.HostGpus()
+    )
+
+    class Sink:
+        """Delivers the signal to this process as soon as the container has started talking."""
+
+        def write(self, data: bytes) -> None:
+            if b"started" in data:
+                signal.raise_signal(signum)
+
+        def flush(self) -> None:
+            pass
+
+    with pytest.raises(KeyboardInterrupt):
+        launch.run_container(engine, plan, stdout=Sink(), stop_timeout=1)
+    assert _left(engine, image) == []
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+
+@pytest.mark.engine
+def test_missing_image_says_how_to_build_it(engine, project: Project, workspace: Path) -> None:
+    plan = build_plan(project, ["true"], target="nvidia-cu118", gpus=False, host=hostdetect.HostGpus())
+    with pytest.raises(UserError, match=r"make images TARGETS=nvidia-cu118") as info:
+        launch.launch(plan, client=engine, say=lambda line: None)
+    assert plan.image in str(info.value) and "pulling it failed" in str(info.value)
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker CLI to run the dry-run line")
+def test_dry_run_line_runs_the_same(engine, image: str, project: Project, workspace: Path) -> None:
+    plan = build_plan(project, ["sh", "-c", SCRIPT], target="cpu", env=["SEED=5"], host=hostdetect.HostGpus())
+    line = launch.format_dry_run(plan)
+    done = subprocess.run(["sh", "-c", line], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "out 1 0 5\nhello from the host\n1001\n"
+    assert _left(engine, image) == []

@@ -1,0 +1,97 @@
+"""Shared fixtures for the in-image runtime tests.
+
+The runtime is a standalone distribution under runtime/, imported here from
+source (it is not installed into the development venv). Files under
+fixtures/ are recordings of torch facts and vendor tool output from machines
+we do not have (NVIDIA, AMD, Intel); see fixtures/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME_SRC = REPO / "runtime"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+if str(RUNTIME_SRC) not in sys.path:
+    sys.path.insert(0, str(RUNTIME_SRC))
+
+# Variables the runtime reads; tests must not inherit them from the caller.
+RUNTIME_VARIABLES = (
+    "RUNTIME_SPEC",
+    "RUNTIME_CHECK_MODE",
+    "ACCELERATOR_CONFIG",
+    "RUNTIME_WORKSPACE",
+    "RUNTIME_CHECK_DEBUG",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty stand-in for /workspace, with the runtime's variables cleared."""
+    for name in RUNTIME_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    ws = tmp_path / "workspace"
+    ws.mkdir()
+    monkeypatch.setenv("RUNTIME_WORKSPACE", str(ws))
+    return ws
+
+
+@pytest.fixture
+def fixture_text():
+    """Read a recorded tool output from fixtures/."""
+
+    def read(name: str) -> str:
+        return (FIXTURES / name).read_text(encoding="utf-8")
+
+    return read
+
+
+@pytest.fixture
+def recorded_facts():
+    """Load recorded TorchFacts (NVIDIA, AMD, Intel machines) by vendor name."""
+    from ml_runtime.facts import TorchFacts
+
+    def load(vendor: str, **overrides):
+        data = json.loads((FIXTURES / f"torch_facts_{vendor}.json").read_text(encoding="utf-8"))
+        data.update(overrides)
+        return TorchFacts.from_dict(data)
+
+    return load
+
+
+@pytest.fixture
+def cli_env(workspace: Path) -> dict[str, str]:
+    """Environment for running the runtime from source in a subprocess."""
+    env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARIABLES}
+    env["PYTHONPATH"] = str(RUNTIME_SRC)
+    env["RUNTIME_WORKSPACE"] = str(workspace)
+    return env
+
+
+@pytest.fixture
+def run_cli(workspace: Path, cli_env: dict[str, str]):
+    """Run ``python -m ml_runtime ARGS`` in a subprocess with a clean environment."""
+
+    def run(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+        return subprocess.run(
+            [sys.executable, "-m", "ml_runtime", *args],
+            env={**cli_env, **(env or {})},
+            cwd=str(cwd or workspace),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    return run
