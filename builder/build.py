@@ -73,8 +73,11 @@ def docker_build(
     on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
     on_log: Callable[[str], None] = lambda line: None,
 ) -> tuple[str, int, int]:
-    """Build one target (or one stage of it); return (image ID, steps, steps from cache)."""
-    steps = cached = 0
+    """Build one target (or one stage of it); return (image ID, cacheable steps, steps from cache).
+
+    FROM lines are not counted: they start a stage and are never "from cache".
+    """
+    steps = cached = stages = 0
     image_id = None
     stream = client.api.build(
         path=str(project.root),
@@ -91,18 +94,19 @@ def docker_build(
     for event in stream:
         if "error" in event:
             raise TargetFailed(_build_error(event["error"]))
-        line = event.get("stream", "")
-        if (m := STEP.match(line)) is not None:
-            steps = int(m[1])
-            on_step(steps, int(m[2]), m[3].strip())
-        elif "Using cache" in line:
-            cached += 1
-        if line.strip():
-            on_log(line.rstrip())
+        for line in event.get("stream", "").splitlines():
+            if (m := STEP.match(line)) is not None:
+                steps = int(m[1])
+                stages += m[3].startswith("FROM ")
+                on_step(steps, int(m[2]), m[3].strip())
+            elif "---> Using cache" in line:
+                cached += 1
+            if line.strip():
+                on_log(line.rstrip())
         image_id = (event.get("aux") or {}).get("ID", image_id)
     if image_id is None:
         raise TargetFailed("the engine finished the build without an image ID")
-    return image_id, steps, cached
+    return image_id, steps - stages, cached
 
 
 def _build_error(message: str) -> str:

@@ -24,10 +24,13 @@ from builder.project import Project, ResolvedTarget
 
 SMOKE_LABEL = "io.ml-image-builder.smoke"
 PROBE = (Path(__file__).parent / "smoke_probe.py").read_text()
+# accelerate's --cpu launcher starts ONE process (several only with an MPI hostfile); the
+# multi-process launcher with ACCELERATE_USE_CPU=true starts 2 CPU processes on gloo.
 TRAIN = [
-    "accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+    "accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
     "--mixed_precision", "no", "--dynamo_backend", "no", "/opt/examples/train.py",
 ]
+TRAIN_ENV = {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
 FINAL = re.compile(r"FINAL first_loss=([0-9.eE+-]+) last_loss=([0-9.eE+-]+)")
 
 
@@ -136,9 +139,9 @@ def smoke_test(
         result.add("device", facts.get("device") is not None and facts.get("device_matmul") == 83.0,
                    f"{facts.get('device')} matmul={facts.get('device_matmul')}")
     if train:
-        status, out = run_container(client, image, TRAIN, shm_size="1g")
+        status, out = run_container(client, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
         m = FINAL.search(out)
-        ok = status == 0 and m is not None and float(m[2]) < float(m[1])
+        ok = status == 0 and m is not None and float(m[2]) < float(m[1]) and "processes=2" in out
         detail = f"first {m[1]} -> last {m[2]}" if m else f"exit {status}: {out.strip()[-300:]}"
         result.add("accelerate 2-process training", ok, detail)
     for name, ok, detail in result.checks:

@@ -108,9 +108,10 @@ def accelerator_available() -> bool:
     """Whether torch sees an accelerator (vendor-neutral ``torch.accelerator``).
 
     Without one, Accelerate must be told ``cpu=True`` so that a multi-process
-    launch (torchrun, or accelerate launch with several processes) forms a gloo group
-    instead of running independent single-process copies. Before torch 2.6
-    there is no ``torch.accelerator``: leave the choice to Accelerate.
+    launch (torchrun, or accelerate launch with several processes) forms a
+    gloo group instead of running independent single-process copies. Before
+    torch 2.6 there is no ``torch.accelerator``: the choice is left to
+    Accelerate (set ACCELERATE_USE_CPU=1 for a multi-process run on CPUs).
 
     Example:
         >>> isinstance(accelerator_available(), bool)

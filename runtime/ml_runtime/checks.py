@@ -411,6 +411,8 @@ def summary_line(results: Sequence[CheckResult], mode: str) -> str | None:
     if not failed:
         return None
     hints = list(dict.fromkeys(r.suggestion for r in failed if r.suggestion))
+    # Drop a hint that a more specific one already contains ("... NVIDIA GPU" vs "... NVIDIA GPU of ...").
+    hints = [h for h in hints if not any(o != h and o.startswith(h) for o in hints)]
     advice = "; ".join(hints) if hints else "see the lines above"
     if mode == "strict":
         return (

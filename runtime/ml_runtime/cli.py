@@ -228,7 +228,8 @@ def _checked(args: argparse.Namespace, spec: Any, mode: str, stream: TextIO) -> 
                 0,
                 {
                     "item": "device_selection",
-                    "found": selection.env or {},
+                    "found": " ".join(f"{k}={v}" for k, v in selection.env.items())
+                    or "environment unchanged",
                     "required": config.source if config else "",
                     "ok": selection.ok,
                     "status": "OK" if selection.ok else ("FAIL" if mode == "strict" else "WARN"),
@@ -246,10 +247,13 @@ def _checked(args: argparse.Namespace, spec: Any, mode: str, stream: TextIO) -> 
         stream.flush()
 
     summary = summary_line(results, mode)
-    if selection_failed and not summary:
-        summary = f"{PROG}: device selection failed: {'; '.join(selection.problems)}" + (
-            ", or set RUNTIME_CHECK_MODE=warn" if mode == "strict" else f" (mode {mode}, continuing)"
-        )
+    if selection_failed:
+        what = f"device selection failed ({'; '.join(selection.problems)})"
+        if summary:
+            summary = summary.replace(f"{PROG}: ", f"{PROG}: {what}; ", 1)
+        else:
+            tail = ", or set RUNTIME_CHECK_MODE=warn" if mode == "strict" else f" (mode {mode}, continuing)"
+            summary = f"{PROG}: {what}{tail}"
     if summary:
         _err(summary)
     if (failed or selection_failed) and mode == "strict":

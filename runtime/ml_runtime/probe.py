@@ -358,9 +358,11 @@ def format_probe(result: ProbeResult) -> str:
                 if d.memory_total_bytes
                 else "memory unknown"
             )
-            arch = (
-                d.arch if d.vendor == "amd" and d.arch else (d.capability.text if d.capability else "unknown")
-            )
+            arch = d.capability.text if d.capability else "unknown"
+            if d.vendor == "amd" and d.arch:
+                arch = d.arch  # the full gcnArchName, feature flags included
+            elif d.vendor == "intel" and d.capability and d.capability.family:
+                arch = f"{arch} ({d.capability.family})"
             lines.append(f"  [{d.index}] {d.name}  {arch}  {mem}")
     else:
         lines.append("devices: none")

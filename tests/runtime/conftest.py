@@ -1,7 +1,9 @@
 """Shared fixtures for the in-image runtime tests.
 
 The runtime is a standalone distribution under runtime/, imported here from
-source (it is not installed into the development venv). Files under
+source (it is not installed into the development venv). The tests need the CPU
+build of torch and accelerate in the venv (as in the images); they fail, not
+skip, without them so that a missing install step cannot pass unnoticed. Files under
 fixtures/ are recordings of torch facts and vendor tool output from machines
 we do not have (NVIDIA, AMD, Intel); see fixtures/README.md.
 """

@@ -133,7 +133,7 @@ def test_bandwidth_measurement_failure_is_reported(recorded_facts):
 
 
 def test_copy_bandwidth_arithmetic_on_cpu_tensors():
-    torch = pytest.importorskip("torch")
+    import torch  # the CPU build must be installed for these tests (see tests/runtime/conftest.py)
     from ml_runtime.bandwidth import copy_bandwidth_gbps
 
     assert copy_bandwidth_gbps(torch.device("cpu"), lambda: None, size_bytes=8 << 20, repeats=2) > 0.1

@@ -11,8 +11,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 IRIS = REPO / "examples" / "data" / "iris.csv"
@@ -63,13 +61,11 @@ def assert_loss_fell(result: subprocess.CompletedProcess) -> None:
 
 
 def accelerate_cli() -> list[str]:
-    pytest.importorskip("accelerate")
     script = Path(sys.executable).with_name("accelerate")
     return [str(script)] if script.exists() else [sys.executable, "-m", "accelerate.commands.accelerate_cli"]
 
 
 def test_plain_python_from_another_directory_writes_nothing(tmp_path):
-    pytest.importorskip("accelerate")
     result = run([sys.executable, str(TRAIN), "--epochs", "8"], cwd=tmp_path)
     assert_loss_fell(result)
     assert "processes=1" in result.stdout
