@@ -72,6 +72,7 @@ def docker_build(
     cache_from: list[str] | None = None,
     on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
     on_log: Callable[[str], None] = lambda line: None,
+    wheels_at: str = "127.0.0.1",
 ) -> tuple[str, int, int]:
     """Build one target (or one stage of it); return (image ID, cacheable steps, steps from cache).
 
@@ -86,7 +87,8 @@ def docker_build(
         rm=True,
         forcerm=True,  # remove intermediate containers even when a step fails or is interrupted
         pull=False,
-        network_mode="host",  # reach the loopback wheel server
+        network_mode="host",  # reach the loopback wheel server...
+        extra_hosts={wheelserver.HOST: wheels_at},  # ...at this build's own address
         labels=None if stage else build_labels(project.root),
         cache_from=cache_from or None,
         decode=True,
@@ -111,7 +113,7 @@ def docker_build(
 
 def _build_error(message: str) -> str:
     text = message.strip()
-    if "127.0.0.1" in text and ("Connection refused" in text or "find-links" in text):
+    if wheelserver.HOST in text and ("Connection refused" in text or "find-links" in text):
         text += " (the wheel server was not reachable: is the engine on this host? --network host needs it)"
     return text
 
@@ -131,6 +133,7 @@ def process(
     push: bool,
     smoke: bool,
     cancel: threading.Event,
+    wheels_at: str,
     cache_also: list[str] = (),
 ) -> Outcome:
     """Build, smoke-test, tag and push one target; never raises for the target's own failures."""
@@ -141,7 +144,7 @@ def process(
         pulled = _cache_sources(client, target)
         cache_from = [*pulled, *cache_also] if pulled else []
         out.image_id, out.steps, out.cached_steps = docker_build(
-            client, project, target, cache_from=cache_from,
+            client, project, target, cache_from=cache_from, wheels_at=wheels_at,
             on_step=lambda n, total, text: ui.step(target.name, n, total, text),
             on_log=lambda line: ui.log(target.name, line),
         )
@@ -228,20 +231,21 @@ def build_all(
     if failed_locks and not keep_going:
         return outcomes
     cancel = threading.Event()
-    with wheelserver.serve(wheels.wheelhouse(), project.matrix.wheelhouse_port):
+    with wheelserver.serve(wheels.wheelhouse(), project.matrix.wheelhouse_port) as wheels_at:
         try:
             if jobs > 1 and len(buildable) > 1:
                 # Shared stage once, then the targets side by side on a warm cache.
                 ui.say("building the shared stage once")
-                common, _, _ = docker_build(client, project, buildable[0], stage="common",
+                common, _, _ = docker_build(client, project, buildable[0], stage="common", wheels_at=wheels_at,
                                             on_log=lambda line: ui.log("common", line))
                 with ThreadPoolExecutor(max_workers=jobs) as pool:
                     futures = [pool.submit(process, client, project, t, ui, push=push, smoke=smoke, cancel=cancel,
-                                           cache_also=[common]) for t in buildable]
+                                           wheels_at=wheels_at, cache_also=[common]) for t in buildable]
                     outcomes += [f.result() for f in futures]
             else:
                 for t in buildable:
-                    outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel)
+                    outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel,
+                                      wheels_at=wheels_at)
                     outcomes.append(outcome)
                     if outcome.error and not keep_going:
                         break

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from builder import grammar as g
+from builder import grammar as g, wheelserver
 from builder.errors import UserError
 from builder.files import atomic_write
 from builder.project import Project, ResolvedTarget
@@ -56,7 +56,8 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
     context = {
         "target": target,
         "base_ref": project.base_ref,
-        "wheels": f"http://127.0.0.1:{project.matrix.wheelhouse_port}/",
+        "wheels": wheelserver.url(project.matrix.wheelhouse_port),
+        "wheels_host": wheelserver.HOST,
     }
     try:
         text = template.render(context)

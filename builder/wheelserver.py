@@ -1,9 +1,10 @@
 """A read-only HTTP server on loopback that serves the wheelhouse to builds.
 
-Builds run with ``--network host`` and install with ``--find-links http://127.0.0.1:PORT/``:
+Builds run with ``--network host`` and install with ``--find-links http://builder-wheelhouse:PORT/``:
 the wheels never enter the build context or a layer (a ``COPY`` would keep them in the
-image), and no CA bundle or credential is needed inside. The port is fixed per matrix so
-the RUN lines, and so the build cache, never change between builds.
+image), and no CA bundle or credential is needed inside. The name and port are fixed, so the
+RUN lines, and so the build cache, never change between builds; each build maps the name to
+its own loopback address (``extra_hosts``), so concurrent builds on one host don't collide.
 """
 
 from __future__ import annotations
@@ -23,27 +24,44 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+#: The name the rendered Dockerfiles use for the wheel server.
+HOST = "builder-wheelhouse"
+
+
+def url(port: int) -> str:
+    """The wheel server's URL as the Dockerfiles spell it."""
+    return f"http://{HOST}:{port}/"
+
+
 @contextlib.contextmanager
 def serve(directory: Path, port: int) -> Iterator[str]:
-    """Serve *directory* on 127.0.0.1:*port* for the duration of the block; yield its URL.
+    """Serve *directory* on a free loopback address at *port*; yield that address.
+
+    All of 127.0.0.0/8 is loopback on Linux, so each concurrent build gets its own address
+    and the same port. Pass ``{HOST: address}`` as the build's extra hosts.
 
     Example:
-        >>> with serve(Path("~/.cache/ml-image-builder/wheels").expanduser(), 38611) as url:
-        ...     url
-        'http://127.0.0.1:38611/'
+        >>> with serve(Path("~/.cache/ml-image-builder/wheels").expanduser(), 38611) as address:
+        ...     address
+        '127.0.0.1'
     """
     handler = functools.partial(_Quiet, directory=str(directory))
-    try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
-    except OSError as exc:
+    server, last_error = None, None
+    for last in range(1, 255):
+        try:
+            server = http.server.ThreadingHTTPServer((f"127.0.0.{last}", port), handler)
+            break
+        except OSError as exc:
+            last_error = exc
+    if server is None:
         raise UserError(
-            f"wheel server: 127.0.0.1:{port} is busy ({exc.strerror}); another 'builder build' may be running, "
-            "or set wheelhouse_port in matrix.yaml to a free port"
-        ) from None
+            f"wheel server: port {port} is busy on every 127.0.0.x address ({last_error}); "
+            "set wheelhouse_port in matrix.yaml to a free port"
+        )
     thread = threading.Thread(target=server.serve_forever, name="wheel-server", daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{port}/"
+        yield server.server_address[0]
     finally:
         server.shutdown()
         server.server_close()

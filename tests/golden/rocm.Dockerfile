@@ -3,7 +3,7 @@
 #
 # Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
 # wheels) -> runtime (the in-image runtime, the layer that changes most). Wheels come from the
-# builder's loopback wheel server (the build runs with --network host), are checked against
+# builder's wheel server on loopback (the build runs with --network host), are checked against
 # the hash locks and never stay in a layer; no cache, CA bundle or credential does either.
 
 FROM registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa AS common
@@ -20,16 +20,16 @@ RUN groupadd --gid 1001 app \
 WORKDIR /workspace
 COPY images/tools.lock images/common.lock /opt/locks/
 # uv (from tools.lock) lives in /tmp/uv for this step only.
-RUN pip install --no-index --no-deps --require-hashes --find-links http://127.0.0.1:38611/ --target /tmp/uv -r /opt/locks/tools.lock \
+RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /opt/locks/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --compile-bytecode --find-links http://127.0.0.1:38611/ -r /opt/locks/common.lock \
+      --compile-bytecode --find-links http://builder-wheelhouse:38611/ -r /opt/locks/common.lock \
  && rm -rf /tmp/uv
 
 FROM common AS torch
 COPY images/rocm/requirements.lock /opt/locks/requirements.lock
-RUN pip install --no-index --no-deps --require-hashes --find-links http://127.0.0.1:38611/ --target /tmp/uv -r /opt/locks/tools.lock \
+RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /opt/locks/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --compile-bytecode --find-links http://127.0.0.1:38611/ -r /opt/locks/requirements.lock \
+      --compile-bytecode --find-links http://builder-wheelhouse:38611/ -r /opt/locks/requirements.lock \
  && rm -rf /tmp/uv
 
 FROM torch AS runtime

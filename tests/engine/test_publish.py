@@ -1,0 +1,81 @@
+"""Publishing to real registries: an htpasswd-protected one refuses without credentials and
+accepts with them, the digests match, aliases move last, credentials never show."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from builder.registry import manifest_digest
+from helpers import copy_project, edit_matrix, run_builder
+
+pytestmark = pytest.mark.engine
+
+
+def _retarget(src_root, dest_root, registry: str) -> None:
+    """A project copy publishing to *registry*, with the same base pin."""
+    copy_project(dest_root)
+    old = yaml.safe_load((src_root / "matrix.yaml").read_text())["registry"]
+    edit_matrix(dest_root, registry=registry)
+    lock = json.loads((src_root / "base.lock.json").read_text())
+    lock["reference"] = lock["reference"].replace(old, registry)
+    (dest_root / "base.lock.json").write_text(json.dumps(lock))
+
+
+@pytest.fixture
+def tagged_for(cpu_project, engine):
+    """Tag the built cpu image for another registry; untag afterwards."""
+    made = []
+
+    def tag(registry: str) -> str:
+        source = yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"]
+        image_id = engine.api.inspect_image(f"{source}:cpu")["Id"]
+        for t in ("cpu", "cpu-torch2.13.0", "latest-cpu"):
+            engine.api.tag(image_id, registry, t)
+            made.append(f"{registry}:{t}")
+        return image_id
+
+    yield tag
+    for ref in made:
+        engine.api.remove_image(ref, noprune=True)
+
+
+def test_push_needs_credentials_and_then_digests_match(cpu_project, auth_registry, tagged_for, engine, tmp_path):
+    host, user, password = auth_registry
+    registry = f"{host}/ml-runtime"
+    root = tmp_path / "p"
+    _retarget(cpu_project, root, registry)
+    image_id = tagged_for(registry)
+    no_config = {"DOCKER_CONFIG": str(tmp_path / "empty-docker-config"),
+                 "BUILDER_REGISTRY_USER": "", "BUILDER_REGISTRY_PASSWORD": ""}
+    (tmp_path / "empty-docker-config").mkdir()
+
+    refused = run_builder("push", "-t", "cpu", cwd=root, env=no_config)
+    assert refused.returncode == 1
+    assert f"registry {host} refused the push" in refused.stderr and "docker login" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    creds = {"username": user, "password": password}
+    assert manifest_digest(f"{registry}:latest-cpu", creds) is None, "the alias moved before the versioned tags"
+
+    env = {**no_config, "BUILDER_REGISTRY_USER": user, "BUILDER_REGISTRY_PASSWORD": password}
+    pushed = run_builder("push", "-t", "cpu", cwd=root, env=env)
+    assert pushed.returncode == 0, pushed.stderr
+    assert password not in pushed.stdout + pushed.stderr
+    record = json.loads((root / "dist/published.json").read_text())["cpu"]
+    for tag in ("cpu", "cpu-torch2.13.0", "latest-cpu"):
+        assert manifest_digest(f"{registry}:{tag}", creds) == record["digest"]
+    assert f"{registry}@{record['digest']}" in engine.api.inspect_image(image_id)["RepoDigests"]
+    assert record["image_id"] == image_id
+
+
+def test_push_to_unreachable_registry_is_a_clear_error(cpu_project, tagged_for, tmp_path):
+    registry = "127.0.0.1:9/ml-runtime"  # discard port: nothing listens
+    root = tmp_path / "p"
+    _retarget(cpu_project, root, registry)
+    tagged_for(registry)
+    proc = run_builder("push", "-t", "cpu", cwd=root)
+    assert proc.returncode == 1
+    assert "127.0.0.1:9" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (root / "dist/published.json").exists()

@@ -1,0 +1,66 @@
+"""The in-image runtime in the real cpu image (testcontainers, reaper disabled): the default
+contract passes and the command runs; an sm_80 contract stops it with exit 3; the probe
+describes the CPU; `builder run` picks the cpu image here and returns the command's status."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from testcontainers.core.container import DockerContainer
+
+from helpers import run_builder
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def cpu_image(cpu_project) -> str:
+    return yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"] + ":cpu"
+
+
+def run_in(image: str, command: str, volumes: list[tuple[str, str]] = ()) -> tuple[int, str]:
+    container = DockerContainer(image).with_command(command)
+    for host, path in volumes:
+        container = container.with_volume_mapping(host, path, "ro")
+    container.start()
+    try:
+        status = container.get_wrapped_container().wait(timeout=300)["StatusCode"]
+        out, err = container.get_logs()
+        return status, out.decode() + err.decode()
+    finally:
+        container.stop()
+
+
+def test_default_contract_passes_then_command_runs(cpu_image, no_leftovers):
+    status, out = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'")
+    assert status == 0, out
+    assert "[CHECK] pytorch: 2.13.0+cpu -> OK" in out
+    assert out.index("[CHECK]") < out.index("COMMAND RAN")
+
+
+def test_sm80_contract_fails_before_the_command(cpu_image, tmp_path, no_leftovers):
+    spec = tmp_path / "runtime-spec.yaml"
+    spec.write_text('required_features:\n  - gpu_compute_capability: "sm_80"\n')
+    status, out = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'",
+                         [(str(spec), "/workspace/runtime-spec.yaml")])
+    assert status == 3, out
+    assert "COMMAND RAN" not in out
+    assert "sm_80" in out and "FAIL" in out
+
+
+def test_probe_describes_the_cpu(cpu_image, no_leftovers):
+    status, out = run_in(cpu_image, "runtime-check probe --json")
+    assert status == 0, out
+    probe = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert probe["vendor"] == "none" and probe["backend"] == "cpu"
+    assert probe["torch"]["version"] == "2.13.0+cpu"
+
+
+def test_builder_run_picks_cpu_and_returns_status(cpu_project, no_leftovers):
+    proc = run_builder("run", "--", "python", "examples/train.py", cwd=cpu_project, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "FINAL first_loss=" in proc.stdout and "cpu" in proc.stderr
+    failing = run_builder("run", "--", "python", "-c", "import sys; sys.exit(4)", cwd=cpu_project)
+    assert failing.returncode == 4, failing.stderr[-1000:]
