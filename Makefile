@@ -30,7 +30,7 @@ check: install ## Check images/ is current and every Dockerfile passes hadolint
 	$(BUILDER) lint
 
 images: install ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
-	$(BUILDER) base
+	$(BUILDER) base --update
 	$(BUILDER) build --keep-going $(TARGET_FLAGS) $(if $(PUSH),--push)
 
 push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset)

@@ -293,7 +293,7 @@ def push_cmd(project: Project, targets: tuple[str, ...]) -> None:
     sys.exit(1 if failed else 0)
 
 
-from builder.commands_host import doctor_cmd, run_cmd  # noqa: E402 - they use project_options above
+from builder.commands_host import doctor_cmd, run_cmd
 
 cli.add_command(doctor_cmd)
 cli.add_command(run_cmd)

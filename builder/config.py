@@ -148,7 +148,7 @@ class Matrix(_Strict):
         dups = sorted({n for n in names if names.count(n) > 1})
         if dups:
             problems.append(f"targets: duplicate name(s) {', '.join(dups)}; each name must be unique")
-        expected = SUITE_PYTHON[self.base.debian_suite] if self.base.debian_suite in SUITE_PYTHON else None
+        expected = SUITE_PYTHON.get(self.base.debian_suite)
         if self.python != expected:
             problems.append(
                 f"python: {self.python!r} is not supported with suite {self.base.debian_suite!r} "

@@ -126,27 +126,21 @@ class Project:
         }
 
 
-def _alias_owner(matrix: Matrix) -> tuple[dict[str, str], list[str]]:
-    """latest-<vendor> goes to the vendor's target with the newest torch, then accelerator."""
+def _alias_owner(matrix: Matrix) -> dict[str, str]:
+    """latest-<vendor> goes to the vendor's target with the newest torch, then accelerator
+    version; on a tie, to the one listed first."""
     best: dict[str, tuple[tuple[Version, Version], str]] = {}
-    problems = []
     for t in matrix.targets:
         vendor = BACKEND_VENDOR[t.backend]
         key = (Version(t.torch), Version(t.version or "0"))
-        if vendor in best and best[vendor][0] == key:
-            problems.append(
-                f"targets: {best[vendor][1]} and {t.name} tie for the latest-{vendor} alias "
-                "(same torch and accelerator version); change one's torch or version"
-            )
         if vendor not in best or key > best[vendor][0]:
             best[vendor] = (key, t.name)
-    return {vendor: name for vendor, (_, name) in best.items()}, problems
+    return {vendor: name for vendor, (_, name) in best.items()}
 
 
 def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[str, str]) -> list[ResolvedTarget]:
     problems: list[str] = []
-    alias, alias_problems = _alias_owner(matrix)
-    problems += [f"{mfile}: {p}" for p in alias_problems]
+    alias = _alias_owner(matrix)
     targets, owner_of_tag = [], {}
     for i, t in enumerate(matrix.targets):
         where = f"{mfile}: targets[{i}]"

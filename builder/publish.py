@@ -50,7 +50,7 @@ def push_ref(client: docker.DockerClient, ref: str) -> str:
 def _explain(host: str, error: str) -> str:
     text = error.strip().splitlines()[0][:200]
     lowered = text.lower()
-    if "unauthorized" in lowered or "authentication required" in lowered or "denied" in lowered:
+    if any(word in lowered for word in ("unauthorized", "authentication required", "denied", "no basic auth")):
         return (
             f"registry {host} refused the push ({text}); log in with 'docker login {host}' "
             "or set BUILDER_REGISTRY_USER and BUILDER_REGISTRY_PASSWORD"

@@ -23,13 +23,11 @@ import docker.auth
 
 from builder.errors import UserError
 
-MANIFEST_TYPES = ", ".join(
-    [
-        "application/vnd.docker.distribution.manifest.v2+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.oci.image.index.v1+json",
-    ]
+MANIFEST_TYPES = (
+    "application/vnd.docker.distribution.manifest.v2+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json, "
+    "application/vnd.oci.image.manifest.v1+json, "
+    "application/vnd.oci.image.index.v1+json"
 )
 
 
@@ -161,11 +159,11 @@ def ensure_local(host: str) -> str | None:
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.yml"
     config.write_text(
-        "version: 0.1\nlog: {level: warn}\nstorage:\n  filesystem: {rootdirectory: %s}\n  delete: {enabled: true}\n"
-        "http: {addr: '127.0.0.1:%s'}\n" % (folder / "data", port)
+        f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
+        f"  delete: {{enabled: true}}\nhttp: {{addr: '127.0.0.1:{port}'}}\n"
     )
     with open(folder / "registry.log", "ab") as log:
-        proc = subprocess.Popen(  # noqa: S603 - fixed argv
+        proc = subprocess.Popen(
             [binary, "serve", str(config)], stdout=log, stderr=log, start_new_session=True
         )
     (folder / "registry.pid").write_text(str(proc.pid))

@@ -13,7 +13,8 @@ from typing import Any
 
 import jinja2
 
-from builder import grammar as g, wheelserver
+from builder import grammar as g
+from builder import wheelserver
 from builder.errors import UserError
 from builder.files import atomic_write
 from builder.project import Project, ResolvedTarget
@@ -36,7 +37,7 @@ def environment(templates: Path) -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,
-        autoescape=False,  # noqa: S701 - output is a Dockerfile; values are grammar-checked instead
+        autoescape=False,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,

@@ -123,7 +123,7 @@ def index_reachable(url: str, timeout: float = 8.0) -> str | None:
 
 def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--retries", "1", "--timeout", "30", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
 def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:

@@ -11,13 +11,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from helpers import copy_project, edit_matrix, run_builder
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image can't be pulled here
@@ -80,8 +78,8 @@ def start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, sub
         f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
         f"http: {{addr: '127.0.0.1:{port}'}}\n{auth}"
     )
-    proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(folder / "log", "wb"))
+    with open(folder / "log", "wb") as log:
+        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=log)
     _wait_http(f"http://127.0.0.1:{port}/v2/")
     return f"127.0.0.1:{port}", proc
 

@@ -1,0 +1,42 @@
+"""--jobs: targets build side by side; the shared stage is built once and its layers are the
+same in every image."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from helpers import copy_project, run_builder
+
+pytestmark = pytest.mark.engine
+
+
+def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, tmp_path):
+    root = copy_project(tmp_path / "p")
+    (root / "base.lock.json").write_text((based_project / "base.lock.json").read_text())
+    doc = yaml.safe_load((based_project / "matrix.yaml").read_text())
+    doc["registry"] = doc["registry"] + "-parallel"
+    doc["targets"].append({"name": "cpu-extra", "backend": "cpu", "torch": "2.13.0", "packages": ["six>=1.16"]})
+    (root / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    lock = json.loads((root / "base.lock.json").read_text())
+    base_repo = lock["reference"].split("@")[0]
+    lock["reference"] = lock["reference"].replace(base_repo, doc["registry"] + "/base")
+    (root / "base.lock.json").write_text(json.dumps(lock))
+    engine.api.tag(lock["image_id"], doc["registry"] + "/base", "bookworm")
+    engine.api.push(doc["registry"] + "/base", "bookworm")
+    try:
+        proc = run_builder("build", "-t", "cpu", "-t", "cpu-extra", "--jobs", "2", "--no-smoke", "--json", "-q",
+                           cwd=root)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = {o["target"]: o for o in json.loads(proc.stdout)}
+        layers = {name: engine.api.inspect_image(o["image_id"])["RootFS"]["Layers"] for name, o in out.items()}
+        common = engine.api.inspect_image(f"{doc['registry']}:cpu")["RootFS"]["Layers"]
+        # base + user/venv + locks + common packages: the first four layers are the same objects.
+        assert layers["cpu"][:4] == layers["cpu-extra"][:4] == common[:4]
+        assert layers["cpu"][4:] != layers["cpu-extra"][4:], "different torch locks, different torch layers"
+        assert "six" in (root / "images/cpu-extra/requirements.lock").read_text()
+    finally:
+        for image in engine.images.list(name=doc["registry"]):
+            for tag in image.tags:
+                engine.api.remove_image(tag, noprune=True)
