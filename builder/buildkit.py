@@ -42,6 +42,8 @@ from builder.project import Project, ResolvedTarget
 STEP = re.compile(r"^#(\d+) \[(?:(\S+) )?(\d+)/(\d+)\] (.*)$")
 CACHED = re.compile(r"^#(\d+) CACHED\s*$")
 VERTEX_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+#: A step's own error output, e.g. ``#8 2.113 ERROR: Could not find a version that satisfies ...``.
+STEP_OUTPUT_ERROR = re.compile(r"^#\d+ \d+\.\d+ ((?:ERROR|error)\b.*)$")
 #: Clients from 23.0 on need the buildx plugin for BuildKit; older ones drive it themselves.
 LAST_LEGACY_CLIENT = Version("23")
 
@@ -147,6 +149,7 @@ def context_tar(project: Project, target: ResolvedTarget) -> IO[bytes]:
     ignore = project.root / ".dockerignore"
     lines = ignore.read_text(encoding="utf-8").splitlines() if ignore.is_file() else []
     patterns = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    # gzip: the CLI sniffs the first KB of stdin for a tar; docker-py's PAX headers are longer than that.
     return docker.utils.build.tar(str(project.root), exclude=patterns, dockerfile=(target.dockerfile, None),
                                     gzip=True)
 
@@ -230,19 +233,12 @@ def buildkit_build(
 
 
 def _failure(target: ResolvedTarget, code: int, vertex_errors: list[str], tail: list[str]) -> str:
-    """The lines that say why: failing steps, the client's final error, the wheel-server hint."""
+    """The lines that say why: failing steps, their own ERROR output, the client's final error, a hint."""
     final = [ln for ln in tail if ln.lower().startswith(("error", "failed to solve")) or ln.startswith(" > ")]
-    lines = vertex_errors + final or tail[-8:]
+    own = [m[1] for ln in tail if (m := STEP_OUTPUT_ERROR.match(ln))][:5]
+    lines = vertex_errors + own + final or tail[-8:]
     text = "; ".join(dict.fromkeys(ln.strip() for ln in lines if ln.strip()))
     if wheelserver.HOST in "\n".join(tail) and "Connection refused" in "\n".join(tail):
         text += " (the wheel server was not reachable: is the engine on this host? --network host needs it)"
     return f"BuildKit build of {target.name} failed (exit {code}): {text[:2000]}"
 
-
-def cli_available() -> bool:
-    """Whether some client here can run BuildKit builds (for tests and ``doctor``)."""
-    try:
-        find_cli()
-    except UserError:
-        return False
-    return True

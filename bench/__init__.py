@@ -1,0 +1,244 @@
+"""Benchmark helpers: our lock-driven multi-stage build against the one-Dockerfile ARG-switch baseline.
+
+``python -m bench`` (``make bench``) drives them and writes bench/out/results.{json,md}. Everything
+runs on a temporary copy of the project with its own registry and wheel-server port, so the real
+tree, its tags and a concurrent ``builder build`` are never touched.
+
+Example:
+    >>> layers(client, "localhost:5000/ml-runtime:cpu")[0].created_by
+    'mmdebstrap bookworm (python3, python3-venv, ca-certificates)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+
+REPO = Path(__file__).resolve().parent.parent
+BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
+PROJECT_FILES = ["matrix.yaml", "wheel-mapping.json", "base.lock.json", ".dockerignore", ".hadolint.yaml"]
+PROJECT_DIRS = ["templates", "runtime", "examples", "images"]
+
+
+def copy_project(dest: Path) -> Path:
+    """A private copy of the project: what a build reads, nothing else.
+
+    Example:
+        >>> copy_project(Path("/tmp/bench/project")).joinpath("matrix.yaml").is_file()
+        True
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    for name in PROJECT_DIRS:
+        shutil.copytree(REPO / name, dest / name, ignore=ignore)
+    return dest
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def registry(folder: Path) -> Iterator[str]:
+    """A private docker-registry on a free loopback port for the block; yields host:port, removes its data.
+
+    Example:
+        >>> with registry(Path("/tmp/bench/registry")) as host:
+        ...     host.startswith("127.0.0.1:")
+        True
+    """
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        raise SystemExit("bench: docker-registry is not installed (apt-get install docker-registry)")
+    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yml").write_text(
+        f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'}}\n"
+    )
+    with (folder / "log").open("wb") as log:
+        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=log, stderr=log)
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+                break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """(wall seconds, result) of ``fn()``."""
+    start = time.monotonic()
+    result = fn()
+    return round(time.monotonic() - start, 2), result
+
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+def engine_build(
+    client: docker.DockerClient,
+    context: Path,
+    dockerfile: str,
+    *,
+    buildargs: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    extra_hosts: dict[str, str] | None = None,
+    nocache: bool = False,
+) -> str:
+    """One classic-builder build through docker-py, as ``builder build`` runs it; return the image ID.
+
+    The same call serves both sides of the comparison, so only the Dockerfile and context differ.
+    """
+    image_id = None
+    stream = client.api.build(path=str(context), dockerfile=dockerfile, rm=True, forcerm=True, pull=False,
+                              nocache=nocache, network_mode="host", extra_hosts=extra_hosts, buildargs=buildargs,
+                              labels=labels, decode=True)
+    for event in stream:
+        if "error" in event:
+            raise RuntimeError(f"bench: building {context}/{dockerfile} failed: {event['error'].strip()}")
+        image_id = (event.get("aux") or {}).get("ID", image_id)
+    if image_id is None:
+        raise RuntimeError(f"bench: building {context}/{dockerfile} gave no image ID")
+    return image_id
+
+
+def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion; raise with its last output lines when it fails."""
+    proc = subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench: {' '.join(argv[:6])} ... exited {proc.returncode}: "
+                           f"{(proc.stderr or proc.stdout)[-1500:]}")
+    return proc
+
+
+def installed_bytes(wheel: Path) -> int:
+    """Bytes a wheel occupies once installed: the sum of its members' uncompressed sizes."""
+    with zipfile.ZipFile(wheel) as archive:
+        return sum(info.file_size for info in archive.infolist())
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of an image: its diff ID, uncompressed size and the step that made it."""
+
+    diff_id: str
+    size: int
+    created_by: str
+
+
+def _makes_layer(entry: dict[str, Any]) -> bool:
+    """History entries with a layer: any with bytes, and RUN/COPY/ADD (metadata steps are #(nop))."""
+    step = entry.get("CreatedBy", "")
+    return entry["Size"] > 0 or "#(nop)" not in step or any(f"#(nop) {k} " in step for k in ("COPY", "ADD"))
+
+
+def layers(client: docker.DockerClient, image: str) -> list[Layer]:
+    """The image's layers, oldest first, with their sizes from ``docker history``.
+
+    RootFS.Layers holds diff IDs without sizes; history holds sizes without diff IDs. They pair
+    up in order once the metadata-only entries are dropped; a count mismatch raises.
+    """
+    diff_ids = client.api.inspect_image(image)["RootFS"]["Layers"]
+    entries = [e for e in reversed(client.api.history(image)) if _makes_layer(e)]
+    if len(entries) != len(diff_ids):
+        raise RuntimeError(f"bench: {image}: {len(entries)} history entries with layers, {len(diff_ids)} diff IDs")
+    return [Layer(d, e["Size"], e.get("CreatedBy", "")) for d, e in zip(diff_ids, entries, strict=True)]
+
+
+def shared_fraction(images: list[list[Layer]]) -> float | None:
+    """Bytes in layers that two or more images share, over the bytes of all distinct layers.
+
+    Example:
+        >>> shared_fraction([[Layer("a", 3, ""), Layer("b", 1, "")], [Layer("a", 3, ""), Layer("c", 1, "")]])
+        0.6
+    """
+    if len(images) < 2:
+        return None
+    sizes = {layer.diff_id: layer.size for image in images for layer in image}
+    count = {d: sum(d in {layer.diff_id for layer in image} for image in images) for d in sizes}
+    total = sum(sizes.values())
+    return round(sum(s for d, s in sizes.items() if count[d] >= 2) / total, 6) if total else None
+
+
+def shared_bytes(images: list[list[Layer]]) -> int | None:
+    """Bytes stored once but used by two or more images (what a second target costs nothing for)."""
+    if len(images) < 2:
+        return None
+    sizes = {layer.diff_id: layer.size for image in images for layer in image}
+    sets = [{layer.diff_id for layer in image} for image in images]
+    return sum(size for d, size in sizes.items() if sum(d in s for s in sets) >= 2)
+
+
+def below(image: list[Layer], marker: str) -> list[Layer]:
+    """The layers under the first one whose step mentions *marker* (where target-specific input enters)."""
+    for i, layer in enumerate(image):
+        if marker in layer.created_by:
+            return image[:i]
+    raise RuntimeError(f"bench: no layer mentions {marker!r}; the Dockerfile changed, update the bench")
+
+
+def shared_by_all(stacks: list[list[Layer]]) -> float | None:
+    """Bytes in layers every image has, over the bytes of the union (1.0: identical stacks)."""
+    if len(stacks) < 2:
+        return None
+    sizes = {layer.diff_id: layer.size for stack in stacks for layer in stack}
+    common = set.intersection(*({layer.diff_id for layer in stack} for stack in stacks))
+    total = sum(sizes.values())
+    return round(sum(sizes[d] for d in common) / total, 6) if total else None
+
+
+def baseline_context(folder: Path, project_root: Path, backend: str, wheel_files: list[Path],
+                     requirements: list[str]) -> Path:
+    """The baseline's build context: its Dockerfile, exactly the target's locked wheels, runtime, examples."""
+    wheels_dir = folder / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    for wheel in wheel_files:
+        dest = wheels_dir / wheel.name
+        try:
+            os.link(wheel, dest)  # same file system: no copy of GBs of wheels
+        except OSError:
+            shutil.copy2(wheel, dest)
+    (wheels_dir / f"requirements-{backend}.txt").write_text("".join(f"{r}\n" for r in requirements))
+    shutil.copy2(BASELINE_DOCKERFILE, folder / "Dockerfile")
+    sync_runtime(project_root, folder)
+    shutil.copytree(project_root / "examples", folder / "examples", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return folder
+
+
+def sync_runtime(project_root: Path, folder: Path) -> None:
+    """Give the baseline context the project's current runtime/ (same files our build copies)."""
+    shutil.rmtree(folder / "runtime", ignore_errors=True)
+    (folder / "runtime").mkdir(parents=True)
+    shutil.copy2(project_root / "runtime" / "pyproject.toml", folder / "runtime" / "pyproject.toml")
+    shutil.copytree(project_root / "runtime" / "ml_runtime", folder / "runtime" / "ml_runtime",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -1,0 +1,193 @@
+"""Cache across runners: a second, empty engine rebuilds the published image from registry cache alone.
+
+Runner A is the main engine (the ``cpu_project`` fixture built and pushed cpu). Runner B is a
+second ``dockerd`` started here with its own data root and socket: it has nothing local, pulls
+the pinned base and the published image, and must not run a single step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from helpers import edit_matrix, run_builder
+
+from builder import render, wheels, wheelserver
+from builder.build import docker_build
+from builder.project import load_project
+
+pytestmark = pytest.mark.engine
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {reason}")
+    pytest.skip(reason)
+
+
+def _privileged() -> list[str]:
+    """dockerd, kill and umount need root: nothing as root, else passwordless sudo (CI runners)."""
+    if os.geteuid() == 0:
+        return []
+    if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False).returncode == 0:
+        return ["sudo", "-n"]
+    _unavailable("a second dockerd needs root or passwordless sudo")
+    return []
+
+
+def _quiet(argv: list[str]) -> None:
+    """Best effort (teardown): the process may be gone, the mount or folder absent."""
+    subprocess.run(argv, capture_output=True, check=False)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _pid(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _stop_daemon(proc: subprocess.Popen, pidfile: Path, folders: list[Path], sudo: list[str]) -> None:
+    """SIGTERM (then SIGKILL) dockerd and its containerd by pid, unmount leftovers, remove every file."""
+    containerd_pidfile = folders[1] / "exec" / "containerd" / "containerd.pid"
+    containerd = _pid(containerd_pidfile)
+    daemon = _pid(pidfile) or proc.pid
+    _quiet([*sudo, "kill", "-TERM", str(daemon)])
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        _quiet([*sudo, "kill", "-KILL", str(daemon)])
+        proc.wait(timeout=10)
+    # A dockerd killed hard leaves its supervised containerd behind.
+    if containerd and _alive(containerd):
+        _quiet([*sudo, "kill", "-KILL", str(containerd)])
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for point in sorted((m for m in mounts if any(m.startswith(str(f)) for f in folders)), key=len, reverse=True):
+        _quiet([*sudo, "umount", "-l", point])
+    for folder in folders:
+        _quiet([*sudo, "rm", "-rf", str(folder)])
+
+
+@pytest.fixture(scope="session")
+def second_engine(engine, tmp_path_factory) -> Iterator[str]:
+    """A second dockerd with an empty store, no bridge (builds use the host network); yields DOCKER_HOST."""
+    dockerd = shutil.which("dockerd") or next((p for p in ("/usr/sbin/dockerd", "/usr/bin/dockerd")
+                                               if Path(p).is_file()), None)
+    if dockerd is None:
+        _unavailable("dockerd is not installed (apt-get install docker.io)")
+    sudo = _privileged()
+    data = tmp_path_factory.mktemp("dockerd2")
+    # Socket paths are limited to 108 bytes (the exec root holds containerd's): keep these short.
+    short = Path(tempfile.mkdtemp(prefix="mlb-d2-", dir="/tmp"))
+    sock, pidfile = short / "docker.sock", short / "docker.pid"
+    (short / "daemon.json").write_text("{}\n")  # ignore the host's /etc/docker/daemon.json
+    namespace = f"mlb-test-{os.getpid()}"  # never share containerd's "moby" namespace with the main engine
+    argv = [*sudo, dockerd, "--data-root", str(data / "root"), "--exec-root", str(short / "exec"),
+            "--pidfile", str(pidfile), "-H", f"unix://{sock}", "--config-file", str(short / "daemon.json"),
+            "--bridge=none", "--iptables=false", "--ip-masq=false",
+            "--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins"]
+    log = data / "dockerd.log"
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    host = f"unix://{sock}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"the second dockerd exited ({proc.returncode}): {log.read_text()[-2000:]}")
+            try:
+                client = docker.DockerClient(base_url=host, timeout=10)
+                client.ping()
+                client.close()
+                break
+            except docker.errors.DockerException:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the second dockerd did not answer on {host}: {log.read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield host
+    finally:
+        _stop_daemon(proc, pidfile, [data / "root", short], sudo)
+
+
+def _builder_when_port_free(*args: str, cwd: Path, env: dict[str, str], minutes: float = 15):
+    """Run the CLI; while another build on this host holds the matrix's wheel-server port, wait and retry."""
+    deadline = time.monotonic() + minutes * 60
+    while True:
+        proc = run_builder(*args, cwd=cwd, env=env)
+        if not (proc.returncode == 2 and "is busy" in proc.stderr) or time.monotonic() > deadline:
+            return proc
+        time.sleep(5)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_second_runner_runs_no_step(cpu_project, engine, second_engine, tmp_path):
+    registry = json.loads(run_builder("print", cwd=cpu_project).stdout)["registry"]
+    runner_a = engine.api.inspect_image(f"{registry}:cpu")["Id"]
+    client = docker.DockerClient(base_url=second_engine, timeout=3600)
+    try:
+        assert client.images.list(all=True) == [], "runner B must start with an empty store"
+        proc = _builder_when_port_free("build", "-t", "cpu", "--json", "--no-smoke", "-q", cwd=cpu_project,
+                                       env={"DOCKER_HOST": second_engine})
+        assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
+        cpu = json.loads(proc.stdout)[0]
+        assert cpu["error"] is None, cpu
+        assert cpu["steps"] > 0 and cpu["cached_steps"] == cpu["steps"], cpu
+        assert cpu["image_id"] == runner_a, "runner B should end with runner A's very image"
+        cold = _cold_build_seconds(client, cpu_project, tmp_path)
+        print(f"\nrunner B from registry cache: {cpu['seconds']:.1f} s (pull included); "
+              f"cold build on the same engine (new wheel port: every install step runs): {cold:.1f} s")
+    finally:
+        client.close()
+
+
+def _cold_build_seconds(client: docker.DockerClient, root: Path, tmp_path: Path) -> float:
+    """For the record: the same target built on runner B with another wheel port (no install step cached)."""
+    copy = tmp_path / "cold"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("dist"))
+    edit_matrix(copy, wheelhouse_port=_free_port())
+    project = load_project(copy / "matrix.yaml")
+    target = project.target("cpu")
+    render.write(render.render(project, [target]))
+    wheels.lock_all(project, [target], print)
+    start = time.monotonic()
+    with wheelserver.serve(wheels.wheelhouse(), project.matrix.wheelhouse_port) as wheels_at:
+        image_id, steps, cached = docker_build(client, project, target, wheels_at=wheels_at)
+    seconds = time.monotonic() - start
+    assert cached < steps  # it really was cold
+    client.api.remove_image(image_id, force=True)
+    return seconds
+
+
+def test_daemon_helpers_only_touch_their_own_pid(tmp_path):
+    """_stop_daemon signals the pid it was given and removes only its own folders."""
+    proc = subprocess.Popen(["sleep", "60"])
+    pidfile = tmp_path / "pid"
+    pidfile.write_text(str(proc.pid))
+    folders = [tmp_path / "root", tmp_path / "short"]
+    for f in folders:
+        (f / "x").mkdir(parents=True)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    _stop_daemon(proc, pidfile, folders, [])
+    assert proc.returncode == -signal.SIGTERM
+    assert not any(f.exists() for f in folders) and keep.exists()
