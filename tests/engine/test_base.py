@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import copy_project, edit_matrix, run_builder
 
 pytestmark = pytest.mark.engine

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import yaml
+from helpers import copy_project, edit_matrix, run_builder
 
 from builder.registry import manifest_digest
-from helpers import copy_project, edit_matrix, run_builder
 
 pytestmark = pytest.mark.engine
 

@@ -8,9 +8,8 @@ import json
 
 import pytest
 import yaml
-from testcontainers.core.container import DockerContainer
-
 from helpers import run_builder
+from testcontainers.core.container import DockerContainer
 
 pytestmark = pytest.mark.engine
 
