@@ -59,6 +59,8 @@ def build_labels(root: Path) -> dict[str, str]:
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     revision = git("rev-parse", "HEAD") or "unknown"
+    if revision != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
+        revision += "-dirty"  # never claim a commit the image was not built from
     created = git("log", "-1", "--format=%cI") or "1970-01-01T00:00:00Z"
     return {"org.opencontainers.image.revision": revision, "org.opencontainers.image.created": created}
 

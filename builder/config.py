@@ -133,6 +133,10 @@ class Matrix(_Strict):
         default_factory=list,
         description="Packages every target installs beside torch (they depend on it), e.g. accelerate.",
     )
+    startup_imports: list[Annotated[str, _grammar(g.MODULE, "a Python module name like torch")]] = Field(
+        default_factory=lambda: ["torch"],
+        description="Modules imported once at build time so their bytecode ships in the image (fast start).",
+    )
     wheelhouse_port: int = Field(
         38611, ge=1024, le=65535, description="Loopback port of the build-time wheel server (fixed for cache)."
     )

@@ -34,6 +34,8 @@ REQUIREMENT = re.compile(
     r"(\[[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*\])?"
     r"( ?(==|!=|<=|>=|~=|<|>|===) ?[A-Za-z0-9.*+!]+( ?, ?(==|!=|<=|>=|~=|<|>) ?[A-Za-z0-9.*+!]+)*)?"
 )
+#: Python module names (for the start-up bytecode warm-up).
+MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 #: Label keys: reverse-DNS style.
 LABEL_KEY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 #: Label values: printable text without quotes, backslashes, $ or control characters.

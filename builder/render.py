@@ -59,6 +59,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
         "base_ref": project.base_ref,
         "wheels": wheelserver.url(project.matrix.wheelhouse_port),
         "wheels_host": wheelserver.HOST,
+        "startup_imports": ", ".join(project.matrix.startup_imports),
     }
     try:
         text = template.render(context)

@@ -58,7 +58,9 @@ def serve(directory: Path, port: int) -> Iterator[str]:
             f"wheel server: port {port} is busy on every 127.0.0.x address ({last_error}); "
             "set wheelhouse_port in matrix.yaml to a free port"
         )
-    thread = threading.Thread(target=server.serve_forever, name="wheel-server", daemon=True)
+    # A short poll: shutdown() waits up to one poll interval (0.5 s by default) on every build.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="wheel-server",
+                              daemon=True)
     thread.start()
     try:
         yield server.server_address[0]

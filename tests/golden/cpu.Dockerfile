@@ -15,27 +15,35 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 RUN groupadd --gid 1001 app \
  && useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
- && python3 -m venv /opt/venv \
+ && python3 -m venv --without-pip /opt/venv \
  && install -d -o 1001 -g 1001 /workspace
 WORKDIR /workspace
 COPY images/tools.lock images/common.lock /opt/locks/
-# uv (from tools.lock) lives in /tmp/uv for this step only.
-RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /opt/locks/tools.lock \
+# uv (tools.lock) runs from /tmp/uv for this step only, bootstrapped by Debian's pip wheel; the
+# venv's own pip comes from common.lock, hash-checked like everything else.
+RUN set -- /usr/share/python-wheels/pip-*.whl \
+ && python3 "$1/pip" install --no-index --no-deps --require-hashes \
+      --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /opt/locks/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --compile-bytecode --find-links http://builder-wheelhouse:38611/ -r /opt/locks/common.lock \
+      --find-links http://builder-wheelhouse:38611/ -r /opt/locks/common.lock \
  && rm -rf /tmp/uv
 
 FROM common AS torch
 COPY images/cpu/requirements.lock /opt/locks/requirements.lock
-RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /opt/locks/tools.lock \
+# Bytecode only for what start-up imports (the user cannot write it at run time): fast starts
+# without compiling every module of every package into the image.
+RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
+      --target /tmp/uv -r /opt/locks/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --compile-bytecode --find-links http://builder-wheelhouse:38611/ -r /opt/locks/requirements.lock \
- && rm -rf /tmp/uv
+      --find-links http://builder-wheelhouse:38611/ -r /opt/locks/requirements.lock \
+ && rm -rf /tmp/uv \
+ && env -u PYTHONDONTWRITEBYTECODE python -c "import torch"
 
 FROM torch AS runtime
 COPY runtime /tmp/runtime
 RUN pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
- && rm -rf /tmp/runtime
+ && rm -rf /tmp/runtime \
+ && env -u PYTHONDONTWRITEBYTECODE python -c "import ml_runtime.cli"
 COPY examples /opt/examples
 LABEL \
       org.opencontainers.image.title="ml-runtime cpu" \
