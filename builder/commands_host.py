@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from builder.cli import project_options
+from builder.options import project_options
 from builder.project import Project
 
 # Where hostdetect looks; other roots are for tests and for running builder inside a container.

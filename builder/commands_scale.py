@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from builder.cli import project_options, target_option
+from builder.options import project_options, target_option
 from builder.project import Project
 
 
