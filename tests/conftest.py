@@ -117,14 +117,20 @@ def auth_registry(tmp_path_factory) -> Iterator[tuple[str, str, str]]:
 
 
 @pytest.fixture(scope="session")
-def based_project(tmp_path_factory, engine, registry) -> Path:
+def based_project(tmp_path_factory, engine, registry) -> Iterator[Path]:
     """A project copy whose registry is the session's, with its base bootstrapped, pushed, pinned."""
     root = copy_project(tmp_path_factory.mktemp("based") / "project")
     edit_matrix(root, registry=f"{registry}/ml-runtime")
     (root / "base.lock.json").unlink(missing_ok=True)
     base = run_builder("base", cwd=root)
     assert base.returncode == 0, base.stderr + base.stdout
-    return root
+    yield root
+    # Untag what this session pushed under its own registry (noprune: the build cache stays
+    # for the next session; the images themselves are the same content as the repo's).
+    for image in engine.images.list():
+        for tag in image.tags:
+            if tag.startswith(f"{registry}/"):
+                engine.api.remove_image(tag, noprune=True)
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,11 @@ def _stop_daemon(proc: subprocess.Popen, pidfile: Path, folders: list[Path], sud
 
 @pytest.fixture(scope="session")
 def second_engine(engine, tmp_path_factory) -> Iterator[str]:
-    """A second dockerd with an empty store, no bridge (builds use the host network); yields DOCKER_HOST."""
+    """A second dockerd with an empty store and a bridge of its own; yields DOCKER_HOST.
+
+    Never ``--bridge=none``: a daemon started without a bridge deletes the host's ``docker0``,
+    breaking every container of the main engine. It gets its own (unused) bridge instead.
+    """
     dockerd = shutil.which("dockerd") or next((p for p in ("/usr/sbin/dockerd", "/usr/bin/dockerd")
                                                if Path(p).is_file()), None)
     if dockerd is None:
@@ -94,10 +98,12 @@ def second_engine(engine, tmp_path_factory) -> Iterator[str]:
     short = Path(tempfile.mkdtemp(prefix="mlb-d2-", dir="/tmp"))
     sock, pidfile = short / "docker.sock", short / "docker.pid"
     (short / "daemon.json").write_text("{}\n")  # ignore the host's /etc/docker/daemon.json
+    bridge = f"mlbbr{os.getpid() % 100000}"  # interface names are at most 15 bytes
+    subprocess.run([*sudo, "ip", "link", "add", bridge, "type", "bridge"], check=True)
     namespace = f"mlb-test-{os.getpid()}"  # never share containerd's "moby" namespace with the main engine
     argv = [*sudo, dockerd, "--data-root", str(data / "root"), "--exec-root", str(short / "exec"),
             "--pidfile", str(pidfile), "-H", f"unix://{sock}", "--config-file", str(short / "daemon.json"),
-            "--bridge=none", "--iptables=false", "--ip-masq=false",
+            "--bridge", bridge, "--iptables=false", "--ip-masq=false",
             "--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins"]
     log = data / "dockerd.log"
     with log.open("wb") as handle:
@@ -120,6 +126,7 @@ def second_engine(engine, tmp_path_factory) -> Iterator[str]:
         yield host
     finally:
         _stop_daemon(proc, pidfile, [data / "root", short], sudo)
+        _quiet([*sudo, "ip", "link", "delete", bridge])
 
 
 def _builder_when_port_free(*args: str, cwd: Path, env: dict[str, str], minutes: float = 15):
