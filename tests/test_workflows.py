@@ -108,7 +108,7 @@ def test_build_job_builds_one_target_and_pushes_only_from_main():
     build = images_workflow()["jobs"]["build"]
     text = json.dumps(build)
     runs = "\n".join(s.get("run", "") for s in build["steps"])
-    assert "make install" in runs and "builder base" in runs
+    assert "pip install -q ." in runs and "builder base" in runs
     assert re.search(r'builder build "\$\{args\[@\]\}"', runs) and '-t "$TARGET" --json' in runs
     assert build["env"]["TARGET"] == "${{ matrix.target }}"
     assert "github.ref == 'refs/heads/main'" in build["env"]["PUBLISH"]
