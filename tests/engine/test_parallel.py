@@ -38,5 +38,6 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
         assert "six" in (root / "images/cpu-extra/requirements.lock").read_text()
     finally:
         for image in engine.images.list(name=doc["registry"]):
-            for tag in image.tags:
-                engine.api.remove_image(tag, noprune=True)
+            for tag in image.tags:  # the same image may carry other tests' tags: only ours go
+                if tag.startswith(doc["registry"] + ":"):
+                    engine.api.remove_image(tag, noprune=True)

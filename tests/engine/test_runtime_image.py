@@ -19,7 +19,7 @@ def cpu_image(cpu_project) -> str:
     return yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"] + ":cpu"
 
 
-def run_in(image: str, command: str, volumes: list[tuple[str, str]] = ()) -> tuple[int, str]:
+def run_in(image: str, command: str, volumes: list[tuple[str, str]] = ()) -> tuple[int, str, str]:
     container = DockerContainer(image).with_command(command)
     for host, path in volumes:
         container = container.with_volume_mapping(host, path, "ro")
@@ -27,31 +27,32 @@ def run_in(image: str, command: str, volumes: list[tuple[str, str]] = ()) -> tup
     try:
         status = container.get_wrapped_container().wait(timeout=300)["StatusCode"]
         out, err = container.get_logs()
-        return status, out.decode() + err.decode()
+        return status, out.decode(), err.decode()
     finally:
         container.stop()
 
 
 def test_default_contract_passes_then_command_runs(cpu_image, no_leftovers):
-    status, out = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'")
-    assert status == 0, out
-    assert "[CHECK] pytorch: 2.13.0+cpu -> OK" in out
-    assert out.index("[CHECK]") < out.index("COMMAND RAN")
+    status, out, err = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'")
+    assert status == 0, out + err
+    assert "[CHECK] pytorch: 2.13.0+cpu -> OK" in err  # the report goes to stderr: stdout is the command's
+    assert out.strip() == "COMMAND RAN"
 
 
 def test_sm80_contract_fails_before_the_command(cpu_image, tmp_path, no_leftovers):
     spec = tmp_path / "runtime-spec.yaml"
     spec.write_text('required_features:\n  - gpu_compute_capability: "sm_80"\n')
-    status, out = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'",
-                         [(str(spec), "/workspace/runtime-spec.yaml")])
+    status, out, err = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'",
+                              [(str(spec), "/workspace/runtime-spec.yaml")])
+    out += err
     assert status == 3, out
     assert "COMMAND RAN" not in out
     assert "sm_80" in out and "FAIL" in out
 
 
 def test_probe_describes_the_cpu(cpu_image, no_leftovers):
-    status, out = run_in(cpu_image, "runtime-check probe --json")
-    assert status == 0, out
+    status, out, err = run_in(cpu_image, "runtime-check probe --json")
+    assert status == 0, out + err
     probe = json.loads(out[out.index("{"):out.rindex("}") + 1])
     assert probe["vendor"] == "none" and probe["backend"] == "cpu"
     assert probe["torch"]["version"] == "2.13.0+cpu"
