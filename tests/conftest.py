@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import copy_project, edit_matrix, run_builder
+from helpers import copy_project, edit_matrix, free_port, run_builder
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image can't be pulled here
 
@@ -40,12 +39,6 @@ def engine():
         pytest.skip(f"no Docker engine ({exc})")
     yield client
     client.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, timeout: float = 15) -> None:

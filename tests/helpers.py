@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-PROJECT_FILES = ["matrix.yaml", "wheel-mapping.json", "base.lock.json", ".dockerignore", ".hadolint.yaml"]
-PROJECT_DIRS = ["templates", "runtime", "examples", "images"]
-
-def copy_project(dest: Path) -> Path:
-    """A private copy of the project (matrix, mapping, templates, runtime, examples, images)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        if (REPO / name).exists():
-            shutil.copy2(REPO / name, dest / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in PROJECT_DIRS:
-        shutil.copytree(REPO / name, dest / name, ignore=ignore)
-    return dest
+# One definition of "a private copy of the project", shared with the benchmark.
+from bench import REPO, copy_project, free_port  # noqa: F401
 
 
 def edit_matrix(root: Path, **changes: object) -> dict:
