@@ -72,50 +72,21 @@ def test_plain_python_from_another_directory_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written: a read-only working directory is fine
 
 
+def launch(tmp_path, mode: str):
+    """`accelerate launch <mode> --num_processes 2 ... train.py` on this CPU machine."""
+    args = ["launch", mode, "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(TRAIN)]
+    return run([*accelerate_cli(), *args], cwd=tmp_path)
+
+
 def test_two_processes_with_accelerate_launch_use_gloo(tmp_path):
     # Accelerate's CPU launcher (--cpu) starts one process unless given an MPI
     # hostfile; its multi-device launcher starts two, which form a gloo group here.
-    result = run(
-        [
-            *accelerate_cli(),
-            "launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            str(TRAIN),
-        ],
-        cwd=tmp_path,
-    )
+    result = launch(tmp_path, "--multi_gpu")
     assert_loss_fell(result)
     assert "processes=2 backend=gloo device=cpu" in result.stdout
 
 
 def test_the_documented_cpu_launch_command_runs(tmp_path):
-    result = run(
-        [
-            *accelerate_cli(),
-            "launch",
-            "--cpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(free_port()),
-            str(TRAIN),
-        ],
-        cwd=tmp_path,
-    )
+    result = launch(tmp_path, "--cpu")
     assert_loss_fell(result)
