@@ -227,5 +227,5 @@ def _push_if_missing(client: docker.DockerClient, project: Project, lock: BaseLo
         client.api.tag(lock.image_id, tag)
         digest = push_ref(client, tag)
         say(f"pushed the base to {project.base_repository} ({digest})")
-        if lock.reference.endswith(digest) is False:
+        if not lock.reference.endswith(digest):
             say(f"note: the registry digest {digest} differs from the lock's {lock.reference}")
