@@ -8,7 +8,7 @@ PUSH ?=
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t))
 
 .DEFAULT_GOAL := help
-.PHONY: help install render check lint images push test test-heavy golden bench clean
+.PHONY: help host install render check lint images push test test-quick golden bench clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ $(VENV)/.installed: pyproject.toml runtime/pyproject.toml
 
 install: $(VENV)/.installed ## Create .venv with the builder, the in-image runtime and test tools
 
+host: ## Install the Debian packages builds and tests need (as root) and start dockerd if no engine answers
+	scripts/setup-host.sh
+
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render
 
@@ -29,18 +32,18 @@ check: install ## Check images/ is current and every Dockerfile passes hadolint
 	$(BUILDER) render --check
 	$(BUILDER) lint
 
-images: install ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
+images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
 	$(BUILDER) base --update
 	$(BUILDER) build --keep-going $(TARGET_FLAGS) $(if $(PUSH),--push)
 
 push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset)
 	$(BUILDER) push $(TARGET_FLAGS)
 
-test: install ## Run the test suite (unit + real engine end-to-end; not the multi-GB ones)
+test: install host ## Run the whole test suite: unit tests + real end-to-end builds, the NVIDIA image included
 	$(PY) -m pytest -q
 
-test-heavy: install ## Also build and smoke-test the current NVIDIA image (several GB)
-	$(PY) -m pytest -q -m heavy
+test-quick: install host ## The test suite without the multi-GB NVIDIA build (marker: heavy)
+	$(PY) -m pytest -q -m 'not heavy'
 
 golden: install ## Regenerate the golden Dockerfiles in tests/golden/
 	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_render.py -k golden

@@ -76,6 +76,15 @@ def doctor_cmd(
     help="Target to run; auto: the matrix target of this host's GPU vendor (latest-<vendor>), else cpu.",
 )
 @click.option(
+    "--user",
+    "-u",
+    default="auto",
+    show_default=True,
+    metavar="auto|image|UID[:GID]",
+    help="Container user. auto: yours unless you are root, so files written to /workspace are "
+    "yours; image: the image's user (uid 1001).",
+)
+@click.option(
     "--gpus/--no-gpus", default=True, show_default=True, help="Give the container the vendor's GPUs."
 )
 @click.option(
@@ -95,6 +104,7 @@ def doctor_cmd(
 def run_cmd(
     project: Project,
     target: str,
+    user: str,
     gpus: bool,
     env: tuple[str, ...],
     dry_run: bool,
@@ -104,13 +114,13 @@ def run_cmd(
 ) -> None:
     """Run COMMAND in the image for this host's GPUs, with the current directory at /workspace.
 
-    The container runs as the image's user (uid 1001), streams its output, and is removed
-    afterwards (also on Ctrl-C); the exit status is the command's.
+    The container runs as you (your UID:GID; root keeps the image's uid 1001), streams its
+    output, and is removed afterwards (also on Ctrl-C); the exit status is the command's.
     """
     from builder import hostdetect, launch
 
     host = hostdetect.detect(sysfs_root, dev_root)
-    plan = launch.build_plan(project, command, target=target, gpus=gpus, env=env, host=host)
+    plan = launch.build_plan(project, command, target=target, user=user, gpus=gpus, env=env, host=host)
     if dry_run:
         click.echo(launch.format_dry_run(plan))
         return

@@ -46,7 +46,8 @@ class Bootstrap(_Strict):
         "minbase", description="mmdebstrap variant; minbase is the smallest with apt."
     )
     packages: list[DebName] = Field(
-        default_factory=list, description="Debian packages to include (python3 and python3-venv at least)."
+        default_factory=list,
+        description="Debian packages to include: python3, python3-venv and tini (the images' init) at least.",
     )
     source_date_epoch: int = Field(
         ge=0, description="SOURCE_DATE_EPOCH: fixed timestamps make the tarball and image ID reproducible."
@@ -56,9 +57,9 @@ class Bootstrap(_Strict):
     def _suite_known(self) -> Bootstrap:
         if self.suite not in SUITE_PYTHON:
             raise ValueError(f"suite {self.suite!r} is not supported (allowed: {', '.join(SUITE_PYTHON)})")
-        missing = {"python3", "python3-venv"} - set(self.packages)
+        missing = {"python3", "python3-venv", "tini"} - set(self.packages)
         if missing:
-            raise ValueError(f"packages must include {', '.join(sorted(missing))} (the images' Python)")
+            raise ValueError(f"packages must include {', '.join(sorted(missing))} (the images' Python and init)")
         return self
 
 
@@ -66,7 +67,9 @@ class Base(_Strict):
     """The shared base every target starts from: exactly one of ``image`` or ``bootstrap``."""
 
     image: Annotated[str, _grammar(g.IMAGE_REF, "an image reference")] | None = Field(
-        None, description="An existing image, pinned by digest: name@sha256:<64 hex>."
+        None,
+        description="An existing image, pinned by digest: name@sha256:<64 hex>. It must carry python3, "
+        "python3-venv and /usr/bin/tini (the images' init, PID 1).",
     )
     bootstrap: Bootstrap | None = Field(None, description="Build the base locally with mmdebstrap.")
     suite: DebName | None = Field(

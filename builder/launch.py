@@ -11,9 +11,10 @@ groups. Also ``--shm-size``, the current directory bound at ``/workspace`` (read
 single-process ``torch.distributed`` variables. The image's ENTRYPOINT (the runtime contract
 checker) stays; the command replaces CMD.
 
-The container runs as the image's user, uid 1001, not as the invoking user: the images are
-built for that user and its venv. Files it writes to ``/workspace`` belong to uid 1001 on the
-host, and it can write there only if the directory lets uid 1001 (or everyone) write.
+The container runs as the invoking user's UID:GID when that user is not root (``--user
+auto``), so what the job writes to ``/workspace`` belongs to the user on the host; the image's
+contract checker gives a UID without a home a private, writable ``HOME``. Root, or
+``--user image``, keeps the image's user (uid 1001); ``--user UID[:GID]`` picks another.
 stdin is not forwarded: this runs batch commands, not interactive shells.
 
 Example:
@@ -75,6 +76,7 @@ class RunPlan:
     group_add: tuple[int, ...] = ()
     ipc_mode: str | None = None
     shm_size: str | None = None
+    user: str | None = None  # UID:GID, or None for the image's user
     labels: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
@@ -88,6 +90,7 @@ class RunPlan:
             "labels": dict(self.labels),
             "mounts": [docker.types.Mount(WORKSPACE, self.workspace, type="bind", read_only=False)],
             "working_dir": WORKSPACE,
+            **({"user": self.user} if self.user else {}),
             **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size),
             "stdin_open": False,
             "tty": False,
@@ -108,6 +111,8 @@ class RunPlan:
             argv += ["--ipc", self.ipc_mode]
         if self.shm_size:
             argv += ["--shm-size", self.shm_size]
+        if self.user:
+            argv += ["--user", self.user]
         argv += ["--mount", f"type=bind,source={self.workspace},target={WORKSPACE}", "--workdir", WORKSPACE]
         for key, value in self.environment.items():
             argv += ["--env", f"{key}={value}"]
@@ -279,11 +284,33 @@ def device_flags(
     )
 
 
+def container_user(choice: str, uid: int | None = None, gid: int | None = None) -> str | None:
+    """The container's ``UID:GID`` for ``--user``; None keeps the image's user (1001).
+
+    ``auto``: the invoking user's, unless that is root; ``image``: the image's; else UID[:GID].
+
+    Example:
+        >>> container_user("auto", 1000, 1000), container_user("auto", 0, 0), container_user("4242")
+        ('1000:1000', None, '4242:4242')
+    """
+    uid = os.getuid() if uid is None else uid
+    gid = os.getgid() if gid is None else gid
+    if choice == "image":
+        return None
+    if choice == "auto":
+        return None if uid == 0 else f"{uid}:{gid}"
+    user, _, group = choice.partition(":")
+    if not user.isdigit() or not (group or user).isdigit():
+        raise UserError(f"--user {choice!r}: give auto, image, or a numeric UID[:GID] such as 1000:1000")
+    return f"{user}:{group or user}"
+
+
 def build_plan(
     project: Project,
     command: Sequence[str],
     *,
     target: str = "auto",
+    user: str = "auto",
     gpus: bool = True,
     env: Sequence[str] = (),
     host: hostdetect.HostGpus | None = None,
@@ -314,6 +341,7 @@ def build_plan(
         group_add=flags.group_add,
         ipc_mode=flags.ipc_mode,
         shm_size=flags.shm_size,
+        user=container_user(user),
         labels={RUN_LABEL: "1", f"{RUN_LABEL}.target": chosen.name, f"{RUN_LABEL}.image": chosen.primary_ref},
         notes=flags.notes,
         problems=flags.problems,

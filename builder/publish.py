@@ -7,7 +7,9 @@ must equal the one the engine recorded; both go into ``dist/published.json``.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,11 +86,21 @@ def push_target(client: docker.DockerClient, target: ResolvedTarget, image_id: s
     }
 
 
+#: Serialises record()'s read-change-write between this process's threads (``build -j``).
+_RECORD_LOCK = threading.Lock()
+
+
 def record(root: Path, records: list[dict[str, Any]]) -> Path:
-    """Merge records into dist/published.json (one entry per target)."""
+    """Merge records into dist/published.json (one entry per target).
+
+    Threads and processes (a lock file next to it) take turns, so no record is lost.
+    """
     path = root / "dist" / "published.json"
-    current = json.loads(path.read_text()) if path.exists() else {}
-    for rec in records:
-        current[rec["target"]] = rec
-    atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _RECORD_LOCK, open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        current = json.loads(path.read_text()) if path.exists() else {}
+        for rec in records:
+            current[rec["target"]] = rec
+        atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
     return path

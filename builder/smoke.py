@@ -1,12 +1,14 @@
 """``builder smoke``: run each image and check it is what its target says.
 
-Inside the container, through the image's own entrypoint (so the runtime contract runs
-first): torch imports with the target's version and build flavour, UID 1001, /workspace,
-PYTHONUNBUFFERED=1, a tensor operation, no wheel or installer cache left behind; then the
-vendor-neutral training example with ``accelerate launch`` on 2 CPU processes (gloo).
-When the host has the target vendor's GPUs, the container gets them and uses one;
-otherwise the report says the device checks were skipped and why. Every container is
-removed, pass or fail.
+Inside the container, through the image's own entrypoint (tini, then the runtime contract):
+the runtime's own probe, ``runtime-check probe --json --self-test``, reports torch's public
+version and build flavour (from ``torch.version.cuda/hip/xpu``), the process (UID 1001,
+/workspace, PYTHONUNBUFFERED=1, tini as PID 1) and a tensor operation with a known answer;
+a second container looks for wheels or installer caches left behind; then the vendor-neutral
+training example runs with ``accelerate launch`` on 2 CPU processes (gloo). When the host
+has the target vendor's GPUs, the probe container gets them and computes on one; otherwise
+the report says the device checks were skipped and why. Every container is removed, pass or
+fail.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import docker
+from packaging.version import InvalidVersion, Version
 
 from builder.project import Project, ResolvedTarget
 
 SMOKE_LABEL = "io.ml-image-builder.smoke"
-PROBE = (Path(__file__).parent / "smoke_probe.py").read_text()
+PROBE = ["runtime-check", "probe", "--json", "--self-test"]
+#: Where a wheel or an installer cache could be left behind (the base's own Debian wheels aside).
+LEFTOVERS = ["/opt", "/usr/lib/python3", "/root", "/tmp", "/home", "/workspace", "-xdev", "(", "-name", "*.whl",
+             "-o", "-path", "*/.cache/pip", "-o", "-path", "*/.cache/uv", "-o", "-path", "/tmp/uv", ")", "-print"]
 # accelerate's --cpu launcher starts ONE process (several only with an MPI hostfile); the
 # multi-process launcher with ACCELERATE_USE_CPU=true starts 2 CPU processes on gloo.
 TRAIN = [
@@ -58,13 +63,36 @@ class SmokeResult:
 def run_container(
     client: docker.DockerClient, image: str, command: list[str], *, timeout: int = 900, **kwargs: Any
 ) -> tuple[int, str]:
-    """Run a container to completion; return (exit status, output). Always removes it."""
+    """Run a container to completion; return (exit status, output). Always removes it.
+
+    The label's value is this process's ID: an interrupted ``builder build`` removes its own.
+    A container still running after *timeout* seconds fails the target (TargetFailed).
+    """
+    import os
+
+    import requests
+    from urllib3.exceptions import ReadTimeoutError
+
+    from builder.errors import TargetFailed
+
     container = client.containers.create(
-        image, command, labels={SMOKE_LABEL: "1"}, network_mode="none", **kwargs
+        image, command, labels={SMOKE_LABEL: str(os.getpid())}, network_mode="none", **kwargs
     )
     try:
         container.start()
-        status = container.wait(timeout=timeout)["StatusCode"]
+        try:
+            status = container.wait(timeout=timeout)["StatusCode"]
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+            # ReadTimeout before the engine's headers, ConnectionError(ReadTimeoutError) after them
+            if not isinstance(exc, requests.exceptions.ReadTimeout) and not (
+                    exc.args and isinstance(exc.args[0], ReadTimeoutError)):
+                raise
+            shown = " ".join(command)[:80]
+            ref = image.removeprefix("sha256:")[:12] if image.startswith("sha256:") else image
+            raise TargetFailed(
+                f"smoke container '{shown}' still running after the {timeout} s timeout (removed); "
+                f"run it by hand to see where it hangs: docker run --rm -it {ref} {shown}"
+            ) from None
         return status, container.logs(stdout=True, stderr=True).decode(errors="replace")
     finally:
         container.remove(force=True)
@@ -88,18 +116,26 @@ def device_options(target: ResolvedTarget) -> tuple[dict[str, Any], str | None]:
     return {k: v for k, v in flags.docker_kwargs().items() if v is not None}, None
 
 
-def expected_flavour(target: ResolvedTarget, facts: dict[str, Any]) -> tuple[bool, str]:
-    """Does torch's build match the target's backend and accelerator version?"""
-    found = f"torch {facts.get('torch')} cuda={facts.get('cuda')} hip={facts.get('hip')} xpu={facts.get('xpu')}"
+def expected_flavour(target: ResolvedTarget) -> str:
+    """The probe's build flavour this target's torch must report.
+
+    Example:
+        >>> expected_flavour(project.target("nvidia-cu130")), expected_flavour(project.target("cpu"))
+        ('cuda 13.0', 'cpu')
+    """
     if target.backend == "cuda":
-        ok = facts.get("cuda") == target.accelerator_version and not facts.get("hip")
-    elif target.backend == "rocm":
-        ok = str(facts.get("hip") or "").startswith(str(target.accelerator_version)) and facts.get("cuda") is None
-    elif target.backend == "xpu":
-        ok = bool(facts.get("xpu")) and str(facts.get("torch", "")).endswith("+xpu")
-    else:
-        ok = str(facts.get("torch", "")).endswith("+cpu") and facts.get("cuda") is None and not facts.get("hip")
-    return ok, found
+        return f"cuda {target.accelerator_version}"
+    if target.backend == "rocm":
+        return f"rocm {target.accelerator_version}"
+    return str(target.backend)  # xpu or cpu
+
+
+def public_version(version: object) -> str | None:
+    """A version without its local label (``2.14.1+cu130`` -> ``2.14.1``); None if unparsable."""
+    try:
+        return Version(str(version)).public
+    except InvalidVersion:
+        return None
 
 
 def smoke_test(
@@ -117,27 +153,40 @@ def smoke_test(
     if why_not:
         result.skipped.append(f"device checks skipped: {why_not}")
         log(result.skipped[-1])
-    status, out = run_container(
-        client, image, ["python", "-c", PROBE, "device" if options else "none"], **options
-    )
-    facts = _last_json(out)
-    if status != 0 or facts is None:
+    status, out = run_container(client, image, PROBE, **options)
+    probe = _json_after_checks(out)
+    if status != 0 or probe is None:
         result.add("container", False, f"exit {status}: {out.strip()[-400:]}")
         return result
-    result.add("torch import", "error" not in facts, facts.get("error", "ok"))
-    result.add("torch version", facts.get("torch") == target.torch_pin,
-               f"{facts.get('torch')} (want {target.torch_pin})")
-    result.add("build flavour", *expected_flavour(target, facts))
-    result.add("user", facts.get("uid") == 1001 and facts.get("gid") == 1001, f"uid {facts.get('uid')}")
-    result.add("workdir", facts.get("cwd") == "/workspace", str(facts.get("cwd")))
-    result.add("PYTHONUNBUFFERED", facts.get("unbuffered") == "1", str(facts.get("unbuffered")))
-    result.add("tensor op", facts.get("matmul") == 83.0, str(facts.get("matmul")))
-    result.add("torch.distributed", facts.get("distributed") is True, str(facts.get("distributed")))
-    result.add("no wheels or caches left", not facts.get("wheel_files") and not facts.get("caches"),
-               ", ".join(facts.get("wheel_files", []) + facts.get("caches", [])) or "none")
+    torch_info = probe.get("torch", {})
+    selftest = probe.get("self_test", {})
+    process, compute = selftest.get("process", {}), selftest.get("compute", {})
+    result.add("torch import", not torch_info.get("import_error"), torch_info.get("import_error") or "ok")
+    found = public_version(torch_info.get("version"))
+    result.add("torch version", found is not None and found == public_version(target.torch_pin),
+               f"{torch_info.get('version')} (want {public_version(target.torch_pin)})")
+    want = expected_flavour(target)
+    flavour = str(torch_info.get("flavour"))
+    result.add("build flavour", flavour == want or (target.backend == "rocm" and flavour.startswith(want + ".")),
+               f"{flavour} (want {want}; cuda={torch_info.get('cuda')} hip={torch_info.get('hip')})")
+    result.add("init as PID 1", process.get("pid1") == "tini", str(process.get("pid1")))
+    result.add("user", process.get("uid") == 1001 and process.get("gid") == 1001, f"uid {process.get('uid')}")
+    result.add("writable HOME", process.get("home_writable") is True, str(process.get("home")))
+    result.add("workdir", process.get("cwd") == "/workspace", str(process.get("cwd")))
+    result.add("PYTHONUNBUFFERED", process.get("unbuffered") == "1", str(process.get("unbuffered")))
+    cpu = compute.get("cpu", {})
+    result.add("tensor op", cpu.get("ok") is True, str(cpu.get("value", cpu.get("error"))))
+    distributed = probe.get("distributed", {})
+    result.add("torch.distributed", distributed.get("available") is True,
+               f"{distributed.get('available')} ({distributed.get('backend')})")
+    status, out = run_container(client, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
+    left = out.split()
+    result.add("no wheels or caches left", status == 0 and not left,
+               ", ".join(left[:5]) or "none" if status == 0 else f"find exited {status}: {out[-200:]}")
     if options:
-        result.add("device", facts.get("device") is not None and facts.get("device_matmul") == 83.0,
-                   f"{facts.get('device')} matmul={facts.get('device_matmul')}")
+        device = next((d for d in compute if d != "cpu"), None)
+        check = compute.get(device or "", {})
+        result.add("device", check.get("ok") is True, f"{device}: {check.get('value', check.get('error'))}")
     if train:
         status, out = run_container(client, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
         m = FINAL.search(out)
@@ -149,11 +198,18 @@ def smoke_test(
     return result
 
 
-def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
+def _json_after_checks(text: str) -> dict[str, Any] | None:
+    """The JSON object printed after the contract's ``[CHECK]`` lines, or None.
+
+    Example:
+        >>> _json_after_checks('[CHECK] pytorch: 2.13.0+cpu -> OK\\n{\\n  "vendor": "none"\\n}\\n')
+        {'vendor': 'none'}
+    """
+    for start in re.finditer(r"^\{", text, re.MULTILINE):
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text[start.start():])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
     return None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from builder.errors import TargetFailed, UserError
 from builder.files import atomic_write
@@ -56,13 +57,18 @@ def wheelhouse() -> Path:
     return path
 
 
+def image_arch() -> str:
+    """The image platform's machine (x86_64, aarch64): builds are native, so the host's."""
+    return platform.machine()
+
+
 def platform_args(project: Project) -> list[str]:
     """pip options that resolve for the image, not the host: every manylinux tag its glibc allows.
 
     pip matches platform tags exactly, and PyPI's CUDA torch pulls wheels tagged
     manylinux_2_17 ... manylinux_2_28, so all of them must be listed.
     """
-    arch = platform.machine()
+    arch = image_arch()
     major, minor = project.glibc
     tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
     tags += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
@@ -85,12 +91,17 @@ def read_lock(path: Path) -> tuple[str | None, list[Pin]]:
     return fingerprint, pins
 
 
+def _ordered(pins: list[Pin]) -> list[Pin]:
+    """Lock-file order: pip's report order varies, a lock and a fingerprint must not."""
+    return sorted(pins, key=lambda p: canonicalize_name(p.name))
+
+
 def write_lock(path: Path, what: str, fingerprint: str, pins: list[Pin]) -> None:
     header = [
         f"# Hash lock for {what}: written by `builder lock`; do not edit (delete it to re-resolve).",
         f"# inputs: {fingerprint}",
     ]
-    body = [p.line() for p in sorted(pins, key=lambda p: canonicalize_name(p.name))]
+    body = [p.line() for p in _ordered(pins)]
     atomic_write(path, "\n".join(header + body) + "\n")
 
 
@@ -174,37 +185,92 @@ def resolve(
             path.unlink()
             raise TargetFailed(f"{filename}: sha256 {sha} does not match the index's {expected}; removed, retry")
         pins.append(Pin(name, version, sha, filename))
+    _remember(house, {p.filename: _stamp(house / p.filename, p.sha256) for p in pins})
     return pins
 
 
-def _present(pins: list[Pin]) -> bool:
+#: Sidecar in the wheelhouse: {file: [size, mtime_ns, sha256]} of files whose hash was checked.
+VERIFIED = ".verified.json"
+
+
+def _stamp(path: Path, sha256: str) -> list[object]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, sha256]
+
+
+def _stamps(house: Path) -> dict[str, list[object]]:
+    try:
+        data = json.loads((house / VERIFIED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _remember(house: Path, changes: dict[str, list[object] | None]) -> None:
+    """Merge *changes* (None: forget) into the stamps; re-read first, other builds share the file."""
+    if not changes:
+        return
+    stamps = _stamps(house)
+    for name, stamp in changes.items():
+        if stamp is None:
+            stamps.pop(name, None)
+        else:
+            stamps[name] = stamp
+    atomic_write(house / VERIFIED, json.dumps(stamps, sort_keys=True, indent=1) + "\n")
+
+
+def _missing(pins: list[Pin]) -> list[Pin]:
+    """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file is removed.
+
+    Hashing every locked file on each no-op build is too slow (CUDA torch is ~3 GB), so a
+    verified (size, mtime_ns, sha256) is remembered per file and only changed files are re-hashed.
+    """
     house = wheelhouse()
-    return bool(pins) and all((house / p.filename).exists() for p in pins)
+    stamps = _stamps(house)
+    missing, changes = [], {}
+    for pin in pins:
+        path = house / pin.filename
+        try:
+            stamp = _stamp(path, pin.sha256)
+        except FileNotFoundError:
+            missing.append(pin)
+            continue
+        if stamps.get(pin.filename) == stamp:
+            continue
+        if sha256_file(path) == pin.sha256:
+            changes[pin.filename] = stamp
+        else:  # truncated or replaced: never serve it to a build
+            path.unlink(missing_ok=True)
+            changes[pin.filename] = None
+            missing.append(pin)
+    _remember(house, changes)
+    return missing
 
 
-def _ensure(path: Path, what: str, fingerprint: str, resolver, index=lambda: None) -> list[Pin]:  # type: ignore[no-untyped-def]
-    """Reuse the lock when its inputs are unchanged and its wheels are here; else resolve."""
+def _ensure(project: Project, path: Path, what: str, fingerprint: str, resolver,  # type: ignore[no-untyped-def]
+            index=lambda: None) -> list[Pin]:
+    """Reuse the lock when its inputs are unchanged and its wheels are here, intact; else resolve."""
     recorded, pins = read_lock(path)
     if recorded == fingerprint and pins:
-        if _present(pins):
-            return pins
-        # Locked but not downloaded (fresh clone, new runner): fetch exactly the locked files.
-        _fetch_locked(pins, path, index())
+        missing = _missing(pins)
+        if missing:
+            # Locked but not downloaded (fresh clone, new runner) or damaged: fetch exactly the locked files.
+            _fetch_locked(project, missing, path, index())
         return pins
     pins = resolver()
     write_lock(path, what, fingerprint, pins)
     return pins
 
 
-def _fetch_locked(pins: list[Pin], lock: Path, index: str | None) -> None:
+def _fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None) -> None:
+    """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's)."""
     house = wheelhouse()
-    missing = [p for p in pins if not (house / p.filename).exists()]
     with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
         req = Path(tmp) / "req.txt"
         req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in missing))
         proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
-                     "--only-binary=:all:"] + (["--extra-index-url", index] if index else []))
-    if proc.returncode != 0 or any(not (house / p.filename).exists() for p in missing):
+                     *platform_args(project)] + (["--extra-index-url", index] if index else []))
+    if proc.returncode != 0 or _missing(missing):
         raise TargetFailed(f"fetching the wheels pinned in {lock.name} failed: {_pip_error(proc)}; "
                            f"delete {lock} to re-resolve")
 
@@ -212,16 +278,16 @@ def _fetch_locked(pins: list[Pin], lock: Path, index: str | None) -> None:
 def tools_lock(project: Project) -> list[Pin]:
     """images/tools.lock: the installer used during builds (never left in an image)."""
     m = project.matrix
-    fp = _fingerprint("tools", m.installer, m.python, project.glibc)
-    return _ensure(project.images_dir / "tools.lock", "the build-time installer", fp,
+    fp = _fingerprint("tools", m.installer, m.python, project.glibc, image_arch())
+    return _ensure(project, project.images_dir / "tools.lock", "the build-time installer", fp,
                    lambda: resolve(project, [m.installer]))
 
 
 def common_lock(project: Project) -> list[Pin]:
     """images/common.lock: the backend-independent layer shared by every target."""
     m = project.matrix
-    fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc)
-    return _ensure(project.images_dir / "common.lock", "the shared layer of every target", fp,
+    fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc, image_arch())
+    return _ensure(project, project.images_dir / "common.lock", "the shared layer of every target", fp,
                    lambda: resolve(project, list(m.common_packages)))
 
 
@@ -229,8 +295,10 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin]) -> 
     """images/<target>/requirements.lock: torch and the target's packages, minus the common layer."""
     path = project.root / target.lock
     requirements = [f"torch=={target.torch_pin}", *target.packages]
-    common_hash = _fingerprint([p.line() for p in common])
-    fp = _fingerprint("target", target.entry, requirements, project.matrix.python, project.glibc, common_hash)
+    # In lock order: just resolved (pip's order) or read back, the same common pins give the same hash.
+    common_hash = _fingerprint([p.line() for p in _ordered(common)])
+    fp = _fingerprint("target", target.entry, requirements, project.matrix.python, project.glibc,
+                      image_arch(), common_hash)
 
     def resolver() -> list[Pin]:
         unreachable = index_reachable(target.index_url)
@@ -244,13 +312,37 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin]) -> 
                 raise TargetFailed(f"torch=={target.torch_pin} is not available: {where} is unreachable from "
                                    f"this host ({unreachable}) and pip's own sources lack it; {how}") from None
             raise TargetFailed(f"resolving {' '.join(requirements)} from {where} failed: {exc}; {how}") from None
+        check_torch_flavour(target, pins)  # before the lock is written
         shared = {canonicalize_name(p.name) for p in common}
         return [p for p in pins if canonicalize_name(p.name) not in shared]
 
     def index() -> str | None:
         return None if index_reachable(target.index_url) else target.index_url
 
-    return _ensure(path, f"target {target.name}", fp, resolver, index)
+    pins = _ensure(project, path, f"target {target.name}", fp, resolver, index)
+    check_torch_flavour(target, pins)  # a reused lock, too
+    return pins
+
+
+def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
+    """The locked torch must be the target's build: ``==2.13.0`` also matches ``2.13.0+cpu``, which
+    PEP 440 ranks above the bare version, so a +cpu wheel among pip's sources wins on a cuda target."""
+    expected = Version(target.torch_pin)
+    torch = next((p for p in pins if canonicalize_name(p.name) == "torch"), None)
+    try:
+        got = Version(torch.version) if torch else None
+    except InvalidVersion:
+        got = None
+    if got == expected:
+        return
+    want = f"+{expected.local}" if expected.local else "no local label (PyPI's default build)"
+    found = f"resolved torch {torch.version}" if torch else "locked no torch"
+    raise TargetFailed(
+        f"target {target.name}: {found}, expected {target.torch_pin} ({want}); fix: remove that wheel or "
+        f"its source from pip's configuration (`pip config list`: find-links, extra-index-url) so "
+        f"{target.index_url} supplies torch, delete {target.lock} if it holds the wrong torch, and run "
+        f"`builder lock -t {target.name}`"
+    )
 
 
 def lock_all(project: Project, targets: list[ResolvedTarget], say) -> dict[str, str]:  # type: ignore[no-untyped-def]

@@ -35,6 +35,8 @@ def test_golden_dockerfile(golden_project, name):
     golden = GOLDEN / f"{name}.Dockerfile"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(rendered)
+        # Comparing with what was just written would pass whatever the output: compare on the next run.
+        pytest.skip(f"golden file {golden.name} updated; review the diff and rerun without UPDATE_GOLDEN")
     assert rendered == golden.read_text()
 
 
@@ -48,7 +50,7 @@ def test_shared_layers_identical_across_targets(golden_project):
 def test_dockerfile_contract(golden_project):
     text = render.render(golden_project, [golden_project.target("cuda")]).popitem()[1]
     assert "USER 1001:1001" in text
-    assert 'ENTRYPOINT ["runtime-check", "exec", "--"]' in text
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]' in text
     assert "@sha256:" in text.split("AS common")[0]
     assert 'NVIDIA_VISIBLE_DEVICES="all"' in text and 'NVIDIA_DRIVER_CAPABILITIES="compute,utility"' in text
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))

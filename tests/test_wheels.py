@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from builder import wheels
@@ -37,12 +41,28 @@ def test_lock_round_trip(tmp_path):
     assert "--hash=sha256:" + "a" * 64 in path.read_text()
 
 
+def _house_with(tmp_path, monkeypatch, files: dict[str, bytes]):
+    """A private wheelhouse holding *files*; returns its path."""
+    house = tmp_path / "house"
+    house.mkdir()
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(house))
+    for name, data in files.items():
+        (house / name).write_bytes(data)
+    return house
+
+
+def _no_resolve():
+    pytest.fail("re-resolved although the lock's inputs are unchanged")
+
+
+def _pin(name: str, version: str, data: bytes, filename: str) -> wheels.Pin:
+    return wheels.Pin(name, version, hashlib.sha256(data).hexdigest(), filename)
+
+
 def test_unchanged_lock_is_reused_without_pip(proj, tmp_path, monkeypatch):
     """A no-op build must not re-resolve: with inputs unchanged and wheels present, pip never runs."""
-    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
-    (tmp_path / "house").mkdir()
-    pins = [wheels.Pin("uv", "0.13.9", "c" * 64, "uv-0.13.9-py3-none-any.whl")]
-    (tmp_path / "house" / pins[0].filename).write_bytes(b"stand-in wheel")
+    pins = [_pin("uv", "0.13.9", b"stand-in wheel", "uv-0.13.9-py3-none-any.whl")]
+    _house_with(tmp_path, monkeypatch, {pins[0].filename: b"stand-in wheel"})
     lock = tmp_path / "tools.lock"
     wheels.write_lock(lock, "tools", "sha256:same", pins)
 
@@ -50,9 +70,136 @@ def test_unchanged_lock_is_reused_without_pip(proj, tmp_path, monkeypatch):
         raise AssertionError("pip ran although the lock was current")
 
     monkeypatch.setattr(wheels, "_pip", no_pip)
-    assert wheels._ensure(lock, "tools", "sha256:same", lambda: no_pip()) == pins
+    assert wheels._ensure(proj, lock, "tools", "sha256:same", lambda: no_pip()) == pins
     with pytest.raises(AssertionError, match="pip ran"):
-        wheels._ensure(lock, "tools", "sha256:changed", lambda: no_pip())
+        wheels._ensure(proj, lock, "tools", "sha256:changed", lambda: no_pip())
+
+
+def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
+    """The same inputs on another machine (aarch64) resolve other wheels: no lock may be reused across."""
+    seen: dict[str, list[str]] = {}
+
+    def record(_project, path, _what, fingerprint, _resolver, _index=None):
+        seen.setdefault(path.name, []).append(fingerprint)
+        return []
+
+    monkeypatch.setattr(wheels, "_ensure", record)
+    monkeypatch.setattr(wheels, "check_torch_flavour", lambda *_a: None)
+    for machine in ("x86_64", "aarch64"):
+        monkeypatch.setattr(wheels.platform, "machine", lambda m=machine: m)
+        wheels.tools_lock(proj)
+        wheels.common_lock(proj)
+        wheels.target_lock(proj, proj.target("cpu"), [])
+    assert set(seen) == {"tools.lock", "common.lock", "requirements.lock"}
+    for name, (x86, arm) in seen.items():
+        assert x86 != arm, f"{name}: the fingerprint ignores the architecture"
+
+
+def test_target_fingerprint_ignores_the_order_of_the_common_pins(proj, monkeypatch):
+    """Just resolved, common pins come in pip's order; read back, in lock order: same inputs, same lock."""
+    seen = []
+    monkeypatch.setattr(wheels, "_ensure", lambda _p, _path, _w, fp, *_a: seen.append(fp) or [])
+    monkeypatch.setattr(wheels, "check_torch_flavour", lambda *_a: None)
+    common = [wheels.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), wheels.Pin("numpy", "1.2", "b" * 64, "n.whl")]
+    wheels.target_lock(proj, proj.target("cpu"), common)
+    wheels.target_lock(proj, proj.target("cpu"), common[::-1])
+    assert seen[0] == seen[1]
+
+
+def test_fetching_locked_wheels_uses_the_image_platform_tags(proj, tmp_path, monkeypatch):
+    """A fresh machine fetches the files resolution picked (image platform), not the host's best match."""
+    data = b"locked wheel"
+    pin = _pin("psutil", "7.2.2", data, "psutil-7.2.2-cp36-abi3-manylinux_2_28_x86_64.whl")
+    house = _house_with(tmp_path, monkeypatch, {})
+    lock = tmp_path / "common.lock"
+    wheels.write_lock(lock, "common", "sha256:same", [pin])
+    calls = []
+
+    def fake_pip(args):
+        calls.append(args)
+        (house / pin.filename).write_bytes(data)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(wheels, "_pip", fake_pip)
+    assert wheels._ensure(proj, lock, "common", "sha256:same", _no_resolve) == [pin]
+    (argv,) = calls
+    assert argv[0] == "download" and "--require-hashes" in argv
+    expected = wheels.platform_args(proj)
+    tags = [expected[i + 1] for i, a in enumerate(expected) if a == "--platform"]
+    got_tags = [argv[i + 1] for i, a in enumerate(argv) if a == "--platform"]
+    assert got_tags == tags and tags
+    assert argv[argv.index("--python-version") + 1] == proj.matrix.python
+    assert argv[argv.index("--implementation") + 1] == "cp" and "--only-binary=:all:" in argv
+
+
+def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypatch):
+    """A wheel cut short (interrupted copy, full disk) is never trusted because its name exists."""
+    data = b"the whole wheel, every byte of it"
+    pin = _pin("torch", "2.13.0+cpu", data, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+    house = _house_with(tmp_path, monkeypatch, {pin.filename: data[:9]})
+    lock = tmp_path / "requirements.lock"
+    wheels.write_lock(lock, "target cpu", "sha256:same", [pin])
+    fetched = []
+
+    def fake_pip(args):
+        req = Path(args[args.index("-r") + 1]).read_text()
+        fetched.append(req)
+        assert not (house / pin.filename).exists(), "the bad file must be gone before pip runs"
+        (house / pin.filename).write_bytes(data)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(wheels, "_pip", fake_pip)
+    assert wheels._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
+    assert fetched == [f"torch==2.13.0+cpu --hash=sha256:{pin.sha256}\n"]
+    assert (house / pin.filename).read_bytes() == data
+
+    # Verified once: a no-op rebuild neither hashes nor fetches again.
+    monkeypatch.setattr(wheels, "sha256_file", lambda _p: pytest.fail("re-hashed a verified wheel"))
+    monkeypatch.setattr(wheels, "_pip", lambda _a: pytest.fail("fetched a verified wheel"))
+    assert wheels._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
+
+
+def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
+    """The stamp is per (size, mtime): a file rewritten after it was verified is checked again."""
+    data = b"good wheel"
+    pin = _pin("uv", "0.13.9", data, "uv-0.13.9-py3-none-any.whl")
+    house = _house_with(tmp_path, monkeypatch, {pin.filename: data})
+    assert wheels._missing([pin]) == []
+    (house / pin.filename).write_bytes(b"bad")
+    assert wheels._missing([pin]) == [pin] and not (house / pin.filename).exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "resolved"),
+    [("nvidia-cu130", "2.14.1+cpu"), ("cpu", "2.13.0+cu118"), ("cpu", "2.13.0"), ("nvidia-cu118", "2.7.1")],
+)
+def test_torch_of_another_flavour_fails_the_lock(proj, monkeypatch, target, resolved):
+    """``torch==X`` also matches ``X+cpu`` (ranked above bare X): the lock must refuse the wrong build."""
+    t = proj.target(target)
+    torch = wheels.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
+    monkeypatch.setattr(wheels, "index_reachable", lambda url, timeout=8.0: None)
+    monkeypatch.setattr(wheels, "resolve", lambda *a, **k: [torch])
+    monkeypatch.setattr(wheels, "read_lock", lambda path: (None, []))
+    monkeypatch.setattr(wheels, "write_lock", lambda *a: pytest.fail("wrote a lock with the wrong torch"))
+    with pytest.raises(TargetFailed) as exc:
+        wheels.target_lock(proj, t, [])
+    text = str(exc.value)
+    assert "\n" not in text
+    assert f"target {target}" in text and f"torch {resolved}" in text and f"expected {t.torch_pin}" in text
+    assert "fix:" in text and f"builder lock -t {target}" in text
+
+
+@pytest.mark.parametrize(("target", "resolved"), [("nvidia-cu130", "2.14.1"), ("cpu", "2.13.0+cpu")])
+def test_torch_of_the_target_flavour_is_locked(proj, monkeypatch, target, resolved):
+    """PyPI's CUDA torch has no local label in its metadata (only torch.__version__ says +cu130)."""
+    torch = wheels.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
+    monkeypatch.setattr(wheels, "index_reachable", lambda url, timeout=8.0: None)
+    monkeypatch.setattr(wheels, "resolve", lambda *a, **k: [torch])
+    monkeypatch.setattr(wheels, "read_lock", lambda path: (None, []))
+    written = []
+    monkeypatch.setattr(wheels, "write_lock", lambda *a: written.append(a))
+    assert wheels.target_lock(proj, proj.target(target), []) == [torch]
+    assert written
 
 
 def test_index_reachable_reports_why(tmp_path):

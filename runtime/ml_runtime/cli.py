@@ -4,13 +4,14 @@ Usage::
 
     runtime-check exec  [--spec F] [--config F] [--json] [--mode M] -- CMD [ARGS...]
     runtime-check check [--spec F] [--config F] [--json] [--mode M]
-    runtime-check probe [--json]
+    runtime-check probe [--json] [--self-test]
     runtime-check select [--config F] [--json] [--mode M]
     runtime-check metrics [--json]
 
-``exec`` checks the contract, applies device selection, then replaces itself
-with CMD through ``os.execvp`` (so CMD keeps the PID, e.g. PID 1 in a
-container, and receives signals directly). Reports go to stderr for ``exec``
+``exec`` checks the contract, applies device selection, gives a UID without a
+writable home a private ``HOME``, then replaces itself with CMD through
+``os.execvp`` (so CMD keeps the PID; in the images tini is PID 1 and forwards
+signals to it). Reports go to stderr for ``exec``
 (stdout belongs to CMD) and to stdout for the other subcommands.
 
 Mode ``off`` (from --mode, $RUNTIME_CHECK_MODE or the spec) skips probing,
@@ -45,6 +46,7 @@ from ml_runtime.errors import (
     EXIT_USAGE,
     RuntimeCheckError,
 )
+from ml_runtime.home import private_home
 from ml_runtime.spec import MODES, env_mode, load_spec, resolve_mode
 
 PROG = "runtime-check"
@@ -89,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_probe = sub.add_parser("probe", help="describe the accelerator, torch build and distributed backend")
     p_probe.add_argument("--json", action="store_true")
+    p_probe.add_argument(
+        "--self-test",
+        action="store_true",
+        help="also report uid, HOME, PID 1, and run a small tensor op on the CPU and the accelerator",
+    )
 
     p_select = sub.add_parser("select", help="show which devices accelerator-config.yaml selects")
     p_select.add_argument("--config", metavar="FILE")
@@ -293,6 +300,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
     code, env_updates = run_contract(args, sys.stderr)
     if code != EXIT_OK:
         return code
+    home = private_home()
+    if home is not None:  # any UID (docker run -u, runAsUser) gets a writable HOME for its caches
+        env_updates = {**env_updates, "HOME": home}
     return exec_command(args.command, env_updates)
 
 
@@ -351,10 +361,19 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from ml_runtime.probe import format_probe, probe_host
 
     result = probe_host()
+    report = result.to_dict()
+    if getattr(args, "self_test", False):
+        from ml_runtime.selftest import self_test
+
+        report["self_test"] = self_test()
     if args.json:
-        _dump(result.to_dict(), sys.stdout)
+        _dump(report, sys.stdout)
     else:
         print(format_probe(result), flush=True)
+        for key, value in report.get("self_test", {}).get("process", {}).items():
+            print(f"self-test {key}: {value}")
+        for device, check in report.get("self_test", {}).get("compute", {}).items():
+            print(f"self-test compute on {device}: {'OK' if check['ok'] else 'FAIL ' + str(check)}")
     return EXIT_OK
 
 

@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
+import uuid
+from types import SimpleNamespace
 
 import pytest
-from helpers import copy_project, edit_matrix, run_builder
+from helpers import copy_project, edit_matrix, free_port, run_builder
+
+from builder.smoke import SMOKE_LABEL
 
 pytestmark = pytest.mark.engine
 
@@ -37,7 +43,7 @@ def test_cpu_image_builds_and_passes_smoke(cpu_project, engine):
     info = engine.api.inspect_image(cpu["image_id"])
     config = info["Config"]
     assert config["User"] == "1001:1001" and config["WorkingDir"] == "/workspace"
-    assert config["Entrypoint"] == ["runtime-check", "exec", "--"]
+    assert config["Entrypoint"] == ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]
     labels = config["Labels"]
     assert labels["io.ml-image-builder.torch"] == "2.13.0+cpu"
     assert len(labels["org.opencontainers.image.revision"]) >= 7
@@ -72,11 +78,17 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
 
 
 def test_unreachable_index_fails_cleanly_while_others_build(cpu_project):
-    proc, out = build_json(cpu_project, "-t", "cpu", "-t", "amd-rocm5.7", "--keep-going", "--no-smoke")
+    from helpers import free_port
+
+    # A loopback port nobody listens on: unreachable on every network, not only on one that
+    # happens to block download.pytorch.org.
+    index = f"http://127.0.0.1:{free_port()}/whl/rocm5.7"
+    proc, out = build_json(cpu_project, "-t", "cpu", "-t", "amd-rocm5.7", "--keep-going", "--no-smoke",
+                           env={"BUILDER_INDEX_ROCM5_7": index})
     assert proc.returncode == 1
     assert out["cpu"]["error"] is None and out["cpu"]["image_id"]
     err = out["amd-rocm5.7"]["error"]
-    assert "https://download.pytorch.org/whl/rocm5.7" in err
+    assert index in err and "unreachable" in err and "refused" in err.lower()
     assert "BUILDER_INDEX_ROCM5_7=URL" in err and "--index rocm5.7=URL" in err
     assert "Traceback" not in proc.stderr
 
@@ -126,7 +138,7 @@ def _interrupt_and_resume(root, repo, engine):
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen[-20:]) + rest
     assert "Traceback" not in rest
-    time.sleep(1)
+    # At once: the builder waits for its containers to be gone before it exits.
     left = {c.id for c in engine.containers.list(all=True)} - before
     assert not left, f"{len(left)} containers left after Ctrl-C"
     assert engine.api.inspect_image(f"{repo}:cpu")["Id"] == old, "tag moved to a half build"
@@ -142,3 +154,116 @@ def _registry_of(root) -> str:
     import yaml
 
     return yaml.safe_load((root / "matrix.yaml").read_text())["registry"]
+
+
+# Interrupts and smoke timeouts on a 2 MB image (FROM scratch + static busybox): seconds, not minutes.
+
+TEST_LABEL = "io.ml-image-builder.test"
+
+
+@pytest.fixture
+def busybox(engine, tmp_path):
+    """A tiny image with a shell; every image and container descending from it goes at the end."""
+    binary = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.path.isfile(p)), None)
+    if binary is None:
+        pytest.fail("no static busybox (apt-get install busybox-static)")
+    context = tmp_path / "busybox"
+    context.mkdir()
+    shutil.copy(binary, context / "busybox")
+    (context / "Dockerfile").write_text(
+        'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n')
+    marker = f"{TEST_LABEL}={uuid.uuid4().hex[:12]}"
+    image, _ = engine.images.build(path=str(context), rm=True, forcerm=True, labels=dict([marker.split("=")]))
+    try:
+        yield image.id
+    finally:  # labels are inherited: this finds every image built on it, children first
+        for container in engine.containers.list(all=True, filters={"ancestor": image.id}):
+            container.remove(force=True)
+        for built in sorted(engine.images.list(all=True, filters={"label": marker}),
+                            key=lambda i: i.attrs["Created"], reverse=True):
+            engine.images.remove(built.id, force=True, noprune=True)
+
+
+class _UI:
+    """Progress stand-in that SIGINTs the main thread once *want* targets are in their sleep step."""
+
+    def __init__(self, want: int, on_running) -> None:
+        self.want, self.on_running, self.sleeping, self.armed = want, on_running, set(), True
+        self.main = threading.main_thread().ident
+        self.last: dict[str, str] = {}
+
+    def log(self, target: str, line: str) -> None:
+        if "Running in" in line and self.last.get(target, "").startswith("Step") and "sleep" in self.last[target]:
+            self.sleeping.add(target)
+            if len(self.sleeping) == self.want:
+                self.on_running()
+                threading.Timer(0.5, self.interrupt).start()
+        self.last[target] = line
+
+    def interrupt(self) -> None:
+        if self.armed:  # never after build_all returned: pytest itself would get it
+            signal.pthread_kill(self.main, signal.SIGINT)
+
+    start = step = done = say = lambda self, *a: None
+
+
+def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys: list[str]) -> float:
+    """build_all over fake targets whose Dockerfiles sleep, SIGINT once they all sleep; return its seconds.
+
+    Adds to *decoys* containers that the build must not touch."""
+    from builder import build
+
+    names = [f"t{i}" for i in range(max(jobs, 1))]
+    for i, name in enumerate(names):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "Dockerfile").write_text(
+            f"FROM {busybox} AS common\nRUN echo common\nFROM common\nRUN sleep 30{i}\n")
+    monkeypatch.setattr(build, "ensure_base_present", lambda *a: None)
+    monkeypatch.setattr(build.wheels, "lock_all", lambda *a: {})
+    monkeypatch.setattr(build.wheels, "wheelhouse", lambda: tmp_path)
+    monkeypatch.setattr(build.render, "render", lambda *a: {})
+    monkeypatch.setattr(build.render, "write", lambda *a: None)
+    project = SimpleNamespace(root=tmp_path, matrix=SimpleNamespace(wheelhouse_port=free_port()))
+    targets = [SimpleNamespace(name=n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x")
+               for n in names]
+
+    def add_decoys() -> None:
+        # New since the build began, yet not its own: same command from another run, this run's
+        # wheel-server address with another command, another process's smoke container.
+        other = {"network_mode": "host", "extra_hosts": {"builder-wheelhouse": "127.0.0.253"}}
+        mine = {"network_mode": "host", "extra_hosts": {"builder-wheelhouse": "127.0.0.1"}}
+        decoys.append(engine.api.create_container(busybox, ["/bin/sh", "-c", "sleep 300"],
+                                                  host_config=engine.api.create_host_config(**other))["Id"])
+        decoys.append(engine.api.create_container(busybox, ["/bin/sh", "-c", "sleep 299"],
+                                                  host_config=engine.api.create_host_config(**mine))["Id"])
+        decoys.append(engine.containers.create(busybox, ["sleep", "1"], labels={SMOKE_LABEL: "1"}).id)
+
+    ui = _UI(len(names), add_decoys)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        build.build_all(engine, project, targets, ui, smoke=False, jobs=jobs)
+    ui.armed = False
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_interrupt_leaves_no_container_of_its_own_and_only_those(engine, busybox, tmp_path, monkeypatch, jobs):
+    """Checked the moment build_all gives the interrupt back: nothing of the build is left."""
+    decoys: list[str] = []
+    try:
+        elapsed = _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs, decoys)
+        left = {c.id for c in engine.containers.list(all=True, filters={"ancestor": busybox})}
+        assert len(decoys) == 3 and left == set(decoys), "the build's containers must go, others' stay"
+        assert elapsed < 30, "an interrupt must not wait for the builds to finish"
+    finally:
+        for cid in decoys:
+            engine.api.remove_container(cid, force=True)
+
+
+def test_smoke_container_past_its_timeout_fails_the_target(engine, busybox):
+    from builder.errors import TargetFailed
+    from builder.smoke import run_container
+
+    with pytest.raises(TargetFailed, match=r"still running after the 2 s timeout.*docker run --rm -it"):
+        run_container(engine, busybox, ["sleep", "60"], timeout=2)
+    assert not engine.containers.list(all=True, filters={"ancestor": busybox}), "the container must go"

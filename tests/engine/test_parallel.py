@@ -30,11 +30,17 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
                            cwd=root)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = {o["target"]: o for o in json.loads(proc.stdout)}
-        layers = {name: engine.api.inspect_image(o["image_id"])["RootFS"]["Layers"] for name, o in out.items()}
-        common = engine.api.inspect_image(f"{doc['registry']}:cpu")["RootFS"]["Layers"]
-        # base + user/venv + locks + common packages: the first four layers are the same objects.
-        assert layers["cpu"][:4] == layers["cpu-extra"][:4] == common[:4]
-        assert layers["cpu"][4:] != layers["cpu-extra"][4:], "different torch locks, different torch layers"
+        assert out["cpu"]["image_id"] != out["cpu-extra"]["image_id"]
+        cpu, extra = (engine.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"]
+                      for t in ("cpu", "cpu-extra"))
+        base = engine.api.inspect_image(lock["image_id"])["RootFS"]["Layers"]
+        # The base, then the common stage (user/venv, locks, common packages): the same objects in both
+        # targets, so more than the base is shared.
+        shared = len(base) + 3
+        assert cpu[:len(base)] == base
+        assert cpu[:shared] == extra[:shared], "the common stage's layers differ between the targets"
+        assert cpu[shared:] and extra[shared:] and cpu[shared] != extra[shared], \
+            "different torch locks, different torch layers"
         assert "six" in (root / "images/cpu-extra/requirements.lock").read_text()
     finally:
         for image in engine.images.list(name=doc["registry"]):

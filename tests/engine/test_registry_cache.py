@@ -1,8 +1,9 @@
 """Cache across runners: a second, empty engine rebuilds the published image from registry cache alone.
 
-Runner A is the main engine (the ``cpu_project`` fixture built and pushed cpu). Runner B is a
-second ``dockerd`` started here with its own data root and socket: it has nothing local, pulls
-the pinned base and the published image, and must not run a single step.
+Runner A is the main engine: it builds and pushes cpu from a copy of ``cpu_project`` with its
+own repository and a free wheel-server port. Runner B is a second ``dockerd`` started here with
+its own data root and socket: it has nothing local, pulls the pinned base and the published
+image, and must not run a single step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from helpers import edit_matrix, run_builder
+from helpers import edit_matrix, free_port, run_builder
 
 from builder import render, wheels, wheelserver
 from builder.build import docker_build
@@ -129,49 +130,55 @@ def second_engine(engine, tmp_path_factory) -> Iterator[str]:
         _quiet([*sudo, "ip", "link", "delete", bridge])
 
 
-def _builder_when_port_free(*args: str, cwd: Path, env: dict[str, str], minutes: float = 15):
-    """Run the CLI; while another build on this host holds the matrix's wheel-server port, wait and retry."""
-    deadline = time.monotonic() + minutes * 60
-    while True:
-        proc = run_builder(*args, cwd=cwd, env=env)
-        if not (proc.returncode == 2 and "is busy" in proc.stderr) or time.monotonic() > deadline:
-            return proc
-        time.sleep(5)
+def _own_copy(based: Path, engine: docker.DockerClient, dest: Path) -> tuple[Path, str]:
+    """A copy of *based* with its own repository and a free wheel-server port; returns (root, repository).
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    The port is in the RUN lines (so in the cache keys): a fixed one would make this test wait for
+    any other build on the host that holds it. Its own repository keeps other tests' tags untouched.
+    """
+    shutil.copytree(based, dest, ignore=shutil.ignore_patterns("dist"))
+    registry = json.loads(run_builder("print", cwd=based).stdout)["registry"]
+    repo = registry + "-runners"
+    edit_matrix(dest, registry=repo, wheelhouse_port=free_port())
+    lock = json.loads((dest / "base.lock.json").read_text())
+    lock["reference"] = lock["reference"].replace(registry + "/base@", repo + "/base@")
+    (dest / "base.lock.json").write_text(json.dumps(lock))
+    engine.api.tag(lock["image_id"], repo + "/base", "bookworm")
+    engine.api.push(repo + "/base", "bookworm")  # same layers, same digest: the pin holds for this repository
+    return dest, repo
 
 
 def test_second_runner_runs_no_step(cpu_project, engine, second_engine, tmp_path):
-    registry = json.loads(run_builder("print", cwd=cpu_project).stdout)["registry"]
-    runner_a = engine.api.inspect_image(f"{registry}:cpu")["Id"]
+    root, repo = _own_copy(cpu_project, engine, tmp_path / "p")
     client = docker.DockerClient(base_url=second_engine, timeout=3600)
     try:
+        first = run_builder("build", "-t", "cpu", "--push", "--json", "--no-smoke", "-q", cwd=root)
+        assert first.returncode == 0, first.stderr[-3000:] + first.stdout
+        runner_a = json.loads(first.stdout)[0]["image_id"]
         assert client.images.list(all=True) == [], "runner B must start with an empty store"
-        proc = _builder_when_port_free("build", "-t", "cpu", "--json", "--no-smoke", "-q", cwd=cpu_project,
-                                       env={"DOCKER_HOST": second_engine})
+        proc = run_builder("build", "-t", "cpu", "--json", "--no-smoke", "-q", cwd=root,
+                           env={"DOCKER_HOST": second_engine})
         assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout
         cpu = json.loads(proc.stdout)[0]
         assert cpu["error"] is None, cpu
         assert cpu["steps"] > 0 and cpu["cached_steps"] == cpu["steps"], cpu
         assert cpu["image_id"] == runner_a, "runner B should end with runner A's very image"
-        cold = _cold_build_seconds(client, cpu_project, tmp_path)
+        cold = _cold_build_seconds(client, root, tmp_path)
         print(f"\nrunner B from registry cache: {cpu['seconds']:.1f} s (pull included); "
               f"cold build on the same engine (new wheel port: every install step runs): {cold:.1f} s")
     finally:
         client.close()
+        for image in engine.images.list(name=repo):
+            for tag in image.tags:  # the same image may carry other tests' tags: only ours go
+                if tag.startswith(repo + ":"):
+                    engine.api.remove_image(tag, noprune=True)
 
 
 def _cold_build_seconds(client: docker.DockerClient, root: Path, tmp_path: Path) -> float:
     """For the record: the same target built on runner B with another wheel port (no install step cached)."""
     copy = tmp_path / "cold"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns("dist"))
-    edit_matrix(copy, wheelhouse_port=_free_port())
+    edit_matrix(copy, wheelhouse_port=free_port())
     project = load_project(copy / "matrix.yaml")
     target = project.target("cpu")
     render.write(render.render(project, [target]))

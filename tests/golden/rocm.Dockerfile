@@ -55,5 +55,8 @@ LABEL \
       io.ml-image-builder.torch="2.2.2+rocm5.7" \
       io.ml-image-builder.distributed="nccl"
 USER 1001:1001
-ENTRYPOINT ["runtime-check", "exec", "--"]
+# tini is PID 1: it forwards SIGTERM (docker stop, Slurm, Kubernetes) to the command and reaps
+# orphans such as DataLoader workers; as a subreaper it also works under `docker run --init`.
+ENV TINI_SUBREAPER=1
+ENTRYPOINT ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]
 CMD ["runtime-check", "probe"]

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Make this host ready for `make images` and `make test`: the Debian packages they need, and a
+# Docker engine that answers. Run by the Makefile before both commands and by .ci/run; safe to
+# run again (it only acts on what is missing).
+#
+#   scripts/setup-host.sh            install what is missing (root: apt-get; else print the line)
+#                                    and start dockerd when no engine answers (root only)
+#   SETUP_HOST_PIDFILE=F ...         write the PID of a dockerd this script started to F
+#
+# Exit 0 when the host is ready, 1 with one line naming the fix when it is not.
+set -euo pipefail
+
+# Every Debian package a build or a test uses:
+#   docker.io        the engine (Debian's 20.10 on bookworm) and its client
+#   mmdebstrap       bootstraps the shared base image
+#   docker-registry  the local registry images are pushed to, and the tests' registries
+#   busybox-static   the launcher tests' 2 MB stand-in image (a static binary)
+PACKAGES=(docker.io mmdebstrap docker-registry busybox-static)
+
+say() { printf 'setup-host: %s\n' "$*" >&2; }
+
+missing=()
+for package in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
+done
+
+if ((${#missing[@]})); then
+  if [ "$(id -u)" != 0 ]; then
+    say "missing Debian packages; run: sudo apt-get install -y --no-install-recommends ${missing[*]}"
+    exit 1
+  fi
+  say "installing ${missing[*]} (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if docker info >/dev/null 2>&1 || docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+  exit 0
+fi
+if [ -n "${DOCKER_HOST:-}" ]; then
+  say "DOCKER_HOST=$DOCKER_HOST does not answer; start that engine or unset DOCKER_HOST"
+  exit 1
+fi
+if [ "$(id -u)" != 0 ]; then
+  say "no Docker engine answers; run: sudo systemctl start docker (or sudo dockerd &), and add yourself to the docker group"
+  exit 1
+fi
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then
+  say "started the docker service (systemctl)"
+else
+  log=/var/log/ml-image-builder-dockerd.log
+  # setsid: the engine outlives this script and make, and a Ctrl-C in the terminal doesn't reach it.
+  setsid dockerd >"$log" 2>&1 </dev/null &
+  pid=$!
+  say "no Docker engine answered: started dockerd (pid $pid, log $log); stop it with: kill $pid"
+  if [ -n "${SETUP_HOST_PIDFILE:-}" ]; then echo "$pid" >"$SETUP_HOST_PIDFILE"; fi
+fi
+for _ in $(seq 60); do
+  docker version --format '{{.Server.Version}}' >/dev/null 2>&1 && exit 0
+  sleep 1
+done
+say "dockerd did not answer within 60 s; its log:"
+tail -20 /var/log/ml-image-builder-dockerd.log >&2 2>/dev/null || true
+exit 1

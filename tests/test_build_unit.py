@@ -1,0 +1,99 @@
+"""build_all's scheduling and publish.record's locking, without an engine."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+from helpers import free_port
+
+from builder import build, publish
+from builder.build import Outcome
+
+
+@pytest.fixture
+def slow_writes(monkeypatch):
+    """Widen record()'s read-change-write window: a lost update becomes near certain without a lock."""
+    write = publish.atomic_write
+
+    def slow(path: Path, text: str) -> None:
+        time.sleep(0.02)
+        write(path, text)
+
+    monkeypatch.setattr(publish, "atomic_write", slow)
+
+
+def _record(root: Path, name: str) -> None:
+    publish.record(root, [{"target": name, "digest": "sha256:" + name}])
+
+
+def test_record_keeps_every_thread_s_record(tmp_path, slow_writes):
+    names = [f"t{i}" for i in range(12)]
+    threads = [threading.Thread(target=_record, args=(tmp_path, n)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(json.loads((tmp_path / "dist/published.json").read_text())) == sorted(names)
+
+
+def test_record_keeps_every_process_s_record(tmp_path, slow_writes):
+    fork = multiprocessing.get_context("fork")  # the children keep the slow writes
+    names = [f"p{i}" for i in range(8)]
+    procs = [fork.Process(target=_record, args=(tmp_path, n)) for n in names]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+    assert sorted(json.loads((tmp_path / "dist/published.json").read_text())) == sorted(names)
+
+
+def _build_all(monkeypatch, tmp_path: Path, *, jobs: int, keep_going: bool) -> tuple[list[str], list[Outcome]]:
+    """build_all over six fake targets: t0 fails after 0.1 s, the others take 0.3 s each."""
+    started: list[str] = []
+
+    def process(client, project, target, ui, **kwargs) -> Outcome:
+        started.append(target.name)
+        time.sleep(0.1 if target.name == "t0" else 0.3)
+        return Outcome(target.name, error="boom" if target.name == "t0" else None)
+
+    monkeypatch.setattr(build, "process", process)
+    monkeypatch.setattr(build, "docker_build", lambda *a, **k: ("sha256:common", 0, 0))
+    monkeypatch.setattr(build, "ensure_base_present", lambda *a: None)
+    monkeypatch.setattr(build.wheels, "lock_all", lambda *a: {})
+    monkeypatch.setattr(build.wheels, "wheelhouse", lambda: tmp_path)
+    monkeypatch.setattr(build.render, "render", lambda *a: {})
+    monkeypatch.setattr(build.render, "write", lambda *a: None)
+    project = SimpleNamespace(root=tmp_path, matrix=SimpleNamespace(wheelhouse_port=free_port()))
+    targets = [SimpleNamespace(name=f"t{i}", dockerfile=f"images/t{i}/Dockerfile") for i in range(6)]
+    outcomes = build.build_all(mock.MagicMock(), project, targets, mock.MagicMock(), jobs=jobs,
+                               keep_going=keep_going)
+    return started, outcomes
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_without_keep_going_no_target_starts_after_a_failure(monkeypatch, tmp_path, jobs):
+    started, outcomes = _build_all(monkeypatch, tmp_path, jobs=jobs, keep_going=False)
+    # t0 fails first; with -j 3, t1 and t2 had started beside it and finish; nothing else starts.
+    running = [f"t{i}" for i in range(jobs)]
+    assert sorted(started) == running
+    assert [o.target for o in outcomes] == running and outcomes[0].error == "boom"
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_keep_going_runs_every_target(monkeypatch, tmp_path, jobs):
+    started, outcomes = _build_all(monkeypatch, tmp_path, jobs=jobs, keep_going=True)
+    assert sorted(started) == [f"t{i}" for i in range(6)]
+    assert [o.target for o in outcomes] == [f"t{i}" for i in range(6)]
+
+
+def test_run_commands_match_what_the_classic_builder_runs():
+    text = 'FROM x\nRUN a \\\n  # a note\n\n && b\nrun ["sh", "-c", "echo  x"]\nENV A=1 \\\n    B=2\n'
+    assert build.run_commands(text) == {"a && b", "echo x"}
