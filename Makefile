@@ -8,7 +8,7 @@ PUSH ?=
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render check lint images push test test-quick golden bench clean
+.PHONY: help host install render check lint images push test test-quick golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -28,9 +28,11 @@ host: ## Install the Debian packages builds and tests need (as root) and start d
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render
 
-check: install ## Check images/ is current and every Dockerfile passes hadolint
+check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, mypy is clean
 	$(BUILDER) render --check
 	$(BUILDER) lint
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy builder bench runtime/ml_runtime
 
 images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
 	$(BUILDER) base --update
@@ -53,3 +55,6 @@ bench: install ## Benchmark cold/no-op/runtime-change builds against the ARG-swi
 
 clean: ## Remove the venv, caches and dist/ (not the wheelhouse in ~/.cache)
 	rm -rf $(VENV) .pytest_cache dist bench/out
+
+gpu-check: ## On a GPU host: the in-image runtime from this checkout with the host's torch, no Docker (GPU_CHECK_OUT=report.json)
+	PYTHONPATH=runtime python3 scripts/gpu-check.py --out $(or $(GPU_CHECK_OUT),gpu-check.json)

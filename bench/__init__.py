@@ -14,12 +14,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,34 +25,9 @@ from typing import Any
 
 import docker
 
-REPO = Path(__file__).resolve().parent.parent
+from devtools.support import start_registry, stop
+
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
-PROJECT_FILES = ["matrix.yaml", "wheel-mapping.json", "base.lock.json", ".dockerignore", ".hadolint.yaml"]
-PROJECT_DIRS = ["templates", "runtime", "examples", "images"]
-
-
-def copy_project(dest: Path) -> Path:
-    """A private copy of the project: what a build reads, nothing else.
-
-    Example:
-        >>> copy_project(Path("/tmp/bench/project")).joinpath("matrix.yaml").is_file()
-        True
-    """
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in PROJECT_FILES:
-        if (REPO / name).exists():
-            shutil.copy2(REPO / name, dest / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in PROJECT_DIRS:
-        shutil.copytree(REPO / name, dest / name, ignore=ignore)
-    return dest
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -67,28 +39,14 @@ def registry(folder: Path) -> Iterator[str]:
         ...     host.startswith("127.0.0.1:")
         True
     """
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        raise SystemExit("bench: docker-registry is not installed (apt-get install docker-registry)")
-    port = free_port()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.yml").write_text(
-        f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
-        f"http: {{addr: '127.0.0.1:{port}'}}\n"
-    )
-    with (folder / "log").open("wb") as log:
-        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=log, stderr=log)
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-                break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
+        host, proc = start_registry(folder)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"bench: {exc}") from None
+    try:
+        yield host
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
 
 

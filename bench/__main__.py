@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -22,16 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import docker
-import yaml
 
 from bench import (
-    REPO,
     Layer,
     baseline_context,
     below,
-    copy_project,
     engine_build,
-    free_port,
     installed_bytes,
     layers,
     median,
@@ -43,12 +40,13 @@ from bench import (
     sync_runtime,
     timed,
 )
-from builder import render, wheels, wheelserver
-from builder.build import build_labels
-from builder.engine import connect
-from builder.loaders import load_json
-from builder.project import Project, ResolvedTarget, load_project
-from builder.publish import push_ref
+from builder.config.loaders import load_json
+from builder.config.project import Project, ResolvedTarget, load_project
+from builder.images import lockfile, locks, render, wheelhouse, wheelserver
+from builder.images.build import build_labels
+from builder.images.publish import push_ref
+from builder.oci.engine import connect
+from devtools.support import REPO, copy_project, edit_matrix, free_port, retarget_base_lock
 
 REPEATS = 3
 #: Where target-specific input first enters each stack: the lock's COPY (ours), the wheels' COPY (baseline).
@@ -101,24 +99,22 @@ class Made:
 def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made) -> Project:
     """Copy the project, point it at the private registry and a free wheel port, re-pin the base there."""
     copy_project(root)
-    doc = yaml.safe_load((root / "matrix.yaml").read_text())
     new_registry = f"{host}/ml-bench"
-    doc.update(registry=new_registry, wheelhouse_port=free_port())
-    (root / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    edit_matrix(root, registry=new_registry, wheelhouse_port=free_port())
     lock = load_json(REPO / "base.lock.json")
     tag = f"{new_registry}/base:bench"
     client.api.tag(lock["image_id"], f"{new_registry}/base", "bench")
     made.borrowed.append(tag)
     digest = push_ref(client, tag)  # same layers, same config: same digest, so the pin stays exact
-    (root / "base.lock.json").write_text(json.dumps({**lock, "reference": f"{new_registry}/base@{digest}"}))
+    retarget_base_lock(REPO, root, new_registry, digest)
     made.borrowed.append(f"{new_registry}/base@{digest}")
     return load_project(root / "matrix.yaml")
 
 
-def locked_wheels(project: Project, target: ResolvedTarget) -> list[wheels.Pin]:
+def locked_wheels(project: Project, target: ResolvedTarget) -> list[lockfile.Pin]:
     """The wheels that end up in the image: common.lock and the target's lock (uv's tools.lock does not)."""
-    _, common = wheels.read_lock(project.images_dir / "common.lock")
-    _, own = wheels.read_lock(project.root / target.lock)
+    _, common = lockfile.read_lock(project.images_dir / "common.lock")
+    _, own = lockfile.read_lock(project.root / target.lock)
     return common + own
 
 
@@ -147,12 +143,12 @@ def touch_runtime(root: Path) -> None:
 def measure(client: docker.DockerClient, project: Project, targets: list[ResolvedTarget], tmp: Path,
             made: Made) -> dict[str, Any]:
     root = project.root
-    say(f"locking {', '.join(t.name for t in targets)} (wheels into {wheels.wheelhouse()})")
-    failed = wheels.lock_all(project, targets, say)
+    say(f"locking {', '.join(t.name for t in targets)} (wheels into {wheelhouse.location()})")
+    failed = locks.lock_all(project, targets, say)
     if failed:
         raise SystemExit(f"bench: locking failed: {failed}")
     render.write(render.render(project, targets))
-    house = wheels.wheelhouse()
+    house = wheelhouse.location()
     pins = {t.name: locked_wheels(project, t) for t in targets}
     contexts = {t.name: baseline_context(tmp / f"baseline-{t.name}", root, t.backend,
                                          [house / p.filename for p in pins[t.name]],
@@ -169,14 +165,14 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
     with wheelserver.serve(house, project.matrix.wheelhouse_port) as wheels_at:
         for t in targets:
             say(f"{t.name}: cold build, ours")
-            ours["cold_build_s"][t.name], ours_id = timed(lambda t=t: engine_build(
-                client, root, t.dockerfile, labels=build_labels(root), nocache=True,
+            ours["cold_build_s"][t.name], ours_id = timed(functools.partial(
+                engine_build, client, root, t.dockerfile, labels=build_labels(root), nocache=True,
                 extra_hosts={wheelserver.HOST: wheels_at}))
             made.ids.append(ours_id)
             say(f"{t.name}: cold build, baseline")
             args = {"BASE": base, "GPU_BACKEND": t.backend}
-            theirs["cold_build_s"][t.name], base_id = timed(lambda t=t, args=args: engine_build(
-                client, contexts[t.name], "Dockerfile", buildargs=args, nocache=True))
+            theirs["cold_build_s"][t.name], base_id = timed(functools.partial(
+                engine_build, client, contexts[t.name], "Dockerfile", buildargs=args, nocache=True))
             made.ids.append(base_id)
 
     # Settle: one ordinary build each, as users run them (cached, tagged). Sizes and sharing are

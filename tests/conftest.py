@@ -7,15 +7,14 @@ and no daemon answers. Every registry a test starts is stopped, every container 
 from __future__ import annotations
 
 import os
-import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import copy_project, edit_matrix, free_port, run_builder
+from helpers import run_builder
+
+from devtools.support import copy_project, edit_matrix, fail_or_skip, start_registry, stop
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image can't be pulled here
 
@@ -27,69 +26,29 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def engine():
-    """A docker-py client for a daemon that answers."""
+    """A docker-py client for a daemon that answers; fails (never skips) when CI is set and none does."""
     import docker
 
     try:
         client = docker.from_env(timeout=3600)
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means no engine
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but no Docker engine answers ({exc}); .ci/run must start dockerd")
-        pytest.skip(f"no Docker engine ({exc})")
+        fail_or_skip(f"no Docker engine answers ({exc}); .ci/run must start dockerd")
     yield client
     client.close()
 
 
-def _wait_http(url: str, timeout: float = 15) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return
-        except urllib.error.HTTPError:
-            return  # 401: up, wants credentials
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, subprocess.Popen]:
-    """Start Debian's docker-registry on a free loopback port; return (host:port, process)."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        pytest.fail("docker-registry is not installed (apt-get install docker-registry); .ci/run installs it")
-    port = free_port()
-    folder.mkdir(parents=True, exist_ok=True)
-    auth = (
-        f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else ""
-    )
-    (folder / "config.yml").write_text(
-        f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
-        f"http: {{addr: '127.0.0.1:{port}'}}\n{auth}"
-    )
-    with open(folder / "log", "wb") as log:
-        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=log)
-    _wait_http(f"http://127.0.0.1:{port}/v2/")
-    return f"127.0.0.1:{port}", proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
+def _start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, subprocess.Popen]:
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        return start_registry(folder, htpasswd)
+    except FileNotFoundError as exc:
+        pytest.fail(f"{exc}; .ci/run installs it")
 
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory) -> Iterator[str]:
     """A plain registry on loopback, for the whole session."""
-    host, proc = start_registry(tmp_path_factory.mktemp("registry"))
+    host, proc = _start_registry(tmp_path_factory.mktemp("registry"))
     yield host
     stop(proc)
 
@@ -104,7 +63,7 @@ def auth_registry(tmp_path_factory) -> Iterator[tuple[str, str, str]]:
     user, password = "ci-user", "s3cret-Pa55"
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)).decode()
     htpasswd.write_text(f"{user}:{hashed}\n")
-    host, proc = start_registry(folder, htpasswd)
+    host, proc = _start_registry(folder, htpasswd)
     yield host, user, password
     stop(proc)
 

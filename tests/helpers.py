@@ -1,4 +1,8 @@
-"""Helpers shared by the tests (import as `from helpers import ...`)."""
+"""Helpers only the tests use (import as `from helpers import ...`).
+
+What the tests share with the benchmark (project copies, ports, matrix edits, registries, the
+rule for a missing prerequisite) lives in ``devtools/support.py``: import it from there.
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-import yaml
-
-# One definition of "a private copy of the project", shared with the benchmark.
-from bench import REPO, copy_project, free_port  # noqa: F401
-
-
-def edit_matrix(root: Path, **changes: object) -> dict:
-    """Rewrite keys of root/matrix.yaml; return the new document."""
-    path = root / "matrix.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc.update(changes)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return doc
+from devtools.support import free_port, retarget_base_lock
 
 
 def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 1800):
@@ -28,3 +22,26 @@ def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeou
         [sys.executable, "-m", "builder", *args], cwd=cwd, capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=timeout, check=False,
     )
+
+
+def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[str, Any]:
+    """Pin src's base in dest as ``<registry>/base@...`` and push it there (same layers: same digest)."""
+    lock = retarget_base_lock(src, dest, registry)
+    engine.api.tag(lock["image_id"], registry + "/base", "bookworm")
+    engine.api.push(registry + "/base", "bookworm")
+    return lock
+
+
+def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
+    """Stub what ``build_all`` does before building (base, locks, render; wheelhouse: *folder*).
+
+    Returns the least project ``build_all`` needs: its root (*folder*) and a free wheel-server port.
+    """
+    from builder.images import build
+
+    monkeypatch.setattr(build, "ensure_base_present", lambda *a: None)
+    monkeypatch.setattr(build.locks, "lock_all", lambda *a: {})
+    monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
+    monkeypatch.setattr(build.render, "render", lambda *a: {})
+    monkeypatch.setattr(build.render, "write", lambda *a: None)
+    return SimpleNamespace(root=folder, matrix=SimpleNamespace(wheelhouse_port=free_port()))

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from helpers import free_port
+from helpers import bare_build_project
 
-from builder import build, publish
-from builder.build import Outcome
+from builder.images import build, publish
+from builder.images.outcome import Outcome
 
 
 @pytest.fixture
@@ -66,12 +66,7 @@ def _build_all(monkeypatch, tmp_path: Path, *, jobs: int, keep_going: bool) -> t
 
     monkeypatch.setattr(build, "process", process)
     monkeypatch.setattr(build, "docker_build", lambda *a, **k: ("sha256:common", 0, 0))
-    monkeypatch.setattr(build, "ensure_base_present", lambda *a: None)
-    monkeypatch.setattr(build.wheels, "lock_all", lambda *a: {})
-    monkeypatch.setattr(build.wheels, "wheelhouse", lambda: tmp_path)
-    monkeypatch.setattr(build.render, "render", lambda *a: {})
-    monkeypatch.setattr(build.render, "write", lambda *a: None)
-    project = SimpleNamespace(root=tmp_path, matrix=SimpleNamespace(wheelhouse_port=free_port()))
+    project = bare_build_project(monkeypatch, tmp_path)
     targets = [SimpleNamespace(name=f"t{i}", dockerfile=f"images/t{i}/Dockerfile") for i in range(6)]
     outcomes = build.build_all(mock.MagicMock(), project, targets, mock.MagicMock(), jobs=jobs,
                                keep_going=keep_going)

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
 
-from builder import lint, render
 from builder.cli import main
-from builder.errors import UserError
-from builder.project import load_project
+from builder.config.errors import UserError
+from builder.config.project import load_project
+from builder.images import lint, render
+from devtools.support import REPO
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -132,7 +132,7 @@ def test_print_resolves_everything(project, monkeypatch, capsys):
 
 
 def test_xpu_distributed_backend_by_torch_version(project):
-    from builder.wheelmap import distributed_backend
+    from builder.config.wheelmap import distributed_backend
 
     p = load_project(project / "matrix.yaml")
     entry = p.mapping.entries["xpu"]

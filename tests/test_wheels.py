@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import wheels
-from builder.errors import TargetFailed
-from builder.project import load_project
-from builder.registry import Ref
+from builder.config.errors import TargetFailed
+from builder.config.project import load_project
+from builder.images import lockfile, locks, resolve, wheelhouse
+from builder.oci.registry import Ref
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def proj(project):
 
 
 def test_platform_args_list_every_manylinux_tag_of_the_image_glibc(proj):
-    args = wheels.platform_args(proj)
+    args = resolve.platform_args(proj)
     tags = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
     arch = tags[0].rsplit("_", 2)[-2] + "_" + tags[0].rsplit("_", 1)[-1]
     assert tags[0] == f"manylinux_2_36_{arch}"  # bookworm's glibc
@@ -30,11 +30,11 @@ def test_platform_args_list_every_manylinux_tag_of_the_image_glibc(proj):
 
 
 def test_lock_round_trip(tmp_path):
-    pins = [wheels.Pin("torch", "2.13.0+cpu", "a" * 64, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
-            wheels.Pin("Accelerate", "1.0", "b" * 64, "accelerate-1.0-py3-none-any.whl")]
+    pins = [lockfile.Pin("torch", "2.13.0+cpu", "a" * 64, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
+            lockfile.Pin("Accelerate", "1.0", "b" * 64, "accelerate-1.0-py3-none-any.whl")]
     path = tmp_path / "requirements.lock"
-    wheels.write_lock(path, "target cpu", "sha256:f00", pins)
-    fingerprint, read = wheels.read_lock(path)
+    lockfile.write_lock(path, "target cpu", "sha256:f00", pins)
+    fingerprint, read = lockfile.read_lock(path)
     assert fingerprint == "sha256:f00"
     assert [p.name for p in read] == ["Accelerate", "torch"]  # sorted by canonical name
     assert set(read) == set(pins)
@@ -55,8 +55,8 @@ def _no_resolve():
     pytest.fail("re-resolved although the lock's inputs are unchanged")
 
 
-def _pin(name: str, version: str, data: bytes, filename: str) -> wheels.Pin:
-    return wheels.Pin(name, version, hashlib.sha256(data).hexdigest(), filename)
+def _pin(name: str, version: str, data: bytes, filename: str) -> lockfile.Pin:
+    return lockfile.Pin(name, version, hashlib.sha256(data).hexdigest(), filename)
 
 
 def test_unchanged_lock_is_reused_without_pip(proj, tmp_path, monkeypatch):
@@ -64,15 +64,15 @@ def test_unchanged_lock_is_reused_without_pip(proj, tmp_path, monkeypatch):
     pins = [_pin("uv", "0.13.9", b"stand-in wheel", "uv-0.13.9-py3-none-any.whl")]
     _house_with(tmp_path, monkeypatch, {pins[0].filename: b"stand-in wheel"})
     lock = tmp_path / "tools.lock"
-    wheels.write_lock(lock, "tools", "sha256:same", pins)
+    lockfile.write_lock(lock, "tools", "sha256:same", pins)
 
     def no_pip(*_a, **_k):
         raise AssertionError("pip ran although the lock was current")
 
-    monkeypatch.setattr(wheels, "_pip", no_pip)
-    assert wheels._ensure(proj, lock, "tools", "sha256:same", lambda: no_pip()) == pins
+    monkeypatch.setattr(resolve, "_pip", no_pip)
+    assert locks._ensure(proj, lock, "tools", "sha256:same", lambda: no_pip()) == pins
     with pytest.raises(AssertionError, match="pip ran"):
-        wheels._ensure(proj, lock, "tools", "sha256:changed", lambda: no_pip())
+        locks._ensure(proj, lock, "tools", "sha256:changed", lambda: no_pip())
 
 
 def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
@@ -83,13 +83,13 @@ def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
         seen.setdefault(path.name, []).append(fingerprint)
         return []
 
-    monkeypatch.setattr(wheels, "_ensure", record)
-    monkeypatch.setattr(wheels, "check_torch_flavour", lambda *_a: None)
+    monkeypatch.setattr(locks, "_ensure", record)
+    monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
     for machine in ("x86_64", "aarch64"):
-        monkeypatch.setattr(wheels.platform, "machine", lambda m=machine: m)
-        wheels.tools_lock(proj)
-        wheels.common_lock(proj)
-        wheels.target_lock(proj, proj.target("cpu"), [])
+        monkeypatch.setattr(resolve.platform, "machine", lambda m=machine: m)
+        locks.tools_lock(proj)
+        locks.common_lock(proj)
+        locks.target_lock(proj, proj.target("cpu"), [])
     assert set(seen) == {"tools.lock", "common.lock", "requirements.lock"}
     for name, (x86, arm) in seen.items():
         assert x86 != arm, f"{name}: the fingerprint ignores the architecture"
@@ -98,11 +98,11 @@ def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
 def test_target_fingerprint_ignores_the_order_of_the_common_pins(proj, monkeypatch):
     """Just resolved, common pins come in pip's order; read back, in lock order: same inputs, same lock."""
     seen = []
-    monkeypatch.setattr(wheels, "_ensure", lambda _p, _path, _w, fp, *_a: seen.append(fp) or [])
-    monkeypatch.setattr(wheels, "check_torch_flavour", lambda *_a: None)
-    common = [wheels.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), wheels.Pin("numpy", "1.2", "b" * 64, "n.whl")]
-    wheels.target_lock(proj, proj.target("cpu"), common)
-    wheels.target_lock(proj, proj.target("cpu"), common[::-1])
+    monkeypatch.setattr(locks, "_ensure", lambda _p, _path, _w, fp, *_a: seen.append(fp) or [])
+    monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
+    common = [lockfile.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), lockfile.Pin("numpy", "1.2", "b" * 64, "n.whl")]
+    locks.target_lock(proj, proj.target("cpu"), common)
+    locks.target_lock(proj, proj.target("cpu"), common[::-1])
     assert seen[0] == seen[1]
 
 
@@ -112,7 +112,7 @@ def test_fetching_locked_wheels_uses_the_image_platform_tags(proj, tmp_path, mon
     pin = _pin("psutil", "7.2.2", data, "psutil-7.2.2-cp36-abi3-manylinux_2_28_x86_64.whl")
     house = _house_with(tmp_path, monkeypatch, {})
     lock = tmp_path / "common.lock"
-    wheels.write_lock(lock, "common", "sha256:same", [pin])
+    lockfile.write_lock(lock, "common", "sha256:same", [pin])
     calls = []
 
     def fake_pip(args):
@@ -120,11 +120,11 @@ def test_fetching_locked_wheels_uses_the_image_platform_tags(proj, tmp_path, mon
         (house / pin.filename).write_bytes(data)
         return subprocess.CompletedProcess(args, 0, "", "")
 
-    monkeypatch.setattr(wheels, "_pip", fake_pip)
-    assert wheels._ensure(proj, lock, "common", "sha256:same", _no_resolve) == [pin]
+    monkeypatch.setattr(resolve, "_pip", fake_pip)
+    assert locks._ensure(proj, lock, "common", "sha256:same", _no_resolve) == [pin]
     (argv,) = calls
     assert argv[0] == "download" and "--require-hashes" in argv
-    expected = wheels.platform_args(proj)
+    expected = resolve.platform_args(proj)
     tags = [expected[i + 1] for i, a in enumerate(expected) if a == "--platform"]
     got_tags = [argv[i + 1] for i, a in enumerate(argv) if a == "--platform"]
     assert got_tags == tags and tags
@@ -138,7 +138,7 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
     pin = _pin("torch", "2.13.0+cpu", data, "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")
     house = _house_with(tmp_path, monkeypatch, {pin.filename: data[:9]})
     lock = tmp_path / "requirements.lock"
-    wheels.write_lock(lock, "target cpu", "sha256:same", [pin])
+    lockfile.write_lock(lock, "target cpu", "sha256:same", [pin])
     fetched = []
 
     def fake_pip(args):
@@ -148,15 +148,15 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
         (house / pin.filename).write_bytes(data)
         return subprocess.CompletedProcess(args, 0, "", "")
 
-    monkeypatch.setattr(wheels, "_pip", fake_pip)
-    assert wheels._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
+    monkeypatch.setattr(resolve, "_pip", fake_pip)
+    assert locks._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
     assert fetched == [f"torch==2.13.0+cpu --hash=sha256:{pin.sha256}\n"]
     assert (house / pin.filename).read_bytes() == data
 
     # Verified once: a no-op rebuild neither hashes nor fetches again.
-    monkeypatch.setattr(wheels, "sha256_file", lambda _p: pytest.fail("re-hashed a verified wheel"))
-    monkeypatch.setattr(wheels, "_pip", lambda _a: pytest.fail("fetched a verified wheel"))
-    assert wheels._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
+    monkeypatch.setattr(wheelhouse, "sha256_file", lambda _p: pytest.fail("re-hashed a verified wheel"))
+    monkeypatch.setattr(resolve, "_pip", lambda _a: pytest.fail("fetched a verified wheel"))
+    assert locks._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
 
 
 def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
@@ -164,9 +164,9 @@ def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
     data = b"good wheel"
     pin = _pin("uv", "0.13.9", data, "uv-0.13.9-py3-none-any.whl")
     house = _house_with(tmp_path, monkeypatch, {pin.filename: data})
-    assert wheels._missing([pin]) == []
+    assert wheelhouse.missing([pin]) == []
     (house / pin.filename).write_bytes(b"bad")
-    assert wheels._missing([pin]) == [pin] and not (house / pin.filename).exists()
+    assert wheelhouse.missing([pin]) == [pin] and not (house / pin.filename).exists()
 
 
 @pytest.mark.parametrize(
@@ -176,13 +176,13 @@ def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
 def test_torch_of_another_flavour_fails_the_lock(proj, monkeypatch, target, resolved):
     """``torch==X`` also matches ``X+cpu`` (ranked above bare X): the lock must refuse the wrong build."""
     t = proj.target(target)
-    torch = wheels.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
-    monkeypatch.setattr(wheels, "index_reachable", lambda url, timeout=8.0: None)
-    monkeypatch.setattr(wheels, "resolve", lambda *a, **k: [torch])
-    monkeypatch.setattr(wheels, "read_lock", lambda path: (None, []))
-    monkeypatch.setattr(wheels, "write_lock", lambda *a: pytest.fail("wrote a lock with the wrong torch"))
+    torch = lockfile.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
+    monkeypatch.setattr(locks, "index_reachable", lambda url, timeout=8.0: None)
+    monkeypatch.setattr(locks, "resolve", lambda *a, **k: [torch])
+    monkeypatch.setattr(locks, "read_lock", lambda path: (None, []))
+    monkeypatch.setattr(locks, "write_lock", lambda *a: pytest.fail("wrote a lock with the wrong torch"))
     with pytest.raises(TargetFailed) as exc:
-        wheels.target_lock(proj, t, [])
+        locks.target_lock(proj, t, [])
     text = str(exc.value)
     assert "\n" not in text
     assert f"target {target}" in text and f"torch {resolved}" in text and f"expected {t.torch_pin}" in text
@@ -192,30 +192,30 @@ def test_torch_of_another_flavour_fails_the_lock(proj, monkeypatch, target, reso
 @pytest.mark.parametrize(("target", "resolved"), [("nvidia-cu130", "2.14.1"), ("cpu", "2.13.0+cpu")])
 def test_torch_of_the_target_flavour_is_locked(proj, monkeypatch, target, resolved):
     """PyPI's CUDA torch has no local label in its metadata (only torch.__version__ says +cu130)."""
-    torch = wheels.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
-    monkeypatch.setattr(wheels, "index_reachable", lambda url, timeout=8.0: None)
-    monkeypatch.setattr(wheels, "resolve", lambda *a, **k: [torch])
-    monkeypatch.setattr(wheels, "read_lock", lambda path: (None, []))
+    torch = lockfile.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
+    monkeypatch.setattr(locks, "index_reachable", lambda url, timeout=8.0: None)
+    monkeypatch.setattr(locks, "resolve", lambda *a, **k: [torch])
+    monkeypatch.setattr(locks, "read_lock", lambda path: (None, []))
     written = []
-    monkeypatch.setattr(wheels, "write_lock", lambda *a: written.append(a))
-    assert wheels.target_lock(proj, proj.target(target), []) == [torch]
+    monkeypatch.setattr(locks, "write_lock", lambda *a: written.append(a))
+    assert locks.target_lock(proj, proj.target(target), []) == [torch]
     assert written
 
 
 def test_index_reachable_reports_why(tmp_path):
-    assert wheels.index_reachable(f"file://{tmp_path}") is None
-    assert wheels.index_reachable(f"file://{tmp_path}/missing") == "no such folder"
-    reason = wheels.index_reachable("http://127.0.0.1:9/simple", timeout=2)
+    assert resolve.index_reachable(f"file://{tmp_path}") is None
+    assert resolve.index_reachable(f"file://{tmp_path}/missing") == "no such folder"
+    reason = resolve.index_reachable("http://127.0.0.1:9/simple", timeout=2)
     assert reason and "refused" in reason.lower()
 
 
 def test_unreachable_index_message_names_index_and_mirror(proj, monkeypatch):
     target = proj.target("amd-rocm5.7")
-    monkeypatch.setattr(wheels, "index_reachable", lambda url, timeout=8.0: "Name or service not known")
-    monkeypatch.setattr(wheels, "resolve", lambda *a, **k: (_ for _ in ()).throw(TargetFailed("no match")))
-    monkeypatch.setattr(wheels, "read_lock", lambda path: (None, []))
+    monkeypatch.setattr(locks, "index_reachable", lambda url, timeout=8.0: "Name or service not known")
+    monkeypatch.setattr(locks, "resolve", lambda *a, **k: (_ for _ in ()).throw(TargetFailed("no match")))
+    monkeypatch.setattr(locks, "read_lock", lambda path: (None, []))
     with pytest.raises(TargetFailed) as exc:
-        wheels.target_lock(proj, target, [])
+        locks.target_lock(proj, target, [])
     text = str(exc.value)
     assert "https://download.pytorch.org/whl/rocm5.7" in text and "BUILDER_INDEX_ROCM5_7=URL" in text
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, run_builder
+from helpers import run_builder
+
+from devtools.support import REPO
 
 WORKFLOWS = REPO / ".github" / "workflows"
 MATRIX_EXPR = re.compile(r"^\$\{\{\s*fromJSON\(\s*needs\.(?P<job>[\w-]+)\.outputs\.(?P<output>[\w-]+)\s*\)\s*\}\}$")

@@ -38,7 +38,12 @@ from dataclasses import dataclass
 
 VENDOR_LABEL = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel", "none": "no accelerator"}
 
-EXPECTED_FORMS = "expected sm_XY, gfxNNN[a-z] or an Intel family (pvc, dg2, bmg) / device id 0xNNNN"
+EXPECTED_FORMS = (
+    "expected sm_XY, gfxNNN[a-z] or an Intel family (pvc, dg2, bmg; or Xe_HPC, Xe_HPG, Xe2_HPG) "
+    "/ device id 0xNNNN"
+)
+#: Intel's architecture names for the families (the design notes write "Xe_HPG").
+INTEL_ARCH_ALIASES = {"xe_hpc": "pvc", "xe_hpg": "dg2", "xe2_hpg": "bmg"}
 
 _SM = re.compile(r"^sm_(\d{2,3})([af]?)$")
 _GFX = re.compile(r"^gfx(\d{1,2})([0-9a-f])([0-9a-f])$")
@@ -98,6 +103,8 @@ def parse_capability(value: str) -> Capability:
     Example:
         >>> parse_capability("sm_90a").variant
         'a'
+        >>> parse_capability("Xe_HPG").family
+        'dg2'
         >>> parse_capability("sm8")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -112,6 +119,7 @@ def parse_capability(value: str) -> Capability:
     if match:
         major, minor, stepping = match.groups()
         return Capability("amd", text, (int(major), int(minor, 16), int(stepping, 16)))
+    text = INTEL_ARCH_ALIASES.get(text, text)
     if text in INTEL_FAMILIES:
         return Capability("intel", text, family=text)
     match = _INTEL_ID.match(text)

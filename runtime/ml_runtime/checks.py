@@ -24,8 +24,9 @@ Example:
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,8 @@ def run_checks(
         results.append(check_dependency(dep, probe))
         if dep.full_distribution:
             results.append(check_distribution(dep, probe))
+        if dep.vendor_agnostic_wheel:
+            results.append(check_wheel(dep, probe))
     return results
 
 
@@ -397,6 +400,108 @@ def check_distribution(dep: Dependency, probe: ProbeResult) -> CheckResult:
     if probe.distributed_backends.get(backend):
         return CheckResult(item, found, True, need)
     return CheckResult(item, found, False, need, f"requires the {backend} backend for {probe.backend}", hint)
+
+
+#: Local labels of the official PyTorch indexes (PyPI's default CUDA build carries none in its
+#: metadata but reports e.g. +cu130 in torch.__version__).
+_OFFICIAL_LOCAL = re.compile(r"^(cpu|cu\d{2,3}|rocm\d+(\.\d+){1,2}|xpu)$")
+#: Set in every image by the builder from wheel-mapping.json: the torch pin and its build flavour.
+WHEEL_VARIABLES = ("ML_RUNTIME_TORCH", "ML_RUNTIME_FLAVOUR")
+
+
+def check_wheel(dep: Dependency, probe: ProbeResult, environ: Mapping[str, str] | None = None) -> CheckResult:
+    """``vendor_agnostic_wheel``: torch is the official build the image's wheel mapping names.
+
+    In an image built by ml-image-builder, ``ML_RUNTIME_TORCH`` and ``ML_RUNTIME_FLAVOUR``
+    name the mapped torch and flavour (e.g. ``2.14.1`` and ``cuda 13.0``); torch must be that
+    public version and flavour. Elsewhere torch must at least be an official index build
+    (``+cpu``, ``+cuXYZ``, ``+rocmX.Y``, ``+xpu`` or none), not a vendor fork such as
+    ``2.5.0a0+872d972e41.nv24.08``.
+
+    Example:
+        >>> from ml_runtime.probe import ProbeResult
+        >>> p = ProbeResult("none", "cpu", torch={"version": "2.13.0+cpu", "flavour": "cpu"})
+        >>> check_wheel(Dependency("pytorch", None, False, "d"), p, {"ML_RUNTIME_TORCH": "2.13.0+cpu",
+        ...             "ML_RUNTIME_FLAVOUR": "cpu"}).line("strict")
+        '[CHECK] pytorch.vendor_agnostic_wheel: 2.13.0+cpu (cpu) -> OK'
+    """
+    env = os.environ if environ is None else environ
+    item = f"{dep.name}.vendor_agnostic_wheel"
+    version, flavour = probe.torch.get("version"), probe.torch.get("flavour")
+    if not version:
+        return CheckResult(item, "torch not importable", False, "an official torch wheel",
+                           "requires torch", "install torch from the index the wheel mapping names")
+    found = f"{version} ({flavour})"
+    want_version, want_flavour = env.get("ML_RUNTIME_TORCH"), env.get("ML_RUNTIME_FLAVOUR")
+    hint = "rebuild the image (builder build) so torch comes from the index wheel-mapping.json names"
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return CheckResult(item, found, False, "an official torch wheel", f"cannot parse {version!r}", hint)
+    if want_version and want_flavour:
+        need = f"torch {Version(want_version).public} ({want_flavour}) from the image's wheel mapping"
+        ok = parsed.public == Version(want_version).public and flavour == want_flavour
+        return CheckResult(item, found, ok, need, None if ok else f"requires {need}", None if ok else hint)
+    need = "an official PyTorch index build (+cpu, +cuXYZ, +rocmX.Y, +xpu or PyPI's)"
+    if parsed.local is None or _OFFICIAL_LOCAL.match(parsed.local):
+        return CheckResult(item, found, True, need)
+    return CheckResult(item, found, False, need, f"requires {need}; +{parsed.local} is a vendor build",
+                       "install torch from the official index for this accelerator")
+
+
+#: The design notes' names for the contract items (runtime-checker's report).
+NOTES_TITLES = {
+    "gpu_compute_capability": "GPU compute capability",
+    "driver_version_min": "Driver version",
+    "memory_bandwidth_gbps": "Memory bandwidth",
+    "device_memory_gb": "Device memory",
+}
+
+
+def notes_title(item: str) -> str:
+    """The notes' title of a contract item.
+
+    Example:
+        >>> notes_title("gpu_compute_capability"), notes_title("pytorch")
+        ('GPU compute capability', 'PyTorch version')
+        >>> notes_title("pytorch.full_distribution")
+        'PyTorch distributed'
+    """
+    if item in NOTES_TITLES:
+        return NOTES_TITLES[item]
+    name, _, flag = item.partition(".")
+    title = "PyTorch" if name.lower() in ("pytorch", "torch") else name
+    return {"": f"{title} version", "full_distribution": f"{title} distributed",
+            "vendor_agnostic_wheel": f"{title} wheel"}.get(flag, item)
+
+
+def notes_lines(results: Sequence[CheckResult], mode: str) -> list[str]:
+    """The design notes' report: ``[CHECK] ... -> OK (required: ...)`` or ``[ERROR] ... Suggestion: ...``.
+
+    Example:
+        >>> ok = CheckResult("pytorch", "2.13.0+cpu", True, "pytorch >=2.1")
+        >>> bad = CheckResult("gpu_compute_capability", "none (CPU only)", False, "an NVIDIA GPU (sm_80)",
+        ...                   "requires an NVIDIA GPU (sm_80)", "run on an NVIDIA GPU host")
+        >>> print("\\n".join(notes_lines([ok, bad], "strict")))  # doctest: +NORMALIZE_WHITESPACE
+        [CHECK] PyTorch version: 2.13.0+cpu -> OK (required: pytorch >=2.1)
+        [ERROR] GPU compute capability mismatch: Required: an NVIDIA GPU (sm_80)
+                Found: none (CPU only) Suggestion: run on an NVIDIA GPU host.
+    """
+    lines = []
+    for r in results:
+        title = notes_title(r.item)
+        if r.ok:
+            lines.append(f"[CHECK] {title}: {r.found} -> OK (required: {r.required})")
+        elif mode == "strict":
+            tip = (r.suggestion or r.reason or "see runtime-spec.yaml").rstrip(".")
+            lines.append(
+                f"[ERROR] {title} mismatch: Required: {r.required} Found: {r.found} Suggestion: {tip}."
+            )
+        else:
+            lines.append(
+                f"[WARN] {title} mismatch: Required: {r.required} Found: {r.found} (mode {mode}, continuing)"
+            )
+    return lines
 
 
 def summary_line(results: Sequence[CheckResult], mode: str) -> str | None:

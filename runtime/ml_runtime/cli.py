@@ -44,6 +44,7 @@ from ml_runtime.errors import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
+    ConfigError,
     RuntimeCheckError,
 )
 from ml_runtime.home import private_home
@@ -149,6 +150,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
 
 
+def checker_main(argv: Sequence[str] | None = None) -> int:
+    """``runtime-checker``: the design notes' command, flags and report format.
+
+    ``runtime-checker --config runtime-spec.yaml`` checks the contract (here ``--config`` is the
+    spec, as in the notes; the accelerator config is ``--accelerator-config``) and prints
+    ``[INFO]``/``[CHECK]``/``[SUCCESS]`` or ``[ERROR] ... Suggestion:`` lines on stdout; exit 0
+    or 3 (2 for a bad file). With ``-- CMD`` it then runs CMD like ``runtime-check exec``.
+
+    Example:
+        >>> checker_main(["--mode", "off"])
+        [CHECK] all checks skipped (mode off)
+        0
+    """
+    parser = argparse.ArgumentParser(
+        prog="runtime-checker",
+        description="Check the runtime contract (the design notes' command); runtime-check is the full tool.",
+    )
+    parser.add_argument("--config", dest="spec", metavar="SPEC", help="runtime-spec.yaml (as in the notes)")
+    parser.add_argument("--accelerator-config", dest="config", metavar="FILE", help="accelerator-config.yaml")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--mode", choices=MODES, help="overrides $RUNTIME_CHECK_MODE and the spec's mode")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_args(argv)
+    args.command = command
+    try:
+        if command:
+            missing = command_problem(command[0])
+            if missing:
+                _err(missing[1])
+                return missing[0]
+            code, env_updates = run_contract(args, sys.stderr, style="notes")
+            if code != EXIT_OK:
+                return code
+            return exec_command(command, env_updates)
+        code, _ = run_contract(args, sys.stdout, style="notes")
+        return code
+    except RuntimeCheckError as exc:
+        _err(f"[ERROR] {exc}")
+        return exc.exit_code
+
+
 def _err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -160,8 +206,13 @@ def _dump(data: Any, stream: TextIO) -> None:
 # ---------------------------------------------------------------- contract
 
 
-def run_contract(args: argparse.Namespace, stream: TextIO) -> tuple[int, dict[str, str]]:
-    """Spec + selection + checks; returns (exit code, child env updates).
+def run_contract(
+    args: argparse.Namespace, stream: TextIO, style: str = "check"
+) -> tuple[int, dict[str, str]]:
+    """Config + spec + selection + checks; returns (exit code, child env updates).
+
+    ``style`` is ``check`` (runtime-check's lines) or ``notes`` (runtime-checker's, the design
+    notes' ``[INFO]``/``[CHECK]``/``[SUCCESS]``/``[ERROR] ... Suggestion:`` format).
 
     Example:
         >>> import io, argparse
@@ -171,13 +222,15 @@ def run_contract(args: argparse.Namespace, stream: TextIO) -> tuple[int, dict[st
     """
     mode = args.mode or env_mode()
     if mode != "off":
-        spec = load_spec(args.spec)
+        config = _load_config(args.config)
+        contract = config.runtime_contract if config else None
+        spec = load_spec(args.spec, contract=contract)
         mode = resolve_mode(args.mode, spec.mode)
     if mode == "off":
         _report_off(args, stream)
         return EXIT_OK, {}
     try:
-        return _checked(args, spec, mode, stream)
+        return _checked(args, spec, config, mode, stream, style)
     except RuntimeCheckError:
         raise
     except Exception as exc:  # a checker bug must not silently pass a strict contract
@@ -192,6 +245,24 @@ def run_contract(args: argparse.Namespace, stream: TextIO) -> tuple[int, dict[st
             return EXIT_CONTRACT, {}
         _err(f"{message} (mode {mode}, continuing)")
         return EXIT_OK, {}
+
+
+def _load_config(cli_path: str | None) -> Any:
+    """The accelerator config (None when absent); a spec passed as --config is named as such."""
+    from ml_runtime.selection import load_accelerator_config, looks_like_spec, resolve_config_path
+    from ml_runtime.spec import load_yaml_mapping
+
+    try:
+        return load_accelerator_config(cli_path)
+    except ConfigError:
+        found = resolve_config_path(cli_path)
+        if found is not None and looks_like_spec(load_yaml_mapping(*found)):
+            raise ConfigError(
+                f"{found[1]}: this is a runtime spec (required_features/dependencies), not an accelerator "
+                f"config: pass it with --spec {found[1]} (--config takes accelerator-config.yaml; the notes' "
+                f"runtime-checker --config takes the spec)"
+            ) from None
+        raise
 
 
 def _report_off(args: argparse.Namespace, stream: TextIO) -> None:
@@ -214,25 +285,26 @@ def _report_off(args: argparse.Namespace, stream: TextIO) -> None:
         print("[CHECK] all checks skipped (mode off)", file=stream, flush=True)
 
 
-def _checked(args: argparse.Namespace, spec: Any, mode: str, stream: TextIO) -> tuple[int, dict[str, str]]:
-    from ml_runtime.checks import run_checks, summary_line
+def _checked(
+    args: argparse.Namespace, spec: Any, config: Any, mode: str, stream: TextIO, style: str
+) -> tuple[int, dict[str, str]]:
+    from ml_runtime.checks import notes_lines, run_checks, summary_line
     from ml_runtime.probe import probe_host
-    from ml_runtime.selection import load_accelerator_config, select_devices
+    from ml_runtime.selection import select_devices
 
-    config = load_accelerator_config(args.config)
     # Isolated: this process is about to exec the command and must not hold an accelerator context.
     probe = probe_host(isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features)
     selection = select_devices(config, probe) if config else None
     devices = selection.devices if selection and selection.devices else probe.devices
     results = run_checks(spec, probe, devices)
+    warnings = list(selection.warnings) if selection else []
 
     failed = [r for r in results if not r.ok]
-    selection_failed = bool(selection and not selection.ok)
+    selection_failed = selection is not None and not selection.ok
     if args.json:
-        items = [r.to_dict(mode) for r in results]
+        items: list[dict[str, Any]] = []
         if selection:
-            items.insert(
-                0,
+            items.append(
                 {
                     "item": "device_selection",
                     "found": " ".join(f"{k}={v}" for k, v in selection.env.items())
@@ -245,16 +317,38 @@ def _checked(args: argparse.Namespace, spec: Any, mode: str, stream: TextIO) -> 
                     "selection": selection.to_dict(),
                 },
             )
-        _dump(items, stream)
+        files = {  # last, shaped like a check: which files this report used, and their warnings
+            "item": "contract_files",
+            "found": f"spec {spec.source}; accelerator config {config.source if config else 'none'}",
+            "required": "",
+            "status": "OK",
+            "ok": True,
+            "reason": None,
+            "suggestion": None,
+            "spec": spec.source,
+            "accelerator_config": config.source if config else None,
+            "warnings": warnings,
+        }
+        _dump(items + [r.to_dict(mode) for r in results] + [files], stream)
     else:
-        for line in selection.lines(mode) if selection else []:
-            print(line, file=stream)
-        for result in results:
-            print(result.line(mode), file=stream)
-        stream.flush()
+        lines = [f"[INFO] Loading runtime contract from {spec.source}",
+                 f"[INFO] Accelerator config: {config.source if config else 'none (all devices)'}"]
+        lines += [f"[WARN] {w}" for w in warnings]
+        lines += selection.lines(mode) if selection else []
+        if style == "notes":
+            lines += notes_lines(results, mode)
+            if selection is not None and selection_failed:
+                lines.append(f"[ERROR] Device selection failed: {'; '.join(selection.problems)} "
+                             f"Suggestion: change device_selection_policy in {config.source}, or run on a "
+                             f"host with a matching device.")
+            if not failed and not selection_failed:
+                lines.append("[SUCCESS] All checks passed. Environment is compatible.")
+        else:
+            lines += [r.line(mode) for r in results]
+        print("\n".join(lines), file=stream, flush=True)
 
     summary = summary_line(results, mode)
-    if selection_failed:
+    if selection is not None and selection_failed:
         what = f"device selection failed ({'; '.join(selection.problems)})"
         if summary:
             summary = summary.replace(f"{PROG}: ", f"{PROG}: {what}; ", 1)
@@ -300,9 +394,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
     code, env_updates = run_contract(args, sys.stderr)
     if code != EXIT_OK:
         return code
-    home = private_home()
-    if home is not None:  # any UID (docker run -u, runAsUser) gets a writable HOME for its caches
-        env_updates = {**env_updates, "HOME": home}
     return exec_command(args.command, env_updates)
 
 
@@ -331,6 +422,9 @@ def exec_command(command: Sequence[str], env_updates: dict[str, str]) -> int:
     """
     env = dict(os.environ)
     env.update(env_updates)
+    home = private_home(env.get("HOME", ""))
+    if home is not None:  # any UID (docker run -u, runAsUser) gets a writable HOME for its caches
+        env["HOME"] = home
     sys.stdout.flush()
     sys.stderr.flush()
     try:

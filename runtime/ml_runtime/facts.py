@@ -128,7 +128,7 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     version = getattr(torch, "version", None)
     facts.cuda_version = getattr(version, "cuda", None)
     facts.hip_version = getattr(version, "hip", None)
-    facts.xpu_build = bool(getattr(version, "xpu", None)) or facts.torch_version.endswith("+xpu")
+    facts.xpu_build = bool(getattr(version, "xpu", None)) or str(torch.__version__).endswith("+xpu")
 
     facts.cuda_available = _safe(facts, "torch.cuda.is_available", lambda: bool(torch.cuda.is_available()))
     xpu = getattr(torch, "xpu", None)

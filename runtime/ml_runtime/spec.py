@@ -2,11 +2,12 @@
 
 Which file is used (the first found wins as a whole; files are not merged):
 
-1. ``--spec PATH``
+1. ``--spec PATH`` (``runtime-checker --config PATH``)
 2. the path in ``$RUNTIME_SPEC``
-3. ``/workspace/runtime-spec.yaml`` (the directory can be moved with
+3. ``runtime_contract`` in accelerator-config.yaml (relative to that file)
+4. ``/workspace/runtime-spec.yaml`` (the directory can be moved with
    ``$RUNTIME_WORKSPACE``)
-4. the packaged ``default-spec.yaml``
+5. the packaged ``default-spec.yaml``
 
 Format (exactly what users write)::
 
@@ -18,7 +19,8 @@ Format (exactly what users write)::
     dependencies:
       - name: pytorch
         version_range: ">=2.1.0,<2.2.0"
-        full_distribution: true
+        full_distribution: true           # torch.distributed with this host's backend
+        vendor_agnostic_wheel: true       # torch is the official build the image's wheel mapping names
     mode: strict                          # strict | warn | off
 
 Validation is by hand (no pydantic in images) and every problem is one line
@@ -53,7 +55,7 @@ MODES = ("strict", "warn", "off")
 
 TOP_KEYS = ("required_features", "dependencies", "mode")
 FEATURE_KEYS = ("gpu_compute_capability", "memory_bandwidth_gbps", "driver_version_min", "device_memory_gb")
-DEPENDENCY_KEYS = ("name", "version_range", "full_distribution")
+DEPENDENCY_KEYS = ("name", "version_range", "full_distribution", "vendor_agnostic_wheel")
 DRIVER_VENDORS = ("nvidia", "amd", "intel")
 TORCH_NAMES = ("pytorch", "torch")
 
@@ -90,6 +92,7 @@ class Dependency:
     full_distribution: bool
     path: str
     range_text: str | None = None  # as the user wrote it (SpecifierSet reorders)
+    vendor_agnostic_wheel: bool = False
 
     @property
     def is_torch(self) -> bool:
@@ -216,7 +219,7 @@ def _feature_items(raw: Any, source: str) -> list[tuple[str, str, Any]]:
         return [(f"required_features.{k}", k, v) for k, v in raw.items()]
     if not isinstance(raw, list):
         raise ConfigError(f"{source}: required_features: must be a list of mappings, not {type_name(raw)}")
-    items = []
+    items: list[tuple[str, str, Any]] = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict) or not entry:
             raise ConfigError(
@@ -341,7 +344,12 @@ def _parse_dependencies(raw: Any, source: str) -> tuple[Dependency, ...]:
             Dependency(
                 name=name.strip(),
                 version_range=_parse_range(entry.get("version_range"), f"{source}: {path}.version_range"),
-                full_distribution=_parse_full_distribution(entry, name.strip(), f"{source}: {path}"),
+                full_distribution=_parse_torch_flag(
+                    entry, "full_distribution", name.strip(), f"{source}: {path}"
+                ),
+                vendor_agnostic_wheel=_parse_torch_flag(
+                    entry, "vendor_agnostic_wheel", name.strip(), f"{source}: {path}"
+                ),
                 path=path,
                 range_text=str(entry["version_range"]).strip()
                 if entry.get("version_range") is not None
@@ -366,12 +374,12 @@ def _parse_range(value: Any, where: str) -> SpecifierSet | None:
         ) from None
 
 
-def _parse_full_distribution(entry: dict[str, Any], name: str, where: str) -> bool:
-    value = entry.get("full_distribution", False)
+def _parse_torch_flag(entry: dict[str, Any], key: str, name: str, where: str) -> bool:
+    value = entry.get(key, False)
     if not isinstance(value, bool):
-        raise ConfigError(f"{where}.full_distribution: must be true or false, not {value!r}")
+        raise ConfigError(f"{where}.{key}: must be true or false, not {value!r}")
     if value and name.lower() not in TORCH_NAMES:
-        raise ConfigError(f"{where}.full_distribution: only supported for pytorch")
+        raise ConfigError(f"{where}.{key}: only supported for pytorch")
     return value
 
 
@@ -386,8 +394,12 @@ def workspace_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("RUNTIME_WORKSPACE") or DEFAULT_WORKSPACE)
 
 
-def resolve_spec_path(cli_path: str | None, environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
+def resolve_spec_path(
+    cli_path: str | None, environ: Mapping[str, str] | None = None, contract: Path | None = None
+) -> tuple[Path, str]:
     """(path, label) of the spec to use, following the documented precedence.
+
+    ``contract`` is accelerator-config.yaml's ``runtime_contract``, already resolved.
 
     Example:
         >>> resolve_spec_path(None, {"RUNTIME_WORKSPACE": "/nonexistent"})[0] == DEFAULT_SPEC_PATH
@@ -404,20 +416,28 @@ def resolve_spec_path(cli_path: str | None, environ: Mapping[str, str] | None = 
         if not Path(env_path).is_file():
             raise ConfigError(f"{env_path}: spec file not found (from RUNTIME_SPEC)")
         return Path(env_path), env_path
+    if contract is not None:
+        if not contract.is_file():
+            raise ConfigError(
+                f"{contract}: spec file not found (from runtime_contract in accelerator-config.yaml)"
+            )
+        return contract, str(contract)
     candidate = workspace_dir(env) / SPEC_FILENAME
     if candidate.is_file():
         return candidate, str(candidate)
     return DEFAULT_SPEC_PATH, str(DEFAULT_SPEC_PATH)
 
 
-def load_spec(cli_path: str | None = None, environ: Mapping[str, str] | None = None) -> Spec:
+def load_spec(
+    cli_path: str | None = None, environ: Mapping[str, str] | None = None, contract: Path | None = None
+) -> Spec:
     """Locate, read and validate the spec.
 
     Example:
         >>> load_spec(environ={"RUNTIME_WORKSPACE": "/nonexistent"}).dependencies[0].name
         'pytorch'
     """
-    path, label = resolve_spec_path(cli_path, environ)
+    path, label = resolve_spec_path(cli_path, environ, contract)
     return parse_spec(load_yaml_mapping(path, label), label)
 
 

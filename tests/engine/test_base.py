@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import copy_project, edit_matrix, run_builder
+from helpers import run_builder
+
+from devtools.support import copy_project, edit_matrix
 
 pytestmark = pytest.mark.engine
 

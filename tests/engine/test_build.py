@@ -16,9 +16,10 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
-from helpers import copy_project, edit_matrix, free_port, run_builder
+from helpers import bare_build_project, publish_base_to, run_builder
 
-from builder.smoke import SMOKE_LABEL
+from builder.images.smoke import SMOKE_LABEL
+from devtools.support import copy_project, edit_matrix, free_port, registry_of
 
 pytestmark = pytest.mark.engine
 
@@ -48,7 +49,7 @@ def test_cpu_image_builds_and_passes_smoke(cpu_project, engine):
     assert labels["io.ml-image-builder.torch"] == "2.13.0+cpu"
     assert len(labels["org.opencontainers.image.revision"]) >= 7
     assert labels["org.opencontainers.image.created"]
-    repo = _registry_of(cpu_project)
+    repo = registry_of(cpu_project)
     assert {f"{repo}:{t}" for t in ("cpu", "cpu-torch2.13.0", "latest-cpu")} <= set(info["RepoTags"])
 
 
@@ -56,7 +57,7 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
     """docker save the image and read every layer above the base: no .whl, no pip/uv cache,
     no pip config or netrc. (The base is Debian's own packages: its python3-venv ships the
     ensurepip wheels under /usr/share/python-wheels, which are not ours.)"""
-    repo = f"{_registry_of(cpu_project)}:cpu"
+    repo = f"{registry_of(cpu_project)}:cpu"
     base = json.loads((cpu_project / "base.lock.json").read_text())["image_id"]
     skip = len(engine.api.inspect_image(base)["RootFS"]["Layers"])
     archive = tmp_path / "image.tar"
@@ -78,8 +79,6 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
 
 
 def test_unreachable_index_fails_cleanly_while_others_build(cpu_project):
-    from helpers import free_port
-
     # A loopback port nobody listens on: unreachable on every network, not only on one that
     # happens to block download.pytorch.org.
     index = f"http://127.0.0.1:{free_port()}/whl/rocm5.7"
@@ -103,13 +102,9 @@ def test_no_engine_is_one_line_exit_2(project):
 def test_ctrl_c_mid_build_leaves_nothing_and_resumes(cpu_project, engine, tmp_path):
     """SIGINT during a RUN step: exit 130, no container left, the old tag kept, next run resumes."""
     root = copy_project(tmp_path / "p")
-    repo = _registry_of(cpu_project) + "-interrupt"  # its own tags: other tests keep theirs
+    repo = registry_of(cpu_project) + "-interrupt"  # its own tags: other tests keep theirs
     edit_matrix(root, registry=repo)
-    lock = json.loads((cpu_project / "base.lock.json").read_text())
-    (root / "base.lock.json").write_text(json.dumps({**lock, "reference": lock["reference"].replace(
-        _registry_of(cpu_project) + "/base", repo + "/base")}))
-    engine.api.tag(lock["image_id"], repo + "/base", "bookworm")
-    engine.api.push(repo + "/base", "bookworm")  # same layers, same digest: the lock holds for this repo
+    publish_base_to(engine, cpu_project, root, repo)  # same layers, same digest: the lock holds
     try:
         _interrupt_and_resume(root, repo, engine)
     finally:
@@ -148,12 +143,6 @@ def _interrupt_and_resume(root, repo, engine):
     lines = (root / "images/cpu/Dockerfile").read_text().split("--no-build-isolation")[0].splitlines()
     earlier = [ln for ln in lines if re.match(r"(ENV|RUN|COPY|WORKDIR|LABEL|USER|ARG) ", ln)][:-1]
     assert out["cpu"]["cached_steps"] == len(earlier), (out["cpu"], earlier)
-
-
-def _registry_of(root) -> str:
-    import yaml
-
-    return yaml.safe_load((root / "matrix.yaml").read_text())["registry"]
 
 
 # Interrupts and smoke timeouts on a 2 MB image (FROM scratch + static busybox): seconds, not minutes.
@@ -211,19 +200,14 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
     """build_all over fake targets whose Dockerfiles sleep, SIGINT once they all sleep; return its seconds.
 
     Adds to *decoys* containers that the build must not touch."""
-    from builder import build
+    from builder.images import build
 
     names = [f"t{i}" for i in range(max(jobs, 1))]
     for i, name in enumerate(names):
         (tmp_path / name).mkdir()
         (tmp_path / name / "Dockerfile").write_text(
             f"FROM {busybox} AS common\nRUN echo common\nFROM common\nRUN sleep 30{i}\n")
-    monkeypatch.setattr(build, "ensure_base_present", lambda *a: None)
-    monkeypatch.setattr(build.wheels, "lock_all", lambda *a: {})
-    monkeypatch.setattr(build.wheels, "wheelhouse", lambda: tmp_path)
-    monkeypatch.setattr(build.render, "render", lambda *a: {})
-    monkeypatch.setattr(build.render, "write", lambda *a: None)
-    project = SimpleNamespace(root=tmp_path, matrix=SimpleNamespace(wheelhouse_port=free_port()))
+    project = bare_build_project(monkeypatch, tmp_path)
     targets = [SimpleNamespace(name=n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x")
                for n in names]
 
@@ -261,8 +245,8 @@ def test_interrupt_leaves_no_container_of_its_own_and_only_those(engine, busybox
 
 
 def test_smoke_container_past_its_timeout_fails_the_target(engine, busybox):
-    from builder.errors import TargetFailed
-    from builder.smoke import run_container
+    from builder.config.errors import TargetFailed
+    from builder.images.smoke import run_container
 
     with pytest.raises(TargetFailed, match=r"still running after the 2 s timeout.*docker run --rm -it"):
         run_container(engine, busybox, ["sleep", "60"], timeout=2)

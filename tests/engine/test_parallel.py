@@ -7,24 +7,20 @@ import json
 
 import pytest
 import yaml
-from helpers import copy_project, run_builder
+from helpers import publish_base_to, run_builder
+
+from devtools.support import copy_project
 
 pytestmark = pytest.mark.engine
 
 
 def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, tmp_path):
     root = copy_project(tmp_path / "p")
-    (root / "base.lock.json").write_text((based_project / "base.lock.json").read_text())
     doc = yaml.safe_load((based_project / "matrix.yaml").read_text())
     doc["registry"] = doc["registry"] + "-parallel"
     doc["targets"].append({"name": "cpu-extra", "backend": "cpu", "torch": "2.13.0", "packages": ["six>=1.16"]})
     (root / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    lock = json.loads((root / "base.lock.json").read_text())
-    base_repo = lock["reference"].split("@")[0]
-    lock["reference"] = lock["reference"].replace(base_repo, doc["registry"] + "/base")
-    (root / "base.lock.json").write_text(json.dumps(lock))
-    engine.api.tag(lock["image_id"], doc["registry"] + "/base", "bookworm")
-    engine.api.push(doc["registry"] + "/base", "bookworm")
+    lock = publish_base_to(engine, based_project, root, doc["registry"])
     try:
         proc = run_builder("build", "-t", "cpu", "-t", "cpu-extra", "--jobs", "2", "--no-smoke", "--json", "-q",
                            cwd=root)

@@ -7,9 +7,10 @@ import json
 
 import pytest
 import yaml
-from helpers import copy_project, edit_matrix, run_builder
+from helpers import run_builder
 
-from builder.registry import manifest_digest
+from builder.oci.registry import manifest_digest
+from devtools.support import copy_project, edit_matrix, retarget_base_lock
 
 pytestmark = pytest.mark.engine
 
@@ -17,11 +18,8 @@ pytestmark = pytest.mark.engine
 def _retarget(src_root, dest_root, registry: str) -> None:
     """A project copy publishing to *registry*, with the same base pin."""
     copy_project(dest_root)
-    old = yaml.safe_load((src_root / "matrix.yaml").read_text())["registry"]
     edit_matrix(dest_root, registry=registry)
-    lock = json.loads((src_root / "base.lock.json").read_text())
-    lock["reference"] = lock["reference"].replace(old, registry)
-    (dest_root / "base.lock.json").write_text(json.dumps(lock))
+    retarget_base_lock(src_root, dest_root, registry)
 
 
 @pytest.fixture

@@ -20,19 +20,14 @@ from pathlib import Path
 
 import docker
 import pytest
-from helpers import edit_matrix, free_port, run_builder
+from helpers import publish_base_to, run_builder
 
-from builder import render, wheels, wheelserver
-from builder.build import docker_build
-from builder.project import load_project
+from builder.config.project import load_project
+from builder.images import locks, render, wheelhouse, wheelserver
+from builder.images.build import docker_build
+from devtools.support import edit_matrix, fail_or_skip, free_port
 
 pytestmark = pytest.mark.engine
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {reason}")
-    pytest.skip(reason)
 
 
 def _privileged() -> list[str]:
@@ -41,7 +36,7 @@ def _privileged() -> list[str]:
         return []
     if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False).returncode == 0:
         return ["sudo", "-n"]
-    _unavailable("a second dockerd needs root or passwordless sudo")
+    fail_or_skip("a second dockerd needs root or passwordless sudo")
     return []
 
 
@@ -92,7 +87,7 @@ def second_engine(engine, tmp_path_factory) -> Iterator[str]:
     dockerd = shutil.which("dockerd") or next((p for p in ("/usr/sbin/dockerd", "/usr/bin/dockerd")
                                                if Path(p).is_file()), None)
     if dockerd is None:
-        _unavailable("dockerd is not installed (apt-get install docker.io)")
+        fail_or_skip("dockerd is not installed (apt-get install docker.io)")
     sudo = _privileged()
     data = tmp_path_factory.mktemp("dockerd2")
     # Socket paths are limited to 108 bytes (the exec root holds containerd's): keep these short.
@@ -140,11 +135,7 @@ def _own_copy(based: Path, engine: docker.DockerClient, dest: Path) -> tuple[Pat
     registry = json.loads(run_builder("print", cwd=based).stdout)["registry"]
     repo = registry + "-runners"
     edit_matrix(dest, registry=repo, wheelhouse_port=free_port())
-    lock = json.loads((dest / "base.lock.json").read_text())
-    lock["reference"] = lock["reference"].replace(registry + "/base@", repo + "/base@")
-    (dest / "base.lock.json").write_text(json.dumps(lock))
-    engine.api.tag(lock["image_id"], repo + "/base", "bookworm")
-    engine.api.push(repo + "/base", "bookworm")  # same layers, same digest: the pin holds for this repository
+    publish_base_to(engine, dest, dest, repo)  # same layers, same digest: the pin holds for this repository
     return dest, repo
 
 
@@ -182,9 +173,9 @@ def _cold_build_seconds(client: docker.DockerClient, root: Path, tmp_path: Path)
     project = load_project(copy / "matrix.yaml")
     target = project.target("cpu")
     render.write(render.render(project, [target]))
-    wheels.lock_all(project, [target], print)
+    locks.lock_all(project, [target], print)
     start = time.monotonic()
-    with wheelserver.serve(wheels.wheelhouse(), project.matrix.wheelhouse_port) as wheels_at:
+    with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
         image_id, steps, cached = docker_build(client, project, target, wheels_at=wheels_at)
     seconds = time.monotonic() - start
     assert cached < steps  # it really was cold

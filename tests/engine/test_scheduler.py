@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder import launch
-from builder.project import load_project
+from builder.config.project import load_project
+from builder.host import launch
+from builder.host.plan import build_plan, format_dry_run
 
 pytestmark = pytest.mark.engine
 
@@ -126,16 +127,16 @@ def test_builder_run_writes_as_the_invoking_user(engine, cpu_project, tmp_path, 
     monkeypatch.setattr(os, "getuid", lambda: 1000)
     monkeypatch.setattr(os, "getgid", lambda: 1000)
     project = load_project(cpu_project / "matrix.yaml")
-    plan = launch.build_plan(project, ["python", "-c", "open('ckpt.pt', 'w').write('x')"], target="cpu",
+    plan = build_plan(project, ["python", "-c", "open('ckpt.pt', 'w').write('x')"], target="cpu",
                              cwd=workdir)
-    assert plan.user == "1000:1000" and "--user 1000:1000" in launch.format_dry_run(plan)
+    assert plan.user == "1000:1000" and "--user 1000:1000" in format_dry_run(plan)
     monkeypatch.undo()
     status = launch.launch(plan, say=lambda line: None)
     assert status == 0
     ckpt = Path(workdir / "ckpt.pt")
     assert ckpt.read_text() == "x" and (ckpt.stat().st_uid, ckpt.stat().st_gid) == (1000, 1000)
     # As the image's user (what root gets), the same folder refuses the write: the reason for the default.
-    image_user = launch.build_plan(project, ["python", "-c", "open('ckpt2.pt', 'w').write('x')"], target="cpu",
+    image_user = build_plan(project, ["python", "-c", "open('ckpt2.pt', 'w').write('x')"], target="cpu",
                                    user="image", cwd=workdir)
     assert image_user.user is None
     assert launch.launch(image_user, say=lambda line: None) != 0

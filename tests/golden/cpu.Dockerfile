@@ -57,6 +57,9 @@ LABEL \
 USER 1001:1001
 # tini is PID 1: it forwards SIGTERM (docker stop, Slurm, Kubernetes) to the command and reaps
 # orphans such as DataLoader workers; as a subreaper it also works under `docker run --init`.
-ENV TINI_SUBREAPER=1
+# The runtime's vendor_agnostic_wheel check compares torch with what the wheel mapping names.
+ENV TINI_SUBREAPER=1 \
+    ML_RUNTIME_TORCH="2.13.0+cpu" \
+    ML_RUNTIME_FLAVOUR="cpu"
 ENTRYPOINT ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]
 CMD ["runtime-check", "probe"]

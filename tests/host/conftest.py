@@ -1,11 +1,10 @@
-"""Fixtures for the host tests: a tiny project, the engine, a busybox image tagged like a target.
+"""Fixtures for the host tests: a tiny project, a busybox image tagged like a target (the engine: tests/conftest.py).
 
 Sysfs and /dev layouts live in hostlayouts.py.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -13,12 +12,12 @@ from pathlib import Path
 
 import docker
 import pytest
-from docker.errors import DockerException, NotFound
+from docker.errors import NotFound
 
-from builder.launch import RUN_LABEL
-from builder.project import Project, load_project
+from builder.config.project import Project, load_project
+from builder.host.plan import RUN_LABEL
+from devtools.support import REPO, fail_or_skip
 
-MAIN = Path(__file__).resolve().parents[2]
 TEST_LABEL = "io.ml-image-builder.test"
 
 
@@ -27,12 +26,12 @@ def project_dir(tmp_path: Path) -> Path:
     """A copy of the project's matrix and wheel mapping with a registry no one else uses."""
     folder = tmp_path / "project"
     folder.mkdir()
-    text = (MAIN / "matrix.yaml").read_text()
+    text = (REPO / "matrix.yaml").read_text()
     registry = f"localhost:5999/builder-hosttest-{uuid.uuid4().hex[:10]}"
     (folder / "matrix.yaml").write_text(
         text.replace("registry: localhost:5000/ml-runtime", f"registry: {registry}", 1)
     )
-    shutil.copy(MAIN / "wheel-mapping.json", folder / "wheel-mapping.json")
+    shutil.copy(REPO / "wheel-mapping.json", folder / "wheel-mapping.json")
     return folder
 
 
@@ -41,29 +40,11 @@ def project(project_dir: Path) -> Project:
     return load_project(project_dir / "matrix.yaml", allow_unpinned=True)
 
 
-@pytest.fixture(scope="session")
-def engine() -> Iterator[docker.DockerClient]:
-    """A client whose engine answered; fails under CI (env CI set), skips elsewhere."""
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except DockerException as exc:
-        message = f"no Docker engine answers ({exc})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}; CI must run the engine tests")
-        pytest.skip(message)
-    yield client
-    client.close()
-
-
 def busybox_binary() -> Path:
     for candidate in ("/bin/busybox", "/usr/bin/busybox"):
         if Path(candidate).is_file():
             return Path(candidate)
-    message = "no static busybox (apt-get install busybox-static)"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    fail_or_skip("no static busybox (apt-get install busybox-static)")
 
 
 @pytest.fixture

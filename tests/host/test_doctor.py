@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from hostlayouts import H200, MI300X, make_dev, make_sysfs
 
-from builder import doctor
-from builder.commands_host import doctor_cmd
+from builder.cli.host import doctor_cmd
+from builder.host import doctor
 
 
 def by_item(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
@@ -94,7 +94,7 @@ def test_nvidia_cdi_spec_counts(dead_engine: str, project_dir: Path, tmp_path: P
 
 def test_nvidia_runtime_missing_from_engine(project_dir: Path, tmp_path: Path) -> None:
     ctx = doctor.Context(
-        host=doctor.hostdetect.detect(
+        host=doctor.hardware.detect(
             make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0")
         ),
         info={"Runtimes": {"runc": {}}},
@@ -133,7 +133,7 @@ def test_missing_tools_and_low_disk(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     monkeypatch.chdir(tmp_path)
-    ctx = doctor.Context(host=doctor.hostdetect.HostGpus())
+    ctx = doctor.Context(host=doctor.hardware.HostGpus())
     doctor.check_config(ctx)  # cwd has no matrix: a FAIL, and both tools count as needed
     tools = by_item(doctor.check_tools(ctx))
     assert tools["mmdebstrap"].status == "fail" and tools["mmdebstrap"].fix == "apt-get install mmdebstrap"

@@ -18,20 +18,23 @@ import pytest
 from click.testing import CliRunner
 from hostlayouts import H200, IGPU, MAX1550, MI300X, make_dev, make_sysfs
 
-from builder import hostdetect, launch
-from builder.commands_host import run_cmd
-from builder.errors import UserError
-from builder.launch import RUN_LABEL, build_plan, choose_target, device_flags
-from builder.project import Project
+from builder.cli.host import run_cmd
+from builder.config.errors import UserError
+from builder.config.project import Project
+from builder.host import hardware, launch
+from builder.host.devices import device_flags
+from builder.host.plan import RUN_LABEL, build_plan, format_dry_run, parse_env
+from builder.host.targets import choose_target
+from devtools.support import fail_or_skip
 
 NVIDIA_NODES = ("nvidia0", "nvidiactl")
 AMD_NODES = ("kfd", "dri/card0", "dri/renderD128")
 INTEL_NODES = ("dri/card0", "dri/renderD128")
 
 
-def fake_host(tmp_path: Path, *devices, nodes=(), gid: int | None = None) -> hostdetect.HostGpus:
+def fake_host(tmp_path: Path, *devices, nodes=(), gid: int | None = None) -> hardware.HostGpus:
     gid = gid if os.geteuid() == 0 else None
-    return hostdetect.detect(
+    return hardware.detect(
         make_sysfs(tmp_path / "sys", *devices),
         make_dev(tmp_path / "dev", *nodes, gid=gid),
         nvidia_runtime=False,
@@ -76,9 +79,9 @@ def test_no_gpus_and_forced_vendor(project: Project, tmp_path: Path) -> None:
 
 
 def test_explicit_target(project: Project, tmp_path: Path) -> None:
-    assert choose_target(project, "nvidia-cu118", hostdetect.HostGpus())[0].name == "nvidia-cu118"
+    assert choose_target(project, "nvidia-cu118", hardware.HostGpus())[0].name == "nvidia-cu118"
     with pytest.raises(UserError, match="unknown target 'nope'"):
-        choose_target(project, "nope", hostdetect.HostGpus())
+        choose_target(project, "nope", hardware.HostGpus())
 
 
 def test_vendor_without_target_falls_back_to_cpu(project: Project, tmp_path: Path) -> None:
@@ -87,7 +90,7 @@ def test_vendor_without_target_falls_back_to_cpu(project: Project, tmp_path: Pat
     assert target.name == "cpu" and why.endswith("matrix.yaml has no intel target, so the cpu one")
     only_gpu = dataclasses.replace(project, targets=[t for t in project.targets if t.vendor != "cpu"])
     with pytest.raises(UserError, match="no cpu target to run here; add one"):
-        choose_target(only_gpu, "auto", hostdetect.HostGpus(), environ={})
+        choose_target(only_gpu, "auto", hardware.HostGpus(), environ={})
 
 
 # --- device flags --------------------------------------------------------------------------
@@ -107,7 +110,7 @@ def test_nvidia_flags(project: Project, tmp_path: Path) -> None:
 
 
 def _host_gids(*names: str) -> set[int]:
-    return {gid for gid in hostdetect.group_gids(names).values() if gid != 0}
+    return {gid for gid in hardware.group_gids(names).values() if gid != 0}
 
 
 def test_amd_flags(project: Project, tmp_path: Path) -> None:
@@ -121,7 +124,7 @@ def test_amd_flags(project: Project, tmp_path: Path) -> None:
     assert set(plan.group_add) == expected and kwargs["group_add"] == [str(g) for g in sorted(expected)]
     assert kwargs["ipc_mode"] == "host" and kwargs["shm_size"] == "8g"
     assert plan.problems == ()
-    if "render" not in hostdetect.group_gids(["render"]):
+    if "render" not in hardware.group_gids(["render"]):
         assert "host has no 'render' group; relying on the device nodes' groups" in plan.notes
 
 
@@ -140,7 +143,7 @@ def test_intel_flags(project: Project, tmp_path: Path) -> None:
 
 
 def test_cpu_flags(project: Project, tmp_path: Path) -> None:
-    plan = build_plan(project, ["true"], host=hostdetect.HostGpus(), environ={}, cwd=tmp_path)
+    plan = build_plan(project, ["true"], host=hardware.HostGpus(), environ={}, cwd=tmp_path)
     kwargs = plan.create_kwargs()
     assert plan.target.name == "cpu"
     assert (kwargs["device_requests"], kwargs["devices"], kwargs["group_add"]) == (None, None, None)
@@ -158,7 +161,7 @@ def test_cpu_flags(project: Project, tmp_path: Path) -> None:
 
 def test_gpu_target_on_a_host_without_it_is_refused(project: Project, tmp_path: Path) -> None:
     plan = build_plan(
-        project, ["true"], target="amd-rocm5.7", host=hostdetect.HostGpus(), environ={}, cwd=tmp_path
+        project, ["true"], target="amd-rocm5.7", host=hardware.HostGpus(), environ={}, cwd=tmp_path
     )
     assert len(plan.problems) == 3
     assert "pass --no-gpus to run it without GPUs" in plan.problems[0]
@@ -169,7 +172,7 @@ def test_gpu_target_on_a_host_without_it_is_refused(project: Project, tmp_path: 
         ["true"],
         target="amd-rocm5.7",
         gpus=False,
-        host=hostdetect.HostGpus(),
+        host=hardware.HostGpus(),
         environ={},
         cwd=tmp_path,
     )
@@ -179,7 +182,7 @@ def test_gpu_target_on_a_host_without_it_is_refused(project: Project, tmp_path: 
 
 def test_flags_without_the_engine_helper(project: Project) -> None:
     flags = device_flags(
-        project.target("nvidia-cu130"), hostdetect.HostGpus(), environ={"BUILDER_VENDOR": "nvidia"}
+        project.target("nvidia-cu130"), hardware.HostGpus(), environ={"BUILDER_VENDOR": "nvidia"}
     )
     assert flags.gpus and flags.problems == ()  # forced: trust the user, the engine will tell
 
@@ -195,7 +198,7 @@ def test_environment(project: Project, tmp_path: Path) -> None:
         target="nvidia-cu130",
         gpus=False,
         env=["SEED=1", "HF_TOKEN", "RANK=3"],
-        host=hostdetect.HostGpus(),
+        host=hardware.HostGpus(),
         environ=host_env,
         cwd=tmp_path,
     )
@@ -210,9 +213,9 @@ def test_environment(project: Project, tmp_path: Path) -> None:
         "HF_TOKEN": "x",
     }
     with pytest.raises(UserError, match="--env NOPE: not set on the host"):
-        launch.parse_env(["NOPE"], {})
+        parse_env(["NOPE"], {})
     with pytest.raises(UserError, match="expected KEY=VALUE"):
-        launch.parse_env(["=1"], {})
+        parse_env(["=1"], {})
 
 
 # --- dry run -------------------------------------------------------------------------------
@@ -345,7 +348,7 @@ def test_interrupt_stops_and_removes(
     engine, image: str, project: Project, workspace: Path, signum: int
 ) -> None:
     plan = build_plan(
-        project, ["sh", "-c", "echo started; sleep 60"], target="cpu", host=hostdetect.HostGpus()
+        project, ["sh", "-c", "echo started; sleep 60"], target="cpu", host=hardware.HostGpus()
     )
 
     class Sink:
@@ -366,7 +369,7 @@ def test_interrupt_stops_and_removes(
 
 @pytest.mark.engine
 def test_missing_image_says_how_to_build_it(engine, project: Project, workspace: Path) -> None:
-    plan = build_plan(project, ["true"], target="nvidia-cu118", gpus=False, host=hostdetect.HostGpus())
+    plan = build_plan(project, ["true"], target="nvidia-cu118", gpus=False, host=hardware.HostGpus())
     with pytest.raises(UserError, match=r"make images TARGETS=nvidia-cu118") as info:
         launch.launch(plan, client=engine, say=lambda line: None)
     assert plan.image in str(info.value) and "pulling it failed" in str(info.value)
@@ -376,11 +379,9 @@ def test_missing_image_says_how_to_build_it(engine, project: Project, workspace:
 def test_dry_run_line_runs_the_same(engine, image: str, project: Project, workspace: Path) -> None:
     if shutil.which("docker") is None:
         # Like the engine fixture: a silent skip in CI would hide that --dry-run is never checked.
-        if os.environ.get("CI"):
-            pytest.fail("CI is set but there is no docker CLI to run the dry-run line; apt-get install docker.io")
-        pytest.skip("no docker CLI to run the dry-run line")
-    plan = build_plan(project, ["sh", "-c", SCRIPT], target="cpu", env=["SEED=5"], host=hostdetect.HostGpus())
-    line = launch.format_dry_run(plan)
+        fail_or_skip("there is no docker CLI to run the dry-run line; apt-get install docker.io")
+    plan = build_plan(project, ["sh", "-c", SCRIPT], target="cpu", env=["SEED=5"], host=hardware.HostGpus())
+    line = format_dry_run(plan)
     done = subprocess.run(["sh", "-c", line], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr
     assert done.stdout == "out 1 0 5\nhello from the host\n1001\n"

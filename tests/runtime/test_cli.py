@@ -117,7 +117,8 @@ def test_spec_error_is_one_line_exit_2(run_cli, tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "runtime-spec.yaml: required_features[0].gpu_compute_capability: 'sm8' is not a valid compute "
-        "capability (expected sm_XY, gfxNNN[a-z] or an Intel family (pvc, dg2, bmg) / device id 0xNNNN)"
+        "capability (expected sm_XY, gfxNNN[a-z] or an Intel family (pvc, dg2, bmg; or Xe_HPC, Xe_HPG, Xe2_HPG) "
+        "/ device id 0xNNNN)"
     )
     assert result.stdout == ""
 
@@ -145,7 +146,7 @@ def test_default_spec_passes_on_this_cpu_host_and_json_is_a_list(run_cli):
     result = run_cli("check", "--json")
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)
-    assert [i["item"] for i in items] == ["pytorch", "pytorch.full_distribution"]
+    assert [i["item"] for i in items] == ["pytorch", "pytorch.full_distribution", "contract_files"]
     assert all(i["status"] == "OK" for i in items)
 
 

@@ -19,7 +19,7 @@ def test_pyproject_metadata():
     project = tomllib.loads((RUNTIME / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert (project["name"], project["version"]) == ("ml-runtime", "0.1.0")
     assert project["dependencies"] == ["pyyaml", "packaging"]  # torch deliberately undeclared
-    assert project["scripts"] == {"runtime-check": "ml_runtime.cli:main"}
+    assert project["scripts"] == {"runtime-check": "ml_runtime.cli:main", "runtime-checker": "ml_runtime.cli:checker_main"}
 
 
 def test_package_is_pure_python_with_its_default_spec():

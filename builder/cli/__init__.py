@@ -1,0 +1,62 @@
+"""The ``builder`` command line: the ``builder`` group and its entry point, :func:`main`.
+
+The commands live beside it: ``cli/images.py`` (render, print, matrix, lint, base, lock, build,
+smoke, push, bake) and ``cli/host.py`` (doctor, run); ``cli/options.py`` holds the options they
+share. A new command goes into the module of its kind, as a ``@click.command`` added to the group
+below; it stays a thin layer over a module of :mod:`builder.images` or :mod:`builder.host`. Only
+this package imports click.
+
+User errors (``UserError``) print one line per problem and exit 2; a failing target exits 1.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from builder.cli.host import doctor_cmd, run_cmd
+from builder.cli.images import (
+    bake_cmd,
+    base_cmd,
+    build_cmd,
+    lint_cmd,
+    lock_cmd,
+    matrix_cmd,
+    print_cmd,
+    push_cmd,
+    render_cmd,
+    smoke_cmd,
+)
+from builder.config.errors import UserError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ml-image-builder")
+def cli() -> None:
+    """Build, test and publish one ML image per accelerator backend from matrix.yaml."""
+
+
+for _command in (render_cmd, print_cmd, matrix_cmd, lint_cmd, base_cmd, lock_cmd, build_cmd, smoke_cmd, push_cmd,
+                 doctor_cmd, run_cmd, bake_cmd):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Entry point: map user errors to exit 2 with one line per problem, never a traceback."""
+    try:
+        code = cli.main(standalone_mode=False)
+    except UserError as exc:
+        for line in exc.lines:
+            click.echo(f"error: {line}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

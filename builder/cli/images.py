@@ -1,0 +1,264 @@
+"""The image commands: ``render``, ``print``, ``matrix``, ``lint``, ``base``, ``lock``, ``build``,
+``smoke``, ``push`` and ``bake``. Each is a thin layer over one module of :mod:`builder.images`
+(or the resolved config, :mod:`builder.config.project`), imported when the command runs.
+
+Example:
+    $ builder render --check
+    $ builder build -t cpu --json
+    $ builder bake --print -t cpu       # the docker-bake.json definition on stdout
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from builder.cli.options import project_options, target_option
+from builder.config.errors import UserError
+from builder.config.project import Project, load_project
+
+
+@click.command("render")
+@project_options
+@target_option
+@click.option("--check", is_flag=True, help="Exit 1 if images/ differs from a fresh render; write nothing.")
+def render_cmd(project: Project, targets: tuple[str, ...], check: bool) -> None:
+    """Write images/<target>/Dockerfile for each target (atomically)."""
+    from builder.images import render
+
+    selected = project.select(targets, group="all")
+    if check:
+        diff = render.check(project, selected if targets else project.targets)
+        if diff:
+            sys.stdout.writelines(diff)
+            click.echo("images/ is stale: run 'builder render' and commit the result", err=True)
+            sys.exit(1)
+        click.echo(f"images/ is up to date ({len(selected)} targets)")
+        return
+    changed = render.write(render.render(project, selected))
+    for path in changed:
+        click.echo(f"wrote {path.relative_to(project.root)}")
+    if not targets:
+        for folder in render.stale_folders(project):
+            click.echo(f"note: {folder.relative_to(project.root)}/ belongs to no target; delete it", err=True)
+    if not changed:
+        click.echo(f"images/ already up to date ({len(selected)} targets)")
+
+
+@click.command("print")
+@project_options
+@target_option
+def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
+    """Print the fully resolved configuration as JSON, without building (like bake --print)."""
+    data = project.resolved()
+    if targets:
+        names = {t.name for t in project.select(targets)}
+        data["targets"] = [t for t in data["targets"] if t["name"] in names]
+    click.echo(json.dumps(data, indent=2))
+
+
+@click.command("matrix")
+@project_options
+@click.option("--format", "fmt", type=click.Choice(["json", "github"]), default="json", show_default=True,
+              help="json: a list of targets; github: {'include': [...]} for strategy.matrix via fromJSON.")
+@click.option("--group", default="default", show_default=True, help="Which group of targets.")
+def matrix_cmd(project: Project, fmt: str, group: str) -> None:
+    """Print the targets of a group for a CI matrix."""
+    try:
+        names = project.matrix.group(group)
+    except KeyError:
+        raise UserError(f"--group: unknown group {group!r} (known: default, all, {', '.join(project.matrix.groups)})")
+    rows = [
+        {"target": t.name, "backend": t.backend, "vendor": t.vendor, "torch": t.torch_pin, "tags": t.tags}
+        for t in (project.target(n) for n in names)
+    ]
+    click.echo(json.dumps({"include": rows} if fmt == "github" else rows, separators=(",", ":")))
+
+
+@click.command("lint")
+@project_options
+@target_option
+def lint_cmd(project: Project, targets: tuple[str, ...]) -> None:
+    """Run hadolint on the rendered Dockerfiles (failure threshold: warning)."""
+    from builder.images import lint
+
+    problems = lint.lint(project, project.select(targets, group="all"))
+    for line in problems:
+        click.echo(line)
+    if problems:
+        sys.exit(1)
+    click.echo("hadolint: clean")
+
+
+@click.command("base")
+@project_options(pinned=False)
+@click.option("--check", is_flag=True, help="Bootstrap afresh and say whether base.lock.json still matches (exit 1 if not).")
+@click.option("--update", is_flag=True, help="Re-pin when a fresh bootstrap differs from the lock (mirror moved).")
+def base_cmd(project: Project, check: bool, update: bool) -> None:
+    """Make (or reuse), push and pin the shared base in base.lock.json."""
+    import tempfile
+
+    from builder.config.baselock import read_lock
+    from builder.images import base, render
+
+    spec = project.matrix.base.bootstrap
+    if check:
+        lock = read_lock(project.root)
+        if spec is None or lock is None:
+            raise UserError("base --check needs a bootstrap: spec and a base.lock.json; run 'builder base' first")
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            image_id, rootfs = base.image_id_of(spec, Path(tmp))
+        if image_id == lock.image_id:
+            click.echo(f"base.lock.json matches a fresh bootstrap ({image_id})")
+            return
+        click.echo(f"base drift: a fresh bootstrap is {image_id}, base.lock.json pins {lock.image_id}")
+        for line in base.drift_report(lock.packages, rootfs.packages):
+            click.echo(line)
+        click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
+        sys.exit(1)
+    from builder.oci.engine import connect
+
+    lock = base.ensure_base(connect(), project, update=update, say=click.echo)
+    click.echo(f"base: {lock.reference} (image {lock.image_id})")
+    fresh = load_project(project.matrix_path, project.mapping_path)
+    changed = render.write(render.render(fresh, fresh.targets))
+    if changed:
+        click.echo(f"re-rendered {len(changed)} Dockerfiles for the new base pin")
+
+
+@click.command("lock")
+@project_options
+@target_option
+def lock_cmd(project: Project, targets: tuple[str, ...]) -> None:
+    """Resolve wheels on the host into the wheelhouse and write the hash locks."""
+    from builder.images import locks
+
+    failed = locks.lock_all(project, project.select(targets), click.echo)
+    for name, error in failed.items():
+        click.echo(f"{name}: {error}", err=True)
+    sys.exit(1 if failed else 0)
+
+
+def _report(outcomes: list[Any], as_json: bool) -> None:
+    from builder.images.progress import summary
+
+    if as_json:
+        keys = ("target", "tags", "image_id", "size_bytes", "seconds", "smoke", "steps", "cached_steps",
+                "digest", "error")
+        click.echo(json.dumps([{k: o.as_dict()[k] for k in keys} for o in outcomes], indent=2))
+    else:
+        from rich.console import Console
+
+        Console(stderr=True).print(summary(outcomes))
+    if any(o.error for o in outcomes):
+        sys.exit(1)
+
+
+@click.command("build")
+@project_options
+@target_option
+@click.option("--push", is_flag=True, help="Push every tag after the smoke test passes (aliases last).")
+@click.option("--keep-going", "-k", is_flag=True, help="A failing target doesn't stop the others.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout.")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Targets built concurrently; the shared stage is built once first.")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke test (the result says 'skipped').")
+@click.option("--quiet", "-q", is_flag=True, help="Progress bars only, no build log.")
+def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
+              jobs: int, no_smoke: bool, quiet: bool) -> None:
+    """Build, smoke-test, tag (and push) targets with docker-py."""
+    from builder.images.build import build_all
+    from builder.images.progress import Progress
+    from builder.oci.engine import connect
+
+    client = connect()
+    if push:
+        from builder.oci.localregistry import ensure_local
+
+        started = ensure_local(project.matrix.registry.split("/", 1)[0])
+        if started:
+            click.echo(started, err=True)
+    with Progress(verbose=not quiet) as ui:
+        outcomes = build_all(client, project, project.select(targets), ui, push=push, smoke=not no_smoke,
+                             keep_going=keep_going, jobs=jobs)
+    _report(outcomes, as_json)
+
+
+@click.command("smoke")
+@project_options
+@target_option
+@click.option("--no-train", is_flag=True, help="Skip the 2-process accelerate training run.")
+def smoke_cmd(project: Project, targets: tuple[str, ...], no_train: bool) -> None:
+    """Smoke-test the tagged images of targets (build them first)."""
+    from builder.images.smoke import smoke_test
+    from builder.oci.engine import connect
+
+    client = connect()
+    failed = False
+    for target in project.select(targets):
+        try:
+            client.api.inspect_image(target.primary_ref)
+        except Exception:  # noqa: BLE001 - docker raises ImageNotFound or APIError
+            click.echo(f"{target.name}: SKIPPED (no image {target.primary_ref}; run 'builder build -t {target.name}')")
+            continue
+        result = smoke_test(client, project, target, target.primary_ref, train=not no_train, log=click.echo)
+        for line in result.skipped:
+            click.echo(f"{target.name}: {line}")
+        click.echo(f"{target.name}: {result.status.upper()} ({result.summary()})")
+        failed |= result.status == "failed"
+    sys.exit(1 if failed else 0)
+
+
+@click.command("push")
+@project_options
+@target_option
+def push_cmd(project: Project, targets: tuple[str, ...]) -> None:
+    """Push already-built targets (versioned tags first, then latest-<vendor>)."""
+    from builder.config.errors import TargetFailed
+    from builder.images import publish
+    from builder.oci.engine import connect
+
+    client = connect()
+    records, failed = [], False
+    for target in project.select(targets):
+        try:
+            image_id = client.api.inspect_image(target.primary_ref)["Id"]
+            records.append(publish.push_target(client, target, image_id))
+            click.echo(f"{target.name}: pushed {records[-1]['reference']}")
+        except TargetFailed as exc:
+            click.echo(f"{target.name}: {exc}", err=True)
+            failed = True
+        except Exception as exc:  # noqa: BLE001 - ImageNotFound / APIError
+            click.echo(f"{target.name}: no local image {target.primary_ref} ({exc.__class__.__name__}); build it first",
+                       err=True)
+            failed = True
+    if records:
+        click.echo(f"published manifest: {publish.record(project.root, records)}")
+    sys.exit(1 if failed else 0)
+
+
+@click.command("bake")
+@project_options
+@target_option
+@click.option("--output", "-o", "output", default=None, type=click.Path(dir_okay=False),
+              help="Where to write it (default: docker-bake.json beside the matrix).")
+@click.option("--print", "to_stdout", is_flag=True, help="Print the definition on stdout instead of writing it.")
+def bake_cmd(project: Project, targets: tuple[str, ...], output: str | None, to_stdout: bool) -> None:
+    """Write the matrix as a docker-bake.json (targets, tags, labels, groups, registry cache)."""
+    from builder.config.files import atomic_write
+    from builder.images import wheelserver
+    from builder.images.bake import bake_definition
+
+    text = json.dumps(bake_definition(project, project.select(targets, group="all")), indent=2) + "\n"
+    if to_stdout:
+        click.echo(text, nl=False)
+        return
+    path = Path(output) if output else project.root / "docker-bake.json"
+    atomic_write(path, text)
+    port = project.matrix.wheelhouse_port
+    click.echo(f"wrote {path}; before 'docker buildx bake -f {path.name}', run 'builder lock' and serve the "
+               f"wheelhouse on 127.0.0.1:{port} (the Dockerfiles install from {wheelserver.url(port)})")

@@ -1,0 +1,61 @@
+"""Options every ``builder`` command shares (kept apart so command modules can import them)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from builder.config.project import load_project
+
+
+def _index_pairs(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        key, sep, url = value.partition("=")
+        if not sep or not key or not url:
+            raise click.BadParameter(f"{value!r}: expected KEY=URL, e.g. rocm5.7=https://mirror.example/whl/rocm5.7")
+        out[key] = url
+    return out
+
+
+def project_options(func: Callable[..., Any] | None = None, *, pinned: bool = True) -> Any:
+    """Options every command shares: where the matrix and wheel mapping are, mirrors, pinning.
+
+    ``pinned=False`` is for ``builder base``, which writes the pin the others need.
+    """
+    if func is None:
+        return functools.partial(project_options, pinned=pinned)
+
+    @click.option(
+        "--matrix", "matrix_path", default="matrix.yaml", show_default=True, type=click.Path(dir_okay=False),
+        help="The build matrix; its folder is the project root (templates/, images/, base.lock.json).",
+    )
+    @click.option(
+        "--wheel-mapping", "mapping_path", default=None, type=click.Path(dir_okay=False),
+        help="Wheel mapping (default: wheel-mapping.json beside the matrix).",
+    )
+    @click.option(
+        "--index", "indexes", multiple=True, metavar="KEY=URL",
+        help="Point a wheel-mapping entry at a mirror (also BUILDER_INDEX_<KEY>=URL).",
+    )
+    @click.option(
+        "--allow-unpinned", is_flag=True, help="Accept a base not pinned by digest (never for published images).",
+    )
+    @functools.wraps(func)
+    def wrapper(matrix_path: str, mapping_path: str | None, indexes: tuple[str, ...], allow_unpinned: bool, **kw: Any):
+        project = load_project(
+            matrix_path, mapping_path, allow_unpinned=allow_unpinned or not pinned,
+            index_overrides=_index_pairs(indexes),
+        )
+        return func(project, **kw)
+
+    return wrapper
+
+
+target_option = click.option(
+    "--target", "-t", "targets", multiple=True, metavar="T",
+    help="Target or group name (repeatable); default: the 'default' group.",
+)

@@ -1,0 +1,15 @@
+"""The bottom layer: what the project says, read and checked, with no engine, network or host in sight.
+
+- ``matrix.py``: ``matrix.yaml``'s models (every key documented where it is declared);
+  ``wheelmap.py``: ``wheel-mapping.json``'s (index, local suffix, torch releases, run flags);
+  ``grammar.py``: the names, versions and URLs both accept.
+- ``loaders.py`` (YAML/JSON with file:line errors), ``validation.py`` (one line per problem),
+  ``errors.py`` (``UserError``: exit 2 with a fix; ``TargetFailed``: one target failed).
+- ``project.py``: the resolution: matrix + wheel mapping + base pin -> ``ResolvedTarget``\\ s
+  (tags, labels, torch pin, index, device flags); ``baselock.py``: ``base.lock.json``.
+- ``files.py``: atomic writes; ``state.py``: the user's state folder (wheelhouse, local registry).
+
+A new matrix key goes into ``matrix.py`` (and, if it changes a target, ``project.py``); a new
+backend starts in ``wheel-mapping.json`` (``wheelmap.py`` says what an entry may hold).
+This package imports nothing else of the project (``lint-imports`` checks it).
+"""

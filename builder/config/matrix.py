@@ -1,0 +1,203 @@
+"""``matrix.yaml``: the build matrix, validated with pydantic.
+
+Every field is documented where it is declared; ``builder print`` shows the resolved result.
+Validation errors are turned into one line per problem by ``builder.config.validation``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from packaging.utils import canonicalize_name
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from builder.config import grammar as g
+
+Backend = Literal["cuda", "rocm", "xpu", "cpu"]
+
+#: Python version each supported Debian suite ships; the templates use the distribution's python3.
+SUITE_PYTHON = {"bookworm": "3.11", "trixie": "3.13"}
+#: glibc of each suite, for the manylinux tags the wheel resolver may accept.
+SUITE_GLIBC = {"bookworm": (2, 36), "trixie": (2, 41)}
+
+
+def _grammar(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    return AfterValidator(lambda v: g.check(pattern, v, what))
+
+
+#: Vendor names users write (the design notes' GPU_BACKEND values) for the canonical backends.
+BACKEND_ALIASES = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu", "oneapi": "xpu"}
+#: Packages whose advice is outdated: refused with the replacement.
+RETIRED_PACKAGES = {
+    "intel-extension-for-pytorch": "it is retired (last GPU build 2.8.10+xpu): native torch.xpu in the xpu "
+    "index's torch (2.5 and later) replaces it; remove it and use an xpu target",
+}
+
+
+def _not_retired(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    key = canonicalize_name(name[0]) if name else ""
+    if key in RETIRED_PACKAGES:
+        raise ValueError(f"{requirement!r}: {RETIRED_PACKAGES[key]}")
+    return requirement
+
+
+Tag = Annotated[str, _grammar(g.TAG, "a Docker tag (lowercase letters, digits, '_', '.', '-'; max 128)")]
+Requirement = Annotated[
+    str,
+    _grammar(g.REQUIREMENT, "a pip requirement like 'name==1.2' (no URLs, markers, quotes or spaces)"),
+    AfterValidator(_not_retired),
+]
+DebName = Annotated[str, _grammar(g.DEB_NAME, "a Debian package or suite name")]
+Url = Annotated[str, _grammar(g.URL, "an http(s):// or file:// URL without spaces or quotes")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Bootstrap(_Strict):
+    """How ``builder base`` makes the base root file system with mmdebstrap."""
+
+    suite: DebName = Field(description="Debian suite: bookworm (Python 3.11) or trixie (Python 3.13).")
+    mirror: Url = Field(description="Debian mirror URL given to mmdebstrap.")
+    variant: Literal["minbase", "essential", "apt"] = Field(
+        "minbase", description="mmdebstrap variant; minbase is the smallest with apt."
+    )
+    packages: list[DebName] = Field(
+        default_factory=list,
+        description="Debian packages to include: python3, python3-venv and tini (the images' init) at least.",
+    )
+    source_date_epoch: int = Field(
+        ge=0, description="SOURCE_DATE_EPOCH: fixed timestamps make the tarball and image ID reproducible."
+    )
+
+    @model_validator(mode="after")
+    def _suite_known(self) -> Bootstrap:
+        if self.suite not in SUITE_PYTHON:
+            raise ValueError(f"suite {self.suite!r} is not supported (allowed: {', '.join(SUITE_PYTHON)})")
+        missing = {"python3", "python3-venv", "tini"} - set(self.packages)
+        if missing:
+            raise ValueError(f"packages must include {', '.join(sorted(missing))} (the images' Python and init)")
+        return self
+
+
+class Base(_Strict):
+    """The shared base every target starts from: exactly one of ``image`` or ``bootstrap``."""
+
+    image: Annotated[str, _grammar(g.IMAGE_REF, "an image reference")] | None = Field(
+        None,
+        description="An existing image, pinned by digest: name@sha256:<64 hex>. It must carry python3, "
+        "python3-venv and /usr/bin/tini (the images' init, PID 1).",
+    )
+    bootstrap: Bootstrap | None = Field(None, description="Build the base locally with mmdebstrap.")
+    suite: DebName | None = Field(
+        None, description="With image: the Debian suite the image is based on (for Python and glibc)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Base:
+        if (self.image is None) == (self.bootstrap is None):
+            raise ValueError("give exactly one of 'image' (pinned by digest) or 'bootstrap'")
+        if self.image is not None and self.suite not in SUITE_PYTHON:
+            raise ValueError(f"with 'image', set 'suite' to one of: {', '.join(SUITE_PYTHON)}")
+        return self
+
+    @property
+    def debian_suite(self) -> str:
+        return self.bootstrap.suite if self.bootstrap else str(self.suite)
+
+
+class Target(_Strict):
+    """One image of the matrix."""
+
+    name: Annotated[str, _grammar(g.TARGET_NAME, "a target name (lowercase letters, digits, '_', '.', '-')")] = (
+        Field(description="Primary tag and folder under images/, e.g. nvidia-cu118.")
+    )
+    backend: Annotated[Backend, BeforeValidator(lambda v: BACKEND_ALIASES.get(v, v) if isinstance(v, str) else v)] = (
+        Field(description="Accelerator backend: cuda, rocm, xpu or cpu; the vendor names nvidia, amd, intel and "
+              "oneapi are accepted for them (builder print shows the canonical name).")
+    )
+    version: Annotated[str, _grammar(g.ACCEL_VERSION, "an accelerator version like 11.8 or 5.7")] | None = (
+        Field(None, description="Accelerator version (CUDA 11.8, ROCm 5.7); none for cpu and xpu.")
+    )
+    torch: Annotated[str, _grammar(g.VERSION, "a torch version like 2.7.1 (no local suffix)")] = Field(
+        description="torch release; the wheel mapping adds the local suffix (+cu118 ...)."
+    )
+    packages: list[Requirement] = Field(default_factory=list, description="Extra pip requirements.")
+    labels: dict[
+        Annotated[str, _grammar(g.LABEL_KEY, "a label key (reverse-DNS: lowercase, digits, '.', '-')")],
+        Annotated[str, _grammar(g.LABEL_VALUE, "a label value (no quotes, backslashes, $ or newlines)")],
+    ] = Field(default_factory=dict, description="Extra image labels.")
+    tags: list[Tag] = Field(default_factory=list, description="Extra tags besides the generated ones.")
+
+    @model_validator(mode="after")
+    def _torch_plain(self) -> Target:
+        if "+" in self.torch:
+            raise ValueError("torch: give the release without a local suffix; the wheel mapping adds it")
+        return self
+
+
+class Matrix(_Strict):
+    """The whole ``matrix.yaml``."""
+
+    registry: Annotated[str, _grammar(g.REGISTRY, "host[:port]/repository, e.g. localhost:5000/ml-runtime")] = (
+        Field(description="Where images are pushed: host[:port]/repository.")
+    )
+    source: Url | None = Field(None, description="Project URL for the org.opencontainers.image.source label.")
+    base: Base = Field(description="The shared, digest-pinned base.")
+    python: str = Field(description="Python version in the images; must be the base suite's python3.")
+    installer: Requirement = Field(
+        description="Pinned uv used only during the build (never left in an image), e.g. uv==0.13.9."
+    )
+    common_packages: list[Requirement] = Field(
+        default_factory=list,
+        description="Backend-independent packages in the shared layer (byte-identical in every target).",
+    )
+    torch_packages: list[Requirement] = Field(
+        default_factory=list,
+        description="Packages every target installs beside torch (they depend on it), e.g. accelerate.",
+    )
+    startup_imports: list[Annotated[str, _grammar(g.MODULE, "a Python module name like torch")]] = Field(
+        default_factory=lambda: ["torch"],
+        description="Modules imported once at build time so their bytecode ships in the image (fast start).",
+    )
+    wheelhouse_port: int = Field(
+        38611, ge=1024, le=65535, description="Loopback port of the build-time wheel server (fixed for cache)."
+    )
+    targets: list[Target] = Field(min_length=1, description="The images to build.")
+    groups: dict[Annotated[str, _grammar(g.TARGET_NAME, "a group name")], list[str]] = Field(
+        default_factory=dict, description="Named sets of targets (default, all, ...), like bake groups."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Matrix:
+        problems = []
+        names = [t.name for t in self.targets]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            problems.append(f"targets: duplicate name(s) {', '.join(dups)}; each name must be unique")
+        expected = SUITE_PYTHON.get(self.base.debian_suite)
+        if self.python != expected:
+            problems.append(
+                f"python: {self.python!r} is not supported with suite {self.base.debian_suite!r} "
+                f"(the templates use its python3: {expected})"
+            )
+        if not self.installer.startswith("uv=="):
+            problems.append(f"installer: {self.installer!r} must pin uv exactly, e.g. uv==0.13.9")
+        for group, members in self.groups.items():
+            unknown = [m for m in members if m not in names]
+            if unknown:
+                problems.append(f"groups.{group}: unknown target(s) {', '.join(unknown)} (known: {', '.join(names)})")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def group(self, name: str) -> list[str]:
+        """Target names of a group; ``all`` and ``default`` default to every target."""
+        if name in self.groups:
+            return list(self.groups[name])
+        if name in ("all", "default"):
+            return [t.name for t in self.targets]
+        raise KeyError(name)

@@ -1,0 +1,316 @@
+"""Load and resolve a project: matrix.yaml + wheel-mapping.json + base.lock.json.
+
+The result is everything a build needs, with nothing left implicit: tags, labels, the
+torch pin with its local suffix, the index (after mirror overrides), device flags and the
+distributed backend. ``builder print`` dumps it; every other command starts from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from pydantic import ValidationError
+
+from builder.config import grammar as g
+from builder.config.baselock import LOCK_NAME, read_lock
+from builder.config.errors import UserError
+from builder.config.loaders import load_json, load_yaml
+from builder.config.matrix import SUITE_GLIBC, Matrix
+from builder.config.validation import format_errors
+from builder.config.wheelmap import BACKEND_VENDOR, RunFlags, WheelMapping, distributed_backend, index_for
+
+LABEL_PREFIX = "io.ml-image-builder"
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """One target with every value worked out."""
+
+    name: str
+    backend: str
+    vendor: str
+    accelerator_version: str | None
+    torch: str
+    torch_pin: str
+    entry: str
+    index_url: str
+    packages: list[str]
+    distributed: str
+    tags: list[str]
+    refs: list[str]
+    labels: dict[str, str]
+    env: dict[str, str]
+    run: dict[str, Any]
+    visible_devices_env: str | None
+    dockerfile: str
+    lock: str
+
+    @property
+    def primary_ref(self) -> str:
+        return self.refs[0]
+
+    @property
+    def flavour(self) -> str:
+        """The build flavour torch reports in the image, as the runtime's probe names it.
+
+        Example:
+            >>> project.target("nvidia-cu130").flavour, project.target("cpu").flavour
+            ('cuda 13.0', 'cpu')
+        """
+        if self.backend in ("cuda", "rocm"):
+            return f"{self.backend} {self.accelerator_version}"
+        return self.backend  # xpu or cpu
+
+    @property
+    def alias_refs(self) -> list[str]:
+        """Moving aliases (latest-<vendor>): pushed only after the versioned tags."""
+        return [r for r in self.refs if r.rsplit(":", 1)[1].startswith("latest-")]
+
+    @property
+    def run_flags(self) -> RunFlags:
+        return RunFlags.model_validate(self.run)
+
+
+@dataclass(frozen=True)
+class Project:
+    """A loaded, validated and resolved project."""
+
+    root: Path
+    matrix_path: Path
+    mapping_path: Path
+    matrix: Matrix
+    mapping: WheelMapping
+    base_ref: str
+    targets: list[ResolvedTarget] = field(default_factory=list)
+
+    @property
+    def images_dir(self) -> Path:
+        return self.root / "images"
+
+    @property
+    def templates_dir(self) -> Path:
+        return self.root / "templates"
+
+    @property
+    def base_repository(self) -> str:
+        return f"{self.matrix.registry}/base"
+
+    @property
+    def glibc(self) -> tuple[int, int]:
+        return SUITE_GLIBC[self.matrix.base.debian_suite]
+
+    def target(self, name: str) -> ResolvedTarget:
+        for t in self.targets:
+            if t.name == name:
+                return t
+        raise UserError(f"--target: unknown target {name!r} (known: {', '.join(t.name for t in self.targets)})")
+
+    def select(self, names: tuple[str, ...] | list[str], group: str = "default") -> list[ResolvedTarget]:
+        """Targets named on the command line (a group name expands), else the group's."""
+        if not names:
+            names = self.matrix.group(group)
+        picked: list[ResolvedTarget] = []
+        for name in names:
+            members = self.matrix.group(name) if name in self.matrix.groups else [name]
+            for member in members:
+                t = self.target(member)
+                if t not in picked:
+                    picked.append(t)
+        return picked
+
+    def resolved(self) -> dict[str, Any]:
+        """The whole resolved config as plain data (for ``builder print``)."""
+        return {
+            "root": str(self.root),
+            "registry": self.matrix.registry,
+            "base": self.base_ref,
+            "python": self.matrix.python,
+            "installer": self.matrix.installer,
+            "common_packages": list(self.matrix.common_packages),
+            "groups": {name: self.matrix.group(name) for name in {"default", "all", *self.matrix.groups}},
+            "targets": [asdict(t) for t in self.targets],
+        }
+
+
+def _alias_owner(matrix: Matrix) -> dict[str, str]:
+    """latest-<vendor> goes to the vendor's target with the newest torch, then accelerator
+    version; on a tie, to the one listed first."""
+    best: dict[str, tuple[tuple[Version, Version], str]] = {}
+    for t in matrix.targets:
+        vendor = BACKEND_VENDOR[t.backend]
+        key = (Version(t.torch), Version(t.version or "0"))
+        if vendor not in best or key > best[vendor][0]:
+            best[vendor] = (key, t.name)
+    return {vendor: name for vendor, (_, name) in best.items()}
+
+
+def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[str, str]) -> list[ResolvedTarget]:
+    problems: list[str] = []
+    alias = _alias_owner(matrix)
+    targets: list[ResolvedTarget] = []
+    owner_of_tag: dict[str, str] = {}
+    for i, t in enumerate(matrix.targets):
+        where = f"{mfile}: targets[{i}]"
+        found = mapping.find(t.backend, t.version)
+        if found is None:
+            known = sorted(str(e.version) for e in mapping.entries.values() if e.backend == t.backend)
+            problems.append(
+                f"{where}.version: no wheel-mapping.json entry for backend {t.backend!r} version {t.version!r} "
+                f"(known {t.backend} versions: {', '.join(known) or 'none'})"
+            )
+            continue
+        key, entry = found
+        if Version(t.torch) not in SpecifierSet(entry.torch):
+            problems.append(
+                f"{where}.torch: torch {t.torch} is not published for {key} "
+                f"(wheel-mapping.json entries.{key}.torch: {entry.torch})"
+            )
+            continue
+        vendor = BACKEND_VENDOR[t.backend]
+        facts = mapping.vendors[vendor]
+        tags = [t.name, f"{t.name}-torch{t.torch}"]
+        if alias.get(vendor) == t.name:
+            tags.append(f"latest-{vendor}")
+        tags += [x for x in t.tags if x not in tags]
+        for tag in tags:
+            if not g.TAG.fullmatch(tag):
+                problems.append(f"{where}.name: generated tag {tag!r} is not a valid Docker tag; shorten the name")
+            elif tag in owner_of_tag:
+                problems.append(f"{where}.tags: tag {tag!r} is also a tag of target {owner_of_tag[tag]!r}")
+            owner_of_tag.setdefault(tag, t.name)
+        try:
+            index = index_for(key, entry, overrides)
+        except ValueError as exc:
+            problems.append(f"index override for {key}: {exc}")
+            continue
+        pin = f"{t.torch}{entry.local_version}"
+        dist = distributed_backend(entry, t.torch)
+        labels = {
+            "org.opencontainers.image.title": f"ml-runtime {t.name}",
+            "org.opencontainers.image.version": f"{t.name}-torch{t.torch}",
+            **({"org.opencontainers.image.source": matrix.source} if matrix.source else {}),
+            f"{LABEL_PREFIX}.target": t.name,
+            f"{LABEL_PREFIX}.backend": t.backend,
+            f"{LABEL_PREFIX}.vendor": vendor,
+            f"{LABEL_PREFIX}.accelerator-version": t.version or "none",
+            f"{LABEL_PREFIX}.torch": pin,
+            f"{LABEL_PREFIX}.distributed": dist,
+            **t.labels,
+        }
+        targets.append(
+            ResolvedTarget(
+                name=t.name,
+                backend=t.backend,
+                vendor=vendor,
+                accelerator_version=t.version,
+                torch=t.torch,
+                torch_pin=pin,
+                entry=key,
+                index_url=index,
+                packages=[*matrix.torch_packages, *entry.packages, *t.packages],
+                distributed=dist,
+                tags=tags,
+                refs=[f"{matrix.registry}:{tag}" for tag in tags],
+                labels=labels,
+                env=dict(facts.env),
+                run=facts.run.model_dump(),
+                visible_devices_env=facts.visible_devices_env,
+                dockerfile=f"images/{t.name}/Dockerfile",
+                lock=f"images/{t.name}/requirements.lock",
+            )
+        )
+    if problems:
+        raise UserError(*problems)
+    return targets
+
+
+def spec_hash(matrix: Matrix) -> str:
+    """Hash of the base's bootstrap spec: a lock made from another spec is stale."""
+    spec = matrix.base.bootstrap.model_dump() if matrix.base.bootstrap else {"image": matrix.base.image}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def _base_ref(root: Path, matrix: Matrix, allow_unpinned: bool, mfile: str) -> str:
+    base = matrix.base
+    if base.image is not None:
+        if g.PINNED_IMAGE.fullmatch(base.image) or allow_unpinned:
+            return base.image
+        raise UserError(
+            f"{mfile}: base.image: {base.image!r} is not pinned by digest; write name@sha256:<64 hex> "
+            "(docker inspect --format '{{index .RepoDigests 0}}' NAME) or pass --allow-unpinned"
+        )
+    lock = read_lock(root)
+    unpinned = f"{matrix.registry}/base:{base.debian_suite}"
+    if lock is None:
+        if allow_unpinned:
+            return unpinned
+        raise UserError(
+            f"{LOCK_NAME}: missing; run 'builder base' to bootstrap, push and pin the base "
+            "(or pass --allow-unpinned to render against a floating tag)"
+        )
+    if not lock.reference.startswith(f"{matrix.registry}/base@"):
+        raise UserError(
+            f"{LOCK_NAME}: reference {lock.reference!r} is not in registry {matrix.registry}/base; "
+            "run 'builder base --update' after changing the registry"
+        )
+    if lock.spec_sha256 != spec_hash(matrix) and not allow_unpinned:
+        raise UserError(
+            f"{LOCK_NAME}: made from another base.bootstrap spec than {mfile}'s; "
+            "run 'builder base --update' to rebuild and re-pin the base"
+        )
+    return lock.reference
+
+
+def load_project(
+    matrix_path: Path | str = "matrix.yaml",
+    mapping_path: Path | str | None = None,
+    *,
+    allow_unpinned: bool = False,
+    index_overrides: dict[str, str] | None = None,
+) -> Project:
+    """Load, validate and resolve a project; every user error is a ``UserError``.
+
+    Example:
+        >>> project = load_project("matrix.yaml")
+        >>> project.target("cpu").torch_pin
+        '2.13.0+cpu'
+    """
+    matrix_path = Path(matrix_path).resolve()
+    root = matrix_path.parent
+    mapping_path = Path(mapping_path).resolve() if mapping_path else root / "wheel-mapping.json"
+    problems: list[str] = []
+    matrix = mapping = None
+    try:
+        matrix = Matrix.model_validate(_mapping_doc(matrix_path))
+    except ValidationError as exc:
+        problems += format_errors(matrix_path, Matrix, exc)
+    try:
+        mapping = WheelMapping.model_validate(load_json(mapping_path))
+    except ValidationError as exc:
+        problems += format_errors(mapping_path, WheelMapping, exc)
+    except UserError as exc:
+        problems += exc.lines
+    if problems or matrix is None or mapping is None:
+        raise UserError(*problems)
+    unknown = sorted(set(index_overrides or {}) - set(mapping.entries))
+    if unknown:
+        raise UserError(f"--index: unknown entry {', '.join(unknown)} (known: {', '.join(mapping.entries)})")
+    targets = _resolve(matrix, mapping, matrix_path.name, index_overrides or {})
+    base_ref = _base_ref(root, matrix, allow_unpinned, matrix_path.name)
+    return Project(root, matrix_path, mapping_path, matrix, mapping, base_ref, targets)
+
+
+def _mapping_doc(path: Path) -> Any:
+    if not path.exists():
+        raise UserError(f"{path}: file not found; run from the project folder or pass --matrix PATH")
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise UserError(f"{path.name}: the top level must be a mapping (registry, base, python, targets, ...), not {kind}")
+    return data

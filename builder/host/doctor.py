@@ -1,0 +1,370 @@
+"""``builder doctor``: is this host ready to build and run the images?
+
+Each check gives one :class:`Check`: ``ok``, ``warn`` or ``fail``, the item, what was found,
+and for problems the exact fix. GPU checks run only for the vendors whose GPUs are on the
+PCI bus. The config check never stops the others: a broken matrix.yaml is one FAIL item.
+
+Example:
+    >>> for check in run_checks(Path("matrix.yaml")):
+    ...     print(check.line())
+    [OK]   docker daemon: Docker 20.10.24 (API 1.41) at unix:///var/run/docker.sock
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import docker
+from docker.errors import DockerException
+from packaging.version import Version
+from requests.exceptions import RequestException
+
+from builder.config.errors import UserError
+from builder.config.project import Project, load_project
+from builder.host import hardware
+from builder.oci import registry
+from builder.oci.engine import engine_address
+
+Status = Literal["ok", "warn", "fail"]
+#: A CUDA or ROCm image with its build cache needs tens of GiB.
+MIN_FREE_GIB = 30
+#: DeviceRequests (``--gpus``) need API 1.40 (Docker 19.03).
+MIN_API_FOR_GPUS = "1.40"
+DAEMON_FIX = "systemctl start docker (or: dockerd &), or point DOCKER_HOST at a running engine"
+TOOLKIT_FIX = (
+    "apt-get install nvidia-container-toolkit && nvidia-ctk runtime configure --runtime=docker "
+    "&& systemctl restart docker "
+    "(or generate a CDI spec: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor item.
+
+    Example:
+        >>> Check("fail", "mmdebstrap", "not installed", "apt-get install mmdebstrap").line()
+        '[FAIL] mmdebstrap: not installed\\n       fix: apt-get install mmdebstrap'
+    """
+
+    status: Status
+    item: str
+    found: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        tag = f"[{self.status.upper()}]".ljust(6)
+        text = f"{tag} {self.item}: {self.found}"
+        return text + (f"\n       fix: {self.fix}" if self.fix and self.status != "ok" else "")
+
+
+@dataclass
+class Context:
+    """What the checks share: the engine (if it answered), its info, the project, the host's GPUs."""
+
+    host: hardware.HostGpus
+    matrix_path: Path | str = "matrix.yaml"
+    mapping_path: Path | str | None = None
+    client: docker.DockerClient | None = None
+    info: dict[str, Any] | None = None
+    project: Project | None = None
+    cdi: tuple[str, ...] = ()
+
+
+def check_daemon(ctx: Context) -> list[Check]:
+    """Docker daemon reachable, its version and API version."""
+    try:
+        client = docker.from_env(timeout=15)
+        version = client.version()
+        ctx.info = client.info()
+    except (DockerException, RequestException, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        return [
+            Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)
+        ]
+    ctx.client = client
+    api = version.get("ApiVersion", "?")
+    found = f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}"
+    if api != "?" and Version(api) < Version(MIN_API_FOR_GPUS):
+        return [
+            Check(
+                "warn",
+                "docker daemon",
+                f"{found}; GPUs need API >= {MIN_API_FOR_GPUS}",
+                "upgrade Docker to 19.03 or newer",
+            )
+        ]
+    return [Check("ok", "docker daemon", found)]
+
+
+def check_gpus(ctx: Context) -> list[Check]:
+    """What GPUs the PCI bus shows, and which vendor ``builder run`` would pick."""
+    host = ctx.host
+    if not host.gpus:
+        return [Check("ok", "gpus", "none on the PCI bus; builder run uses the cpu image")]
+    found = "; ".join(f"{v}: {host.describe(v)}" for v in host.present())
+    try:
+        vendor, why = hardware.choose_vendor(host)
+    except UserError as exc:
+        return [
+            Check(
+                "fail", "gpus", f"{found}; {exc.lines[0]}", f"unset {hardware.VENDOR_ENV} or fix its value"
+            )
+        ]
+    return [Check("ok", "gpus", f"{found}; builder run picks {vendor} ({why})")]
+
+
+def check_nvidia(ctx: Context) -> list[Check]:
+    """NVIDIA driver nodes and the engine's NVIDIA runtime or a CDI spec (only with an NVIDIA GPU)."""
+    host = ctx.host
+    if not host.of("nvidia"):
+        return []
+    checks = []
+    if hardware.has_nvidia_gpu_node(host.nodes):
+        checks.append(Check("ok", "nvidia driver", f"{', '.join(host.nodes.nvidia)}"))
+    else:
+        checks.append(
+            Check(
+                "fail",
+                "nvidia driver",
+                f"GPU(s) {host.describe('nvidia')} but no /dev/nvidia[0-9]*",
+                "install the NVIDIA driver (apt-get install nvidia-driver) and reboot; nvidia-smi must work",
+            )
+        )
+    runtimes = sorted((ctx.info or {}).get("Runtimes") or {})
+    if "nvidia" in runtimes:
+        checks.append(
+            Check("ok", "nvidia runtime", f"registered in the engine (runtimes: {', '.join(runtimes)})")
+        )
+    elif ctx.cdi:
+        checks.append(Check("ok", "nvidia runtime", f"CDI spec for nvidia.com/gpu: {', '.join(ctx.cdi)}"))
+    elif ctx.info is None:
+        checks.append(Check("warn", "nvidia runtime", "not checked: no engine answered", DAEMON_FIX))
+    else:
+        checks.append(
+            Check(
+                "fail",
+                "nvidia runtime",
+                f"not in the engine's runtimes ({', '.join(runtimes) or 'none'}) and no CDI spec in "
+                f"{' or '.join(hardware.CDI_DIRS)}",
+                TOOLKIT_FIX,
+            )
+        )
+    return checks
+
+
+def _access(path: str) -> Check:
+    """Whether the invoking user may open *path* read-write, and the group that would let it."""
+    info = os.stat(path)
+    try:
+        group = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        group = str(info.st_gid)
+    found = f"{path} (group {group}, GID {info.st_gid})"
+    if os.access(path, os.R_OK | os.W_OK):
+        return Check("ok", f"access {path}", f"{found}; builder run adds GID {info.st_gid} to the container")
+    return Check(
+        "fail",
+        f"access {path}",
+        f"{found}: not readable and writable by you",
+        f"sudo usermod -aG {group} $USER, then log in again",
+    )
+
+
+def check_amd_intel(ctx: Context) -> list[Check]:
+    """/dev/kfd and /dev/dri present and usable by the invoking user (only with AMD or Intel GPUs)."""
+    host, nodes = ctx.host, ctx.host.nodes
+    checks = []
+    if host.of("amd"):
+        checks.append(
+            Check("ok", "amd /dev/kfd", nodes.kfd)
+            if nodes.kfd
+            else Check(
+                "fail",
+                "amd /dev/kfd",
+                f"GPU(s) {host.describe('amd')} but no /dev/kfd",
+                "install the amdgpu driver with KFD (amdgpu-install --usecase=rocm) and reboot",
+            )
+        )
+    if host.of("amd") or host.of("intel"):
+        if nodes.render:
+            checks.append(Check("ok", "/dev/dri", f"render nodes {', '.join(nodes.render)}"))
+        else:
+            vendors = " and ".join(v for v in ("amd", "intel") if host.of(v))
+            checks.append(
+                Check(
+                    "fail",
+                    "/dev/dri",
+                    f"{vendors} GPU(s) but no /dev/dri/renderD* node",
+                    "load the GPU driver (amdgpu, i915 or xe) and reboot",
+                )
+            )
+        for path in ([nodes.kfd] if nodes.kfd and host.of("amd") else []) + list(nodes.render):
+            checks.append(_access(path))
+        names = hardware.group_gids(["video", "render"])
+        if names:
+            gids = ", ".join(f"{k} {v}" for k, v in names.items())
+            checks.append(
+                Check("ok", "gpu groups", f"host GIDs {gids}; the image's differ, builder run adds these")
+            )
+    return checks
+
+
+def check_disk(ctx: Context) -> list[Check]:
+    """Free space where the engine keeps images (``docker info`` DockerRootDir)."""
+    if ctx.info is None:
+        return [Check("warn", "docker disk", "not checked: no engine answered", DAEMON_FIX)]
+    root = ctx.info.get("DockerRootDir") or "/var/lib/docker"
+    try:
+        free = shutil.disk_usage(root).free / 2**30
+    except OSError:
+        return [
+            Check("warn", "docker disk", f"{root} is not visible from here (remote engine?); not checked")
+        ]
+    found = f"{free:.1f} GiB free at {root}"
+    if free < MIN_FREE_GIB:
+        return [
+            Check(
+                "warn",
+                "docker disk",
+                f"{found}; GPU images need >= {MIN_FREE_GIB} GiB",
+                "docker system prune (or docker builder prune), or move data-root to a larger disk",
+            )
+        ]
+    return [Check("ok", "docker disk", found)]
+
+
+def check_registry(ctx: Context) -> list[Check]:
+    """The matrix's registry answers /v2/."""
+    if ctx.project is None:
+        return [Check("warn", "registry", "not checked: the project did not load")]
+    host = registry.Ref.parse(ctx.project.matrix.registry).host
+    if registry.ping(host):
+        return [Check("ok", "registry", f"{host} answers /v2/")]
+    if registry.is_local(host):
+        return [
+            Check(
+                "warn",
+                "registry",
+                f"nothing answers at {host} (a loopback registry builder starts on demand)",
+                "'builder base' and 'builder build --push' start it (docker-registry) when they need it",
+            )
+        ]
+    return [
+        Check(
+            "fail",
+            "registry",
+            f"{host} does not answer /v2/",
+            f"check 'registry' in {ctx.project.matrix_path.name}, the network, and 'docker login {host}'",
+        )
+    ]
+
+
+def check_tools(ctx: Context) -> list[Check]:
+    """mmdebstrap (``builder base``) and docker-registry (a loopback registry for ``make images``)."""
+    checks = []
+    for tool, needed, why in (
+        (
+            "mmdebstrap",
+            ctx.project is None or ctx.project.matrix.base.bootstrap is not None,
+            "builder base bootstraps the base with it",
+        ),
+        (
+            "docker-registry",
+            ctx.project is None or registry.is_local(registry.Ref.parse(ctx.project.matrix.registry).host),
+            "make images pushes to a loopback registry it serves",
+        ),
+    ):
+        path = shutil.which(tool)
+        if path:
+            checks.append(Check("ok", tool, path))
+        elif needed:
+            checks.append(Check("fail", tool, f"not installed ({why})", f"apt-get install {tool}"))
+        else:
+            checks.append(Check("ok", tool, "not installed; not needed by this matrix"))
+    return checks
+
+
+def check_config(ctx: Context) -> list[Check]:
+    """The project loads; a missing or stale base pin is a WARN (loads unpinned), other problems a FAIL."""
+    name = Path(ctx.matrix_path).name
+    try:
+        ctx.project = load_project(ctx.matrix_path, ctx.mapping_path)
+        return [
+            Check(
+                "ok",
+                "config",
+                f"{name}: {len(ctx.project.targets)} targets, registry {ctx.project.matrix.registry}",
+            )
+        ]
+    except UserError as exc:
+        strict = exc
+    try:
+        ctx.project = load_project(ctx.matrix_path, ctx.mapping_path, allow_unpinned=True)
+    except UserError as exc:
+        return [Check("fail", "config", "; ".join(exc.lines), f"fix {name} as the message says")]
+    return [
+        Check("warn", "config", "; ".join(strict.lines), "run 'builder base' to bootstrap and pin the base")
+    ]
+
+
+CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
+    check_daemon,
+    check_gpus,
+    check_nvidia,
+    check_amd_intel,
+    check_disk,
+    check_config,
+    check_registry,
+    check_tools,
+)
+
+
+def run_checks(
+    matrix_path: Path | str = "matrix.yaml",
+    mapping_path: Path | str | None = None,
+    *,
+    sysfs_root: Path | str = "/sys",
+    dev_root: Path | str = "/dev",
+    cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
+) -> list[Check]:
+    """All checks, in order; never raises for a host or config problem.
+
+    Example:
+        >>> [c.status for c in run_checks("matrix.yaml")][:1]
+        ['ok']
+    """
+    cdi = tuple(hardware.cdi_specs(cdi_dirs))
+    host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(cdi))
+    ctx = Context(host, matrix_path, mapping_path, cdi=cdi)
+    checks: list[Check] = []
+    for check in CHECKS:
+        try:
+            checks += check(ctx)
+        except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
+            checks.append(
+                Check(
+                    "fail",
+                    check.__name__.removeprefix("check_"),
+                    f"the check crashed: {exc!r}",
+                    "report this as a builder bug",
+                )
+            )
+    if ctx.client is not None:
+        ctx.client.close()
+    return checks
+
+
+def exit_status(checks: Iterable[Check]) -> int:
+    """0 without a FAIL, 1 otherwise."""
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+def as_json(checks: list[Check]) -> dict[str, Any]:
+    return {"ok": exit_status(checks) == 0, "checks": [asdict(c) for c in checks]}

@@ -1,0 +1,17 @@
+"""Making the images: render, lint, lock, base, build, smoke-test, publish, bake.
+
+- ``render.py`` (``templates/`` -> ``images/<target>/Dockerfile``), ``lint.py`` (hadolint).
+- Locks: ``locks.py`` (``builder lock``: reuse or re-resolve each lock), ``lockfile.py`` (the
+  lock format), ``resolve.py`` (pip on the host for the image's platform, index probes),
+  ``wheelhouse.py`` (where wheels live, which were verified); ``wheelserver.py`` serves them
+  to builds on loopback.
+- ``base.py``: the reproducible, pinned base (mmdebstrap).
+- ``build.py`` (build -> smoke -> tag -> push per target), ``outcome.py`` (its result),
+  ``progress.py`` (the progress view), ``smoke.py`` (checks in the built image),
+  ``publish.py`` (push, digests, ``dist/published.json``), ``bake.py`` (``docker-bake.json``).
+
+A new check of a built image goes into ``smoke.py`` when the host drives it, or into the
+in-image runtime (``runtime/ml_runtime``) when the image should check itself; a new backend
+needs a template in ``templates/backends/`` (see :mod:`builder.host` for its device flags).
+Smoke tests take their device flags from :mod:`builder.host.devices`.
+"""

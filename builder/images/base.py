@@ -1,0 +1,236 @@
+"""``builder base``: make, push and pin the shared base every target starts from.
+
+With ``bootstrap:``, mmdebstrap writes a root file system tarball; with a fixed
+SOURCE_DATE_EPOCH the same packages give the same bytes. We then write the docker-archive
+ourselves, with a config whose ``created`` time is that epoch, so the image ID (the config's
+digest) is reproducible too (``docker import`` would stamp the current time). With
+``image:``, the pinned reference is pulled. The registry digest goes into base.lock.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import docker
+
+from builder.config.baselock import BaseLock, read_lock, write_lock
+from builder.config.errors import TargetFailed, UserError
+from builder.config.matrix import Bootstrap
+from builder.config.project import Project, spec_hash
+from builder.images.publish import push_ref
+from builder.oci.localregistry import ensure_local
+
+
+@dataclass(frozen=True)
+class Rootfs:
+    """A bootstrapped root file system tarball and what is inside."""
+
+    tarball: Path
+    diff_id: str
+    packages: dict[str, str]
+
+
+def mmdebstrap_argv(spec: Bootstrap, output: Path) -> list[str]:
+    """The mmdebstrap command for a spec (docs and man pages left out, copyright files kept).
+
+    Example:
+        >>> mmdebstrap_argv(spec, Path("/tmp/rootfs.tar"))[:3]
+        ['mmdebstrap', '--variant=minbase', '--format=tar']
+    """
+    return [
+        "mmdebstrap",
+        f"--variant={spec.variant}",
+        "--format=tar",
+        f"--include={','.join(spec.packages)}",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        "--dpkgopt=path-exclude=/usr/share/info/*",
+        spec.suite,
+        str(output),
+        spec.mirror,
+    ]
+
+
+def bootstrap(spec: Bootstrap, workdir: Path) -> Rootfs:
+    """Run mmdebstrap into *workdir*; return the tarball, its digest and its package list."""
+    if shutil.which("mmdebstrap") is None:
+        raise UserError("mmdebstrap is not installed: apt-get install mmdebstrap (it makes the base)")
+    output = workdir / "rootfs.tar"
+    env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
+    proc = subprocess.run(mmdebstrap_argv(spec, output), env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        raise UserError(f"mmdebstrap failed for suite {spec.suite} from {spec.mirror}: {tail}")
+    digest = hashlib.sha256()
+    with output.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return Rootfs(output, f"sha256:{digest.hexdigest()}", _packages(output))
+
+
+def _packages(tarball: Path) -> dict[str, str]:
+    """Installed Debian packages and versions, read from the tarball's dpkg status."""
+    with tarfile.open(tarball) as tar:
+        member = tar.extractfile("./var/lib/dpkg/status")
+        text = member.read().decode() if member else ""
+    out = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if "Package" in fields and "installed" in fields.get("Status", ""):
+            out[fields["Package"]] = fields.get("Version", "")
+    return dict(sorted(out.items()))
+
+
+def image_config(rootfs: Rootfs, spec: Bootstrap) -> bytes:
+    """The image config, serialised deterministically; its sha256 is the image ID."""
+    created = datetime.fromtimestamp(spec.source_date_epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
+            "Cmd": ["/bin/bash"],
+            "Labels": {"io.ml-image-builder.images.base": f"debian-{spec.suite}-{spec.variant}"},
+        },
+        "rootfs": {"type": "layers", "diff_ids": [rootfs.diff_id]},
+        "history": [{"created": created, "created_by": f"mmdebstrap {spec.suite} ({', '.join(spec.packages)})"}],
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_archive(rootfs: Rootfs, config: bytes, repo_tag: str, archive: Path) -> str:
+    """Write a docker-archive (``docker save`` layout) and return the image ID it loads as."""
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    layer_dir = rootfs.diff_id.split(":", 1)[1]
+    manifest = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [repo_tag],
+                            "Layers": [f"{layer_dir}/layer.tar"]}]).encode()
+    with tarfile.open(archive, "w") as tar:
+        for name, data in ((f"{image_id[7:]}.json", config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+        tar.add(rootfs.tarball, arcname=f"{layer_dir}/layer.tar")
+    return image_id
+
+
+def make_image(client: docker.DockerClient, project: Project, workdir: Path) -> tuple[str, Rootfs]:
+    """Bootstrap and load the base; return its image ID (reproducible) and the root fs."""
+    spec = project.matrix.base.bootstrap
+    assert spec is not None
+    rootfs = bootstrap(spec, workdir)
+    tag = f"{project.base_repository}:{spec.suite}"
+    image_id = write_archive(rootfs, image_config(rootfs, spec), tag, workdir / "image.tar")
+    with (workdir / "image.tar").open("rb") as handle:
+        client.api.load_image(handle)
+    loaded = client.api.inspect_image(tag)["Id"]
+    if loaded != image_id:
+        raise UserError(f"the engine loaded the base as {loaded}, expected {image_id}; report this as a bug")
+    return image_id, rootfs
+
+
+def image_id_of(spec: Bootstrap, workdir: Path) -> tuple[str, Rootfs]:
+    """Bootstrap without an engine and compute the image ID it would load as."""
+    rootfs = bootstrap(spec, workdir)
+    return "sha256:" + hashlib.sha256(image_config(rootfs, spec)).hexdigest(), rootfs
+
+
+def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Package-by-package differences between the locked base and a fresh bootstrap."""
+    lines = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            lines.append(f"  {name}: {old.get(name, '(absent)')} -> {new.get(name, '(absent)')}")
+    return lines
+
+
+def _local_has(client: docker.DockerClient, lock: BaseLock) -> bool:
+    try:
+        info = client.api.inspect_image(lock.image_id)
+    except docker.errors.ImageNotFound:
+        return False
+    return lock.reference in info.get("RepoDigests", [])
+
+
+def ensure_base(
+    client: docker.DockerClient, project: Project, *, update: bool, say: Callable[[str], object]
+) -> BaseLock:
+    """Make sure the pinned base is local and in the registry; bootstrap it when needed."""
+    matrix = project.matrix
+    if matrix.base.image is not None:
+        if not _present(client, matrix.base.image):
+            say(f"pulling {matrix.base.image}")
+            client.api.pull(matrix.base.image)
+        return BaseLock(reference=matrix.base.image, image_id=client.api.inspect_image(matrix.base.image)["Id"],
+                        spec_sha256=spec_hash(matrix))
+    host = matrix.registry.split("/", 1)[0]
+    started = ensure_local(host)
+    if started:
+        say(started)
+    lock = read_lock(project.root)
+    fresh_spec = lock is not None and lock.spec_sha256 == spec_hash(matrix)
+    if lock is not None and fresh_spec and _local_has(client, lock):
+        _push_if_missing(client, project, lock, say)
+        return lock
+    if lock is not None and fresh_spec:
+        try:
+            client.api.pull(lock.reference)
+            say(f"pulled the locked base {lock.reference}")
+            return lock
+        except docker.errors.DockerException:
+            say("the locked base is neither local nor in the registry: bootstrapping it")
+    with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+        image_id, rootfs = make_image(client, project, Path(tmp))
+    tag = f"{project.base_repository}:{matrix.base.debian_suite}"
+    if lock is not None and fresh_spec and image_id != lock.image_id:
+        report = drift_report(lock.packages, rootfs.packages)
+        lines = [f"base drift: a fresh bootstrap is {image_id}, base.lock.json pins {lock.image_id}",
+                 "  (the Debian mirror moved since the lock was written)", *report]
+        if not update:
+            raise UserError(*lines, "run 'builder base --update' to re-pin, then 'builder render' and commit both")
+        for line in lines:
+            say(line)
+    try:
+        digest = push_ref(client, tag)
+    except TargetFailed as exc:
+        raise UserError(f"pushing the base: {exc}") from None
+    new = BaseLock(reference=f"{project.base_repository}@{digest}", image_id=image_id,
+                   spec_sha256=spec_hash(matrix), packages=rootfs.packages)
+    if new != lock:
+        write_lock(project.root, new)
+        say(f"pinned the base in base.lock.json: {new.reference}")
+    return new
+
+
+def _present(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.api.inspect_image(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _push_if_missing(
+    client: docker.DockerClient, project: Project, lock: BaseLock, say: Callable[[str], object]
+) -> None:
+    from builder.oci.registry import manifest_digest
+
+    if manifest_digest(lock.reference) is None:
+        tag = f"{project.base_repository}:{project.matrix.base.debian_suite}"
+        client.api.tag(lock.image_id, tag)
+        digest = push_ref(client, tag)
+        say(f"pushed the base to {project.base_repository} ({digest})")
+        if not lock.reference.endswith(digest):
+            say(f"note: the registry digest {digest} differs from the lock's {lock.reference}")

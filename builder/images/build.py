@@ -1,0 +1,368 @@
+"""``builder build``: build, smoke-test, tag and (optionally) push each target with docker-py.
+
+Order per target: build (by image ID, untagged) -> smoke test -> tag -> push. A tag only
+ever points at an image that finished building and passed its smoke test; an interrupted
+build leaves the previous tags where they were, and the next run resumes from cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from builder.config.errors import TargetFailed, UserError
+from builder.config.project import Project, ResolvedTarget
+from builder.images import locks, publish, render, wheelhouse, wheelserver
+from builder.images.base import ensure_base
+from builder.images.outcome import Outcome
+from builder.images.progress import Progress
+from builder.images.smoke import SMOKE_LABEL, smoke_test
+
+STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
+#: After an interrupt: how long to wait for this run's containers to be gone, and how long
+#: nothing may run before "none left" is believed (a create in flight when the engine saw the
+#: disconnect still lands).
+CLEANUP_S = 30.0
+SETTLE_S = 0.5
+
+
+def build_labels(root: Path) -> dict[str, str]:
+    """Labels that vary per commit, applied at build time (not rendered, so images/ stays stable).
+
+    ``created`` is the commit time, not the wall clock, so a no-op rebuild stays a cache hit.
+    """
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    revision = git("rev-parse", "HEAD") or "unknown"
+    if revision != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
+        revision += "-dirty"  # never claim a commit the image was not built from
+    created = git("log", "-1", "--format=%cI") or "1970-01-01T00:00:00Z"
+    return {"org.opencontainers.image.revision": revision, "org.opencontainers.image.created": created}
+
+
+def docker_build(
+    client: docker.DockerClient,
+    project: Project,
+    target: ResolvedTarget,
+    *,
+    stage: str | None = None,
+    cache_from: list[str] | None = None,
+    on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
+    on_log: Callable[[str], None] = lambda line: None,
+    wheels_at: str = "127.0.0.1",
+    cancel: threading.Event | None = None,
+) -> tuple[str, int, int]:
+    """Build one target (or one stage of it); return (image ID, cacheable steps, steps from cache).
+
+    FROM lines are not counted: they start a stage and are never "from cache". Once *cancel*
+    is set, the next event ends the build: the connection closes and the engine cancels it.
+    """
+    steps = cached = stages = 0
+    image_id = None
+    stream = client.api.build(
+        path=str(project.root),
+        dockerfile=target.dockerfile,
+        target=stage,
+        rm=True,
+        forcerm=True,  # remove intermediate containers even when a step fails or is interrupted
+        pull=False,
+        network_mode="host",  # reach the loopback wheel server...
+        extra_hosts={wheelserver.HOST: wheels_at},  # ...at this build's own address
+        labels=None if stage else build_labels(project.root),
+        cache_from=cache_from or None,
+        decode=True,
+    )
+    try:
+        for event in stream:
+            if cancel is not None and cancel.is_set():
+                raise TargetFailed("interrupted")
+            if "error" in event:
+                raise TargetFailed(_build_error(event["error"]))
+            for line in event.get("stream", "").splitlines():
+                if (m := STEP.match(line)) is not None:
+                    steps = int(m[1])
+                    stages += m[3].startswith("FROM ")
+                    on_step(steps, int(m[2]), m[3].strip())
+                elif "---> Using cache" in line:
+                    cached += 1
+                if line.strip():
+                    on_log(line.rstrip())
+            image_id = (event.get("aux") or {}).get("ID", image_id)
+    finally:
+        stream.close()  # frees the response now, not at exit: its socket closes, the engine cancels
+    if image_id is None:
+        raise TargetFailed("the engine finished the build without an image ID")
+    return image_id, steps - stages, cached
+
+
+def _build_error(message: str) -> str:
+    text = message.strip()
+    if wheelserver.HOST in text and "Connection refused" in text:
+        text += " (the wheel server was not reachable: is the engine on this host? --network host needs it)"
+    elif text.endswith("non-zero code: 137"):
+        text += " (the step was killed, usually out of memory: give the engine more memory or use fewer --jobs)"
+    return text
+
+
+def run_commands(dockerfile: str) -> set[str]:
+    """The RUN commands of a Dockerfile's text as the classic builder runs them, spaces squashed.
+
+    Example:
+        >>> run_commands(Path("images/cpu/Dockerfile").read_text())
+        {'groupadd --gid 1001 app && useradd --uid 1001 ...', ...}
+    """
+    joined = re.sub(r"\\[ \t]*\n(?:[ \t]*(?:#[^\n]*)?\n)*", " ", dockerfile)  # continuations, their comments
+    commands = set()
+    for line in joined.splitlines():
+        if (m := re.match(r"\s*RUN\s+(.*)", line, re.IGNORECASE)) is None:
+            continue
+        command = m[1]
+        if command.startswith("["):  # exec form: the container's Cmd is the list itself
+            try:
+                command = json.loads(command)[-1]
+            except (json.JSONDecodeError, IndexError, TypeError):
+                pass
+        commands.add(" ".join(str(command).split()))
+    return commands
+
+
+class OwnContainers:
+    """The containers one ``build_all`` starts, so that an interrupt removes those and no others.
+
+    The classic builder's intermediate containers carry no label of ours. One is this run's
+    when it is new since the run began, maps the wheel server's name to this run's loopback
+    address (no concurrent run holds it) and runs a RUN line of a Dockerfile being built, or a
+    metadata step ("#(nop) ..."). Smoke containers carry the smoke label with this process's ID.
+    """
+
+    def __init__(self, client: docker.DockerClient, dockerfiles: list[Path], wheels_at: str) -> None:
+        self.client = client
+        self.dockerfiles = dockerfiles
+        self.host = f"{wheelserver.HOST}:{wheels_at}"
+        self.owner = str(os.getpid())  # the value smoke.run_container gives SMOKE_LABEL
+        self.before = {c["Id"] for c in client.api.containers(all=True, quiet=True)}
+        self._steps: set[str] | None = None
+        self._seen: dict[str, bool] = {}
+
+    def find(self) -> list[str]:
+        """IDs of this run's containers that are still there."""
+        return [c["Id"] for c in self.client.api.containers(all=True)
+                if c["Id"] not in self.before and self._ours(c)]
+
+    def remove(self, running: Callable[[], bool] = lambda: False, say: Callable[[str], None] = print,
+               timeout: float = CLEANUP_S) -> None:
+        """Force-remove this run's containers until none is left and nothing that starts them runs.
+
+        Bounded by *timeout*; what is still there then is named with the command to remove it.
+        """
+        deadline = time.monotonic() + timeout
+        quiet_from = time.monotonic()
+        while True:
+            busy = running()
+            left = self.find()
+            for cid in left:
+                try:
+                    self.client.api.remove_container(cid, force=True)
+                except docker.errors.APIError:
+                    pass  # gone already, or the engine's own removal is in progress: look again
+            now = time.monotonic()
+            quiet_from = now if busy else quiet_from
+            if not left and not busy and now - quiet_from >= SETTLE_S:
+                return
+            if now > deadline:
+                if left:
+                    say(f"{len(left)} containers of this build are still there after {timeout:.0f} s; "
+                        f"remove them with: docker rm -f {' '.join(c[:12] for c in left)}")
+                return
+            time.sleep(0.1)
+
+    def _ours(self, summary: dict[str, Any]) -> bool:
+        if (summary.get("Labels") or {}).get(SMOKE_LABEL) == self.owner:
+            return True
+        if (summary.get("HostConfig") or {}).get("NetworkMode") != "host":
+            return False
+        cid = summary["Id"]
+        if cid not in self._seen:
+            try:
+                info = self.client.api.inspect_container(cid)
+            except docker.errors.NotFound:
+                return False
+            cmd = info["Config"].get("Cmd") or [""]
+            self._seen[cid] = self.host in (info["HostConfig"].get("ExtraHosts") or []) and (
+                cmd[-1].startswith("#(nop) ") or " ".join(cmd[-1].split()) in self.steps)
+        return self._seen[cid]
+
+    @property
+    def steps(self) -> set[str]:
+        if self._steps is None:
+            self._steps = {c for path in self.dockerfiles if path.is_file() for c in run_commands(path.read_text())}
+        return self._steps
+
+
+def _tag(client: docker.DockerClient, image_id: str, refs: list[str]) -> None:
+    for ref in refs:
+        repo, tag = ref.rsplit(":", 1)
+        client.api.tag(image_id, repo, tag, force=True)
+
+
+def process(
+    client: docker.DockerClient,
+    project: Project,
+    target: ResolvedTarget,
+    ui: Progress,
+    *,
+    push: bool,
+    smoke: bool,
+    cancel: threading.Event,
+    wheels_at: str,
+    cache_also: Sequence[str] = (),
+) -> Outcome:
+    """Build, smoke-test, tag and push one target; never raises for the target's own failures."""
+    out = Outcome(target.name)
+    start = time.monotonic()
+    ui.start(target.name)
+    try:
+        pulled = _cache_sources(client, target)
+        cache_from = [*pulled, *cache_also] if pulled else []
+        out.image_id, out.steps, out.cached_steps = docker_build(
+            client, project, target, cache_from=cache_from, wheels_at=wheels_at, cancel=cancel,
+            on_step=lambda n, total, text: ui.step(target.name, n, total, text),
+            on_log=lambda line: ui.log(target.name, line),
+        )
+        if cancel.is_set():
+            raise TargetFailed("interrupted")
+        out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
+        if smoke:
+            ui.step(target.name, out.steps, out.steps, "smoke test")
+            result = smoke_test(client, project, target, out.image_id, log=lambda s: ui.log(target.name, s))
+            out.smoke = result.status
+            if result.status == "failed":
+                raise TargetFailed(f"smoke test failed: {result.summary()}")
+        _tag(client, out.image_id, target.refs)
+        out.tags = list(target.tags)
+        if push:
+            ui.step(target.name, out.steps, out.steps, "push")
+            record = publish.push_target(client, target, out.image_id)
+            out.digest = record["digest"]
+            publish.record(project.root, [record])
+    except TargetFailed as exc:
+        out.error = str(exc)
+    except docker.errors.DockerException as exc:
+        out.error = f"engine error: {exc}"
+    out.seconds = round(time.monotonic() - start, 2)
+    ui.done(target.name, out)
+    return out
+
+
+def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[str]:
+    """On a fresh runner, the target's published image pulled as a cache source.
+
+    Returns [] when the image is already local (the local cache covers it; naming it as a
+    source would make the classic builder re-run the final metadata steps) or was never
+    published. With sources, the classic builder accepts a local hit only inside their layer
+    chains, so callers add the shared stage's image when they built it just now.
+    """
+    ref = target.primary_ref
+    try:
+        client.api.inspect_image(ref)
+        return []
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        client.api.pull(*ref.rsplit(":", 1))
+    except docker.errors.DockerException:
+        return []  # never published yet: build cold
+    return [ref]
+
+
+def ensure_base_present(client: docker.DockerClient, project: Project, say: Callable[[str], None]) -> None:
+    """The pinned base must be local; bring it (pull, or bootstrap) if not."""
+    try:
+        client.api.inspect_image(project.base_ref)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    say(f"base {project.base_ref} is not local: fetching it")
+    ensure_base(client, project, update=False, say=say)
+
+
+def build_all(
+    client: docker.DockerClient,
+    project: Project,
+    targets: list[ResolvedTarget],
+    ui: Progress,
+    *,
+    push: bool = False,
+    smoke: bool = True,
+    keep_going: bool = False,
+    jobs: int = 1,
+) -> list[Outcome]:
+    """Build every target; with ``keep_going`` a failure doesn't stop the others."""
+    ensure_base_present(client, project, ui.say)
+    failed_locks = locks.lock_all(project, targets, ui.say)
+    render.write(render.render(project, targets))
+    outcomes: list[Outcome] = []
+    buildable = []
+    for t in targets:
+        if t.name in failed_locks:
+            outcomes.append(Outcome(t.name, error=failed_locks[t.name]))
+            ui.done(t.name, outcomes[-1])
+        else:
+            buildable.append(t)
+    if failed_locks and not keep_going:
+        return outcomes
+    cancel, halt = threading.Event(), threading.Event()
+    with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
+        own = OwnContainers(client, [project.root / t.dockerfile for t in buildable], wheels_at)
+
+        def one(t: ResolvedTarget, cache_also: list[str]) -> Outcome | None:
+            if cancel.is_set() or halt.is_set():
+                return None  # not started: interrupted, or a target failed without --keep-going
+            outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
+                              cache_also=cache_also)
+            if outcome.error and not keep_going:
+                halt.set()
+            return outcome
+
+        futures: list[Future[Outcome | None]] = []
+        try:
+            if jobs > 1 and len(buildable) > 1:
+                # Shared stage once, then the targets side by side on a warm cache.
+                ui.say("building the shared stage once")
+                common, _, _ = docker_build(client, project, buildable[0], stage="common", wheels_at=wheels_at,
+                                            cancel=cancel, on_log=lambda line: ui.log("common", line))
+                pool = ThreadPoolExecutor(max_workers=jobs)
+                try:
+                    for t in buildable:  # one by one: an interrupt sees every future submitted so far
+                        futures.append(pool.submit(one, t, [common]))
+                    outcomes += [o for f in futures if (o := f.result()) is not None]
+                finally:
+                    pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait for builds
+            else:
+                for t in buildable:
+                    if (outcome := one(t, [])) is None:
+                        break
+                    outcomes.append(outcome)
+        except KeyboardInterrupt:
+            # The interrupted connections are closed, so the engine cancels those builds and
+            # removes their containers, but on its own time: wait for that (workers too, woken by
+            # their containers going) so that nothing is left when the process exits.
+            cancel.set()
+            own.remove(running=lambda: any(not f.done() for f in futures), say=ui.say)
+            raise
+        except TargetFailed as exc:
+            raise UserError(f"building the shared stage failed: {exc}") from None
+    return outcomes

@@ -1,0 +1,127 @@
+"""``builder lock``: each target's wheels resolved on the host into the wheelhouse, with hash locks.
+
+pip runs on the host (:mod:`builder.images.resolve`), resolving for the image's Python and
+platform, into the shared wheelhouse (:mod:`builder.images.wheelhouse`). Three locks result
+(format: :mod:`builder.images.lockfile`):
+``images/tools.lock`` (the build-time installer), ``images/common.lock`` (the shared layer)
+and ``images/<target>/requirements.lock`` (torch and friends, pinned to agree with common).
+A lock whose recorded inputs are unchanged and whose wheels are present is reused as is:
+a no-op rebuild never re-resolves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from builder.config.errors import TargetFailed, UserError
+from builder.config.project import Project, ResolvedTarget
+from builder.config.wheelmap import index_env_var
+from builder.images.lockfile import Pin, ordered, read_lock, write_lock
+from builder.images.resolve import fetch_locked, image_arch, index_reachable, resolve
+from builder.images.wheelhouse import missing as missing_wheels
+
+
+def _fingerprint(*parts: object) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+def _ensure(project: Project, path: Path, what: str, fingerprint: str, resolver: Callable[[], list[Pin]],
+            index: Callable[[], str | None] = lambda: None) -> list[Pin]:
+    """Reuse the lock when its inputs are unchanged and its wheels are here, intact; else resolve."""
+    recorded, pins = read_lock(path)
+    if recorded == fingerprint and pins:
+        missing = missing_wheels(pins)
+        if missing:
+            # Locked but not downloaded (fresh clone, new runner) or damaged: fetch exactly the locked files.
+            fetch_locked(project, missing, path, index())
+        return pins
+    pins = resolver()
+    write_lock(path, what, fingerprint, pins)
+    return pins
+
+def tools_lock(project: Project) -> list[Pin]:
+    """images/tools.lock: the installer used during builds (never left in an image)."""
+    m = project.matrix
+    fp = _fingerprint("tools", m.installer, m.python, project.glibc, image_arch())
+    return _ensure(project, project.images_dir / "tools.lock", "the build-time installer", fp,
+                   lambda: resolve(project, [m.installer]))
+
+def common_lock(project: Project) -> list[Pin]:
+    """images/common.lock: the backend-independent layer shared by every target."""
+    m = project.matrix
+    fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc, image_arch())
+    return _ensure(project, project.images_dir / "common.lock", "the shared layer of every target", fp,
+                   lambda: resolve(project, list(m.common_packages)))
+
+def target_lock(project: Project, target: ResolvedTarget, common: list[Pin]) -> list[Pin]:
+    """images/<target>/requirements.lock: torch and the target's packages, minus the common layer."""
+    path = project.root / target.lock
+    requirements = [f"torch=={target.torch_pin}", *target.packages]
+    # In lock order: just resolved (pip's order) or read back, the same common pins give the same hash.
+    common_hash = _fingerprint([p.line() for p in ordered(common)])
+    fp = _fingerprint("target", target.entry, requirements, project.matrix.python, project.glibc,
+                      image_arch(), common_hash)
+
+    def resolver() -> list[Pin]:
+        unreachable = index_reachable(target.index_url)
+        try:
+            pins = resolve(project, requirements, extra_index=None if unreachable else target.index_url,
+                           constraints=common)
+        except TargetFailed as exc:
+            where = f"the index {target.index_url} ({target.entry})"
+            how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"
+            if unreachable:
+                raise TargetFailed(f"torch=={target.torch_pin} is not available: {where} is unreachable from "
+                                   f"this host ({unreachable}) and pip's own sources lack it; {how}") from None
+            raise TargetFailed(f"resolving {' '.join(requirements)} from {where} failed: {exc}; {how}") from None
+        check_torch_flavour(target, pins)  # before the lock is written
+        shared = {canonicalize_name(p.name) for p in common}
+        return [p for p in pins if canonicalize_name(p.name) not in shared]
+
+    def index() -> str | None:
+        return None if index_reachable(target.index_url) else target.index_url
+
+    pins = _ensure(project, path, f"target {target.name}", fp, resolver, index)
+    check_torch_flavour(target, pins)  # a reused lock, too
+    return pins
+
+def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
+    """The locked torch must be the target's build: ``==2.13.0`` also matches ``2.13.0+cpu``, which
+    PEP 440 ranks above the bare version, so a +cpu wheel among pip's sources wins on a cuda target."""
+    expected = Version(target.torch_pin)
+    torch = next((p for p in pins if canonicalize_name(p.name) == "torch"), None)
+    try:
+        got = Version(torch.version) if torch else None
+    except InvalidVersion:
+        got = None
+    if got == expected:
+        return
+    want = f"+{expected.local}" if expected.local else "no local label (PyPI's default build)"
+    found = f"resolved torch {torch.version}" if torch else "locked no torch"
+    raise TargetFailed(
+        f"target {target.name}: {found}, expected {target.torch_pin} ({want}); fix: remove that wheel or "
+        f"its source from pip's configuration (`pip config list`: find-links, extra-index-url) so "
+        f"{target.index_url} supplies torch, delete {target.lock} if it holds the wrong torch, and run "
+        f"`builder lock -t {target.name}`"
+    )
+
+def lock_all(project: Project, targets: list[ResolvedTarget], say: Callable[[str], object]) -> dict[str, str]:
+    """Lock tools, common and every target; return {target: error} for targets that failed."""
+    try:
+        tools_lock(project)
+        common = common_lock(project)
+    except TargetFailed as exc:
+        raise UserError(f"resolving the shared packages failed: {exc}") from None
+    failed = {}
+    for target in targets:
+        try:
+            pins = target_lock(project, target, common)
+            say(f"{target.name}: {len(pins)} wheels locked in {target.lock}")
+        except TargetFailed as exc:
+            failed[target.name] = str(exc)
+    return failed

@@ -1,0 +1,25 @@
+"""What happened to one target in ``builder build``: shared by the build and its progress view."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Outcome:
+    """What happened to one target; ``--json`` prints a list of these."""
+
+    target: str
+    tags: list[str] = field(default_factory=list)
+    image_id: str | None = None
+    size_bytes: int | None = None
+    seconds: float = 0.0
+    steps: int = 0
+    cached_steps: int = 0
+    smoke: str = "skipped"
+    digest: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,184 @@
+"""``builder smoke``: run each image and check it is what its target says.
+
+Inside the container, through the image's own entrypoint (tini, then the runtime contract):
+the runtime's own probe, ``runtime-check probe --json --self-test``, reports torch's public
+version and build flavour (from ``torch.version.cuda/hip/xpu``), the process (UID 1001,
+/workspace, PYTHONUNBUFFERED=1, tini as PID 1) and a tensor operation with a known answer;
+a second container looks for wheels or installer caches left behind; then the vendor-neutral
+training example runs with ``accelerate launch`` on 2 CPU processes (gloo). When the host
+has the target vendor's GPUs, the probe container gets them and computes on one; otherwise
+the report says the device checks were skipped and why. Every container is removed, pass or
+fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker
+from packaging.version import InvalidVersion, Version
+
+from builder.config.project import Project, ResolvedTarget
+from builder.host.devices import device_options
+
+SMOKE_LABEL = "io.ml-image-builder.images.smoke"
+PROBE = ["runtime-check", "probe", "--json", "--self-test"]
+#: Where a wheel or an installer cache could be left behind (the base's own Debian wheels aside).
+LEFTOVERS = ["/opt", "/usr/lib/python3", "/root", "/tmp", "/home", "/workspace", "-xdev", "(", "-name", "*.whl",
+             "-o", "-path", "*/.cache/pip", "-o", "-path", "*/.cache/uv", "-o", "-path", "/tmp/uv", ")", "-print"]
+# accelerate's --cpu launcher starts ONE process (several only with an MPI hostfile); the
+# multi-process launcher with ACCELERATE_USE_CPU=true starts 2 CPU processes on gloo.
+TRAIN = [
+    "accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    "--mixed_precision", "no", "--dynamo_backend", "no", "/opt/examples/train.py",
+]
+TRAIN_ENV = {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+FINAL = re.compile(r"FINAL first_loss=([0-9.eE+-]+) last_loss=([0-9.eE+-]+)")
+
+
+@dataclass
+class SmokeResult:
+    """Checks that ran, with their outcome; ``status`` is passed, failed or skipped."""
+
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.checks:
+            return "skipped"
+        return "passed" if all(ok for _, ok, _ in self.checks) else "failed"
+
+    def add(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append((name, ok, detail))
+
+    def summary(self) -> str:
+        bad = [f"{n}: {d}" for n, ok, d in self.checks if not ok]
+        return "; ".join(bad) if bad else "all checks passed"
+
+
+def run_container(
+    client: docker.DockerClient, image: str, command: list[str], *, timeout: int = 900, **kwargs: Any
+) -> tuple[int, str]:
+    """Run a container to completion; return (exit status, output). Always removes it.
+
+    The label's value is this process's ID: an interrupted ``builder build`` removes its own.
+    A container still running after *timeout* seconds fails the target (TargetFailed).
+    """
+    import os
+
+    import requests
+    from urllib3.exceptions import ReadTimeoutError
+
+    from builder.config.errors import TargetFailed
+
+    container = client.containers.create(
+        image, command, labels={SMOKE_LABEL: str(os.getpid())}, network_mode="none", **kwargs
+    )
+    try:
+        container.start()
+        try:
+            status = container.wait(timeout=timeout)["StatusCode"]
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+            # ReadTimeout before the engine's headers, ConnectionError(ReadTimeoutError) after them
+            if not isinstance(exc, requests.exceptions.ReadTimeout) and not (
+                    exc.args and isinstance(exc.args[0], ReadTimeoutError)):
+                raise
+            shown = " ".join(command)[:80]
+            ref = image.removeprefix("sha256:")[:12] if image.startswith("sha256:") else image
+            raise TargetFailed(
+                f"smoke container '{shown}' still running after the {timeout} s timeout (removed); "
+                f"run it by hand to see where it hangs: docker run --rm -it {ref} {shown}"
+            ) from None
+        return status, container.logs(stdout=True, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+
+
+def public_version(version: object) -> str | None:
+    """A version without its local label (``2.14.1+cu130`` -> ``2.14.1``); None if unparsable."""
+    try:
+        return Version(str(version)).public
+    except InvalidVersion:
+        return None
+
+
+def smoke_test(
+    client: docker.DockerClient,
+    project: Project,
+    target: ResolvedTarget,
+    image: str,
+    *,
+    train: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+) -> SmokeResult:
+    """Run the checks against *image* (an ID or a reference)."""
+    result = SmokeResult()
+    options, why_not = device_options(target)
+    if why_not:
+        result.skipped.append(f"device checks skipped: {why_not}")
+        log(result.skipped[-1])
+    status, out = run_container(client, image, PROBE, **options)
+    probe = _json_after_checks(out)
+    if status != 0 or probe is None:
+        result.add("container", False, f"exit {status}: {out.strip()[-400:]}")
+        return result
+    torch_info = probe.get("torch", {})
+    selftest = probe.get("self_test", {})
+    process, compute = selftest.get("process", {}), selftest.get("compute", {})
+    result.add("torch import", not torch_info.get("import_error"), torch_info.get("import_error") or "ok")
+    found = public_version(torch_info.get("version"))
+    result.add("torch version", found is not None and found == public_version(target.torch_pin),
+               f"{torch_info.get('version')} (want {public_version(target.torch_pin)})")
+    want = target.flavour
+    flavour = str(torch_info.get("flavour"))
+    result.add("build flavour", flavour == want or (target.backend == "rocm" and flavour.startswith(want + ".")),
+               f"{flavour} (want {want}; cuda={torch_info.get('cuda')} hip={torch_info.get('hip')})")
+    result.add("init as PID 1", process.get("pid1") == "tini", str(process.get("pid1")))
+    result.add("user", process.get("uid") == 1001 and process.get("gid") == 1001, f"uid {process.get('uid')}")
+    result.add("writable HOME", process.get("home_writable") is True, str(process.get("home")))
+    result.add("workdir", process.get("cwd") == "/workspace", str(process.get("cwd")))
+    result.add("PYTHONUNBUFFERED", process.get("unbuffered") == "1", str(process.get("unbuffered")))
+    cpu = compute.get("cpu", {})
+    result.add("tensor op", cpu.get("ok") is True, str(cpu.get("value", cpu.get("error"))))
+    distributed = probe.get("distributed", {})
+    result.add("torch.distributed", distributed.get("available") is True,
+               f"{distributed.get('available')} ({distributed.get('backend')})")
+    status, out = run_container(client, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
+    left = out.split()
+    result.add("no wheels or caches left", status == 0 and not left,
+               ", ".join(left[:5]) or "none" if status == 0 else f"find exited {status}: {out[-200:]}")
+    if options:
+        device = next((d for d in compute if d != "cpu"), None)
+        check = compute.get(device or "", {})
+        result.add("device", check.get("ok") is True, f"{device}: {check.get('value', check.get('error'))}")
+    if train:
+        status, out = run_container(client, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
+        m = FINAL.search(out)
+        ok = status == 0 and m is not None and float(m[2]) < float(m[1]) and "processes=2" in out
+        detail = f"first {m[1]} -> last {m[2]}" if m else f"exit {status}: {out.strip()[-300:]}"
+        result.add("accelerate 2-process training", ok, detail)
+    for name, ok, detail in result.checks:
+        log(f"[{'OK' if ok else 'FAIL'}] {name}: {detail}")
+    return result
+
+
+def _json_after_checks(text: str) -> dict[str, Any] | None:
+    """The JSON object printed after the contract's ``[CHECK]`` lines, or None.
+
+    Example:
+        >>> _json_after_checks('[CHECK] pytorch: 2.13.0+cpu -> OK\\n{\\n  "vendor": "none"\\n}\\n')
+        {'vendor': 'none'}
+    """
+    for start in re.finditer(r"^\{", text, re.MULTILINE):
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text[start.start():])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None

@@ -1,0 +1,87 @@
+"""The shared wheelhouse: where resolved wheels live, and which of them were verified by hash.
+
+One folder for all targets and all clones (``BUILDER_WHEELHOUSE``, else the user's state
+folder). A file is trusted only with its locked sha256; a verified (size, mtime_ns, sha256) is
+remembered in a sidecar file so that a no-op build does not re-hash gigabytes of wheels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from builder.config.files import atomic_write
+from builder.config.state import state_dir
+from builder.images.lockfile import Pin
+
+
+def location() -> Path:
+    """Shared wheel cache (all targets, all clones): BUILDER_WHEELHOUSE or the user cache."""
+    path = Path(os.environ.get("BUILDER_WHEELHOUSE") or state_dir() / "wheels")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+#: Sidecar in the wheelhouse: {file: [size, mtime_ns, sha256]} of files whose hash was checked.
+VERIFIED = ".verified.json"
+
+
+def stamp(path: Path, sha256: str) -> list[object]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, sha256]
+
+def _stamps(house: Path) -> dict[str, list[object]]:
+    try:
+        data = json.loads((house / VERIFIED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+def remember(house: Path, changes: dict[str, list[object] | None]) -> None:
+    """Merge *changes* (None: forget) into the stamps; re-read first, other builds share the file."""
+    if not changes:
+        return
+    stamps = _stamps(house)
+    for name, stamp in changes.items():
+        if stamp is None:
+            stamps.pop(name, None)
+        else:
+            stamps[name] = stamp
+    atomic_write(house / VERIFIED, json.dumps(stamps, sort_keys=True, indent=1) + "\n")
+
+def missing(pins: list[Pin]) -> list[Pin]:
+    """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file is removed.
+
+    Hashing every locked file on each no-op build is too slow (CUDA torch is ~3 GB), so a
+    verified (size, mtime_ns, sha256) is remembered per file and only changed files are re-hashed.
+    """
+    house = location()
+    stamps = _stamps(house)
+    absent: list[Pin] = []
+    changes: dict[str, list[object] | None] = {}
+    for pin in pins:
+        path = house / pin.filename
+        try:
+            current = stamp(path, pin.sha256)
+        except FileNotFoundError:
+            absent.append(pin)
+            continue
+        if stamps.get(pin.filename) == current:
+            continue
+        if sha256_file(path) == pin.sha256:
+            changes[pin.filename] = current
+        else:  # truncated or replaced: never serve it to a build
+            path.unlink(missing_ok=True)
+            changes[pin.filename] = None
+            absent.append(pin)
+    remember(house, changes)
+    return absent

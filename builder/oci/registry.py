@@ -1,0 +1,130 @@
+"""The OCI registry HTTP client: references, ping, credentials, manifest digests.
+
+Credentials come only from the environment (``BUILDER_REGISTRY_USER`` and
+``BUILDER_REGISTRY_PASSWORD``) or the Docker config (``docker login``); they are never
+printed or written anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import docker.auth
+
+from builder.config.errors import UserError
+
+MANIFEST_TYPES = (
+    "application/vnd.docker.distribution.manifest.v2+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json, "
+    "application/vnd.oci.image.manifest.v1+json, "
+    "application/vnd.oci.image.index.v1+json"
+)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A parsed image reference: host, repository path and tag or digest."""
+
+    host: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, ref: str) -> Ref:
+        """Split an image reference.
+
+        Example:
+            >>> Ref.parse("localhost:5000/ml-runtime:cpu")
+            Ref(host='localhost:5000', repository='ml-runtime', tag='cpu', digest=None)
+        """
+        name, _, digest = ref.partition("@")
+        tag = None
+        if ":" in name.rsplit("/", 1)[-1]:
+            name, tag = name.rsplit(":", 1)
+        host, _, repo = name.partition("/")
+        return cls(host, repo, tag, digest or None)
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}/{self.repository}"
+
+
+def is_local(host: str) -> bool:
+    """Registries on loopback speak plain HTTP (Docker trusts 127.0.0.0/8 without TLS too)."""
+    return re.fullmatch(r"(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?", host) is not None
+
+
+def _base_url(host: str) -> str:
+    return f"{'http' if is_local(host) else 'https'}://{host}"
+
+
+def credentials(host: str) -> dict[str, str] | None:
+    """Credentials for *host* from the environment, else the Docker config, else None."""
+    user, password = os.environ.get("BUILDER_REGISTRY_USER"), os.environ.get("BUILDER_REGISTRY_PASSWORD")
+    if user and password:
+        return {"username": user, "password": password}
+    found = docker.auth.load_config().resolve_authconfig(host)
+    if found and found.get("username") and found.get("password"):
+        return {"username": found["username"], "password": found["password"]}
+    return None
+
+
+def ping(host: str, timeout: float = 3.0) -> bool:
+    """True if a registry answers /v2/ on *host* (401 counts: it is up and wants credentials)."""
+    try:
+        with urllib.request.urlopen(f"{_base_url(host)}/v2/", timeout=timeout):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code == 401
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _bearer(challenge: str, creds: dict[str, str] | None) -> str | None:
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    if "realm" not in params:
+        return None
+    query = "&".join(f"{k}={v}" for k, v in params.items() if k in ("service", "scope"))
+    request = urllib.request.Request(f"{params['realm']}?{query}")
+    if creds:
+        request.add_header("Authorization", "Basic " + _basic(creds))
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        body = json.load(resp)
+    return body.get("token") or body.get("access_token")
+
+
+def _basic(creds: dict[str, str]) -> str:
+    return base64.b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
+
+
+def manifest_digest(ref: str, creds: dict[str, str] | None = None) -> str | None:
+    """The digest the registry reports for a tag or digest reference, or None if it has none."""
+    r = Ref.parse(ref)
+    url = f"{_base_url(r.host)}/v2/{r.repository}/manifests/{r.digest or r.tag or 'latest'}"
+    auth = f"Basic {_basic(creds)}" if creds else None
+    for _ in range(2):
+        request = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_TYPES})
+        if auth:
+            request.add_header("Authorization", auth)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return resp.headers.get("Docker-Content-Digest")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            challenge = exc.headers.get("WWW-Authenticate", "")
+            if exc.code == 401 and challenge.lower().startswith("bearer") and not (auth or "").startswith("Bearer"):
+                token = _bearer(challenge, creds)
+                auth = f"Bearer {token}" if token else auth
+                continue
+            raise UserError(f"registry {r.host} answered {exc.code} for {r.name}: check credentials and access") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise UserError(f"registry {r.host} is unreachable ({exc}); start it or fix 'registry' in matrix.yaml") from None
+    return None

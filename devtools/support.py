@@ -1,0 +1,140 @@
+"""Support shared by the tests and the benchmark: project copies, ports, registries, base pins.
+
+One definition each of: a private copy of the project (:func:`copy_project`), a free loopback
+port (:func:`free_port`), a matrix edit (:func:`edit_matrix`) and its registry
+(:func:`registry_of`), the base pin moved to another registry (:func:`retarget_base_lock`), a
+private ``docker-registry`` (:func:`start_registry`, :func:`stop`), and the rule for a missing
+prerequisite in a test (:func:`fail_or_skip`: fail under CI, skip elsewhere).
+
+Example:
+    >>> root = copy_project(Path("/tmp/work/project"))
+    >>> edit_matrix(root, registry=f"127.0.0.1:{free_port()}/ml-runtime")["registry"].startswith("127.0.0.1:")
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT_FILES = ["matrix.yaml", "wheel-mapping.json", "base.lock.json", ".dockerignore", ".hadolint.yaml"]
+PROJECT_DIRS = ["templates", "runtime", "examples", "images", "scripts"]
+
+
+def copy_project(dest: Path) -> Path:
+    """A private copy of the project: what a build reads, nothing else.
+
+    Example:
+        >>> copy_project(Path("/tmp/bench/project")).joinpath("matrix.yaml").is_file()
+        True
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    for name in PROJECT_DIRS:
+        shutil.copytree(REPO / name, dest / name, ignore=ignore)
+    return dest
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def edit_matrix(root: Path, **changes: object) -> dict[str, Any]:
+    """Rewrite keys of root/matrix.yaml; return the new document."""
+    path = root / "matrix.yaml"
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    doc.update(changes)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return doc
+
+
+def registry_of(root: Path) -> str:
+    """The ``registry`` of root/matrix.yaml (``host:port/repository``)."""
+    registry: str = yaml.safe_load((root / "matrix.yaml").read_text())["registry"]
+    return registry
+
+
+def retarget_base_lock(src: Path, dest: Path, registry: str, digest: str | None = None) -> dict[str, Any]:
+    """Write dest/base.lock.json: src's base pin, referenced as ``<registry>/base@<digest>``.
+
+    The base image is the same (same layers, same config), so pushed to another registry it keeps
+    its digest: *digest* defaults to the one src pins. Returns the new lock.
+    """
+    lock: dict[str, Any] = json.loads((src / "base.lock.json").read_text())
+    digest = digest or lock["reference"].split("@", 1)[1]
+    lock = {**lock, "reference": f"{registry}/base@{digest}"}
+    (dest / "base.lock.json").write_text(json.dumps(lock))
+    return lock
+
+
+def fail_or_skip(reason: str) -> NoReturn:
+    """A test's prerequisite is missing: fail when CI is set (a silent skip would hide it), else skip."""
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {reason}")
+    pytest.skip(reason)
+
+
+def wait_http(url: str, timeout: float = 15) -> None:
+    """Wait until *url* answers (any HTTP status counts: 401 is up and wants credentials)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+    """Start Debian's docker-registry on a free loopback port; return (host:port, process).
+
+    Raises FileNotFoundError when docker-registry is not installed.
+    """
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        raise FileNotFoundError("docker-registry is not installed (apt-get install docker-registry)")
+    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else ""
+    (folder / "config.yml").write_text(
+        f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}'}}\n{auth}"
+    )
+    with open(folder / "log", "wb") as log:
+        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=log)
+    wait_http(f"http://127.0.0.1:{port}/v2/")
+    return f"127.0.0.1:{port}", proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

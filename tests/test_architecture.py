@@ -1,0 +1,29 @@
+"""The architecture holds: the layer contracts (import-linter, pyproject.toml) and mypy on builder/, bench/ and runtime/.
+
+Both also run in ``make check``; here they run with the rest of the unit tests.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from devtools.support import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False, timeout=600)
+
+
+def test_import_contracts_are_kept():
+    """cli > images > host > oci > config; only cli imports click; ml_runtime imports nothing of builder."""
+    proc = _run(str(BIN / "lint-imports"), "--no-cache")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_is_clean_on_builder_bench_and_runtime():
+    proc = _run(sys.executable, "-m", "mypy", "builder", "bench", "runtime/ml_runtime")
+    assert proc.returncode == 0, proc.stdout + proc.stderr

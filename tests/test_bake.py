@@ -1,0 +1,78 @@
+"""The bake file mirrors the matrix: ``builder bake`` and :mod:`builder.images.bake` (no engine needed)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from builder.config.project import load_project
+from builder.images import bake
+from devtools.support import REPO
+
+
+def _project():
+    return load_project(REPO / "matrix.yaml")
+
+
+def test_bake_round_trips_the_matrix():
+    project = _project()
+    definition = json.loads(json.dumps(bake.bake_definition(project, project.targets)))
+    assert set(definition) == {"group", "target"}
+    by_name = {t["labels"]["io.ml-image-builder.target"]: (name, t) for name, t in definition["target"].items()}
+    assert set(by_name) == {t.name for t in project.targets}
+    for target in project.targets:
+        name, spec = by_name[target.name]
+        assert name == bake.bake_name(target.name)
+        assert spec["tags"] == target.refs and spec["dockerfile"] == target.dockerfile
+        assert spec["labels"] == target.labels
+        assert spec["cache-from"] == [f"type=registry,ref={target.primary_ref}"]
+    real = {bake.bake_name(t.name): t.name for t in project.targets}
+    for group in ["default", "all", *project.matrix.groups]:
+        members = definition["group"][bake.bake_name(group)]["targets"]
+        assert [real[m] for m in members] == project.matrix.group(group)
+
+
+def test_bake_definition_has_the_shape_bake_accepts():
+    """What `docker buildx bake --print` checks: names, references, and each field's type."""
+    project = _project()
+    definition = bake.bake_definition(project, project.targets)
+    strings = {"context", "dockerfile", "network"}
+    string_lists = {"tags", "cache-from", "cache-to"}
+    for name, spec in definition["target"].items():
+        assert bake.BAKE_NAME.fullmatch(name), name
+        assert set(spec) <= strings | string_lists | {"labels", "extra-hosts"}, set(spec)
+        assert all(isinstance(spec[k], str) for k in strings & set(spec))
+        assert all(isinstance(v, str) for k in string_lists & set(spec) for v in spec[k])
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec["labels"].items())
+        assert (project.root / spec["dockerfile"]).is_file()
+        for entry in spec["cache-from"] + spec["cache-to"]:
+            fields = dict(part.split("=", 1) for part in entry.split(","))
+            assert fields["type"] in {"registry", "inline"}
+    for name, group in definition["group"].items():
+        assert bake.BAKE_NAME.fullmatch(name), name
+        assert set(group) == {"targets"}
+        assert set(group["targets"]) <= set(definition["target"]), (name, group)
+    assert "default" in definition["group"]
+    for spec in definition["target"].values():
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec["extra-hosts"].items())
+
+
+def test_bake_subset_keeps_groups_consistent():
+    project = _project()
+    definition = bake.bake_definition(project, project.select(["cpu"]))
+    assert list(definition["target"]) == ["cpu"]
+    assert all(g["targets"] == ["cpu"] for g in definition["group"].values())
+
+
+def test_bake_command_prints_and_writes(tmp_path):
+    from builder.cli.images import bake_cmd
+
+    runner = CliRunner()
+    printed = runner.invoke(bake_cmd, ["--matrix", str(REPO / "matrix.yaml"), "--print", "-t", "cpu"])
+    assert printed.exit_code == 0, printed.output
+    assert list(json.loads(printed.output)["target"]) == ["cpu"]
+    out = tmp_path / "bake.json"
+    written = runner.invoke(bake_cmd, ["--matrix", str(REPO / "matrix.yaml"), "-o", str(out)])
+    assert written.exit_code == 0, written.output
+    assert json.loads(out.read_text()) == bake.bake_definition(_project(), _project().select([], group="all"))
