@@ -129,6 +129,7 @@ from ml_runtime.errors import ConfigError
 from ml_runtime.probe import VENDOR_OF_BACKEND, VISIBILITY_VARIABLE, DeviceInfo, ProbeResult
 from ml_runtime.spec import (
     capability_value,
+    driver_version,
     load_yaml_mapping,
     positive_number,
     type_name,
@@ -177,7 +178,6 @@ AMP_DTYPES = {
 SPEC_KEYS = ("required_features", "dependencies")
 XNACK_VARIABLE = "HSA_XNACK"
 MIXED_PRECISION_VARIABLE = "ACCELERATE_MIXED_PRECISION"
-_DOTTED = re.compile(r"^\d+(\.\d+)*$")
 _NUMBERS = re.compile(r"\d+")
 
 
@@ -525,26 +525,12 @@ def _parse_policy_criterion(raw: Any, source: str, path: str) -> PolicyCriterion
     if kind == "gpu_compute_capability":
         return PolicyCriterion(kind, op, capability_value(value, where))
     if kind == "driver_version":
-        return PolicyCriterion(kind, op, _driver_value(value, where))
+        return PolicyCriterion(kind, op, driver_version(value, where))
     if kind == "gpu_vendor":
         return PolicyCriterion(kind, op, _vendor_value(value, where))
     if kind in ("memory_gb", "device_memory_gb"):
         return PolicyCriterion(kind, op, _memory_value(value, where))
     return PolicyCriterion(kind, op, _name_value(value, where))
-
-
-def _driver_value(value: Any, where: str) -> str:
-    if isinstance(value, float):
-        # YAML reads 535.50 as the number 535.5: the trailing zero is lost.
-        raise ConfigError(f'{where}: quote the version, e.g. "{value}" (YAML reads unquoted X.Y as a number)')
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ConfigError(
-            f'{where}: must be a dotted version string such as "535.54.03", not {type_name(value)}'
-        )
-    text = str(value).strip()
-    if not _DOTTED.match(text):
-        raise ConfigError(f'{where}: {text!r} is not a dotted numeric version such as "535.54.03"')
-    return text
 
 
 def _vendor_value(value: Any, where: str) -> str:

@@ -295,14 +295,20 @@ def _parse_driver(value: Any, where: str) -> DriverRequirement:
         for vendor, version in value.items():
             if vendor not in DRIVER_VENDORS:
                 raise ConfigError(f"{where}.{vendor}: unknown vendor (allowed: {', '.join(DRIVER_VENDORS)})")
-            minimums[vendor] = _driver_version(version, f"{where}.{vendor}")
+            minimums[vendor] = driver_version(version, f"{where}.{vendor}")
         if not minimums:
             raise ConfigError(f"{where}: must name at least one vendor")
         return DriverRequirement(minimums)
-    return DriverRequirement({None: _driver_version(value, where)})
+    return DriverRequirement({None: driver_version(value, where)})
 
 
-def _driver_version(value: Any, where: str) -> str:
+def driver_version(value: Any, where: str) -> str:
+    """Validate a dotted driver version; ``where`` prefixes the error.
+
+    Example:
+        >>> driver_version("535.54.03", "s.yaml: x")
+        '535.54.03'
+    """
     if isinstance(value, float):
         # YAML reads 535.50 as the number 535.5: the trailing zero is lost.
         raise ConfigError(f'{where}: quote the version, e.g. "{value}" (YAML reads unquoted X.Y as a number)')

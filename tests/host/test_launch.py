@@ -15,7 +15,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 from hostlayouts import H200, IGPU, MAX1550, MI300X, make_dev, make_sysfs
 
 from builder.cli.host import run_cmd
@@ -221,6 +221,12 @@ def test_environment(project: Project, tmp_path: Path) -> None:
 # --- dry run -------------------------------------------------------------------------------
 
 
+def invoke_run(project_dir: Path, sysfs: Path, *args: str, env: dict[str, str | None] | None = None) -> Result:
+    """`builder run` through click, on the test project and a sysfs tree of the test's."""
+    argv = ["--matrix", str(project_dir / "matrix.yaml"), "--allow-unpinned", "--sysfs-root", str(sysfs), *args]
+    return CliRunner().invoke(run_cmd, argv, env=env)
+
+
 def test_dry_run(
     project_dir: Path, project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,25 +235,8 @@ def test_dry_run(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MASTER_PORT", "29777")
     monkeypatch.delenv("BUILDER_VENDOR", raising=False)
-    result = CliRunner().invoke(
-        run_cmd,
-        [
-            "--matrix",
-            str(project_dir / "matrix.yaml"),
-            "--allow-unpinned",
-            "--sysfs-root",
-            str(sysfs),
-            "--dev-root",
-            str(dev),
-            "--env",
-            "MSG=it's here",
-            "--dry-run",
-            "--",
-            "python",
-            "-c",
-            "print(1 + 1)",
-        ],
-    )
+    result = invoke_run(project_dir, sysfs, "--dev-root", str(dev), "--env", "MSG=it's here", "--dry-run",
+                        "--", "python", "-c", "print(1 + 1)")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     ref = project.target("amd-rocm5.7").primary_ref
@@ -322,21 +311,7 @@ def test_run_exit_status_output_and_cleanup(engine, image: str, project_dir: Pat
 def test_run_auto_on_a_gpu_less_host(
     engine, image: str, project_dir: Path, workspace: Path, tmp_path: Path
 ) -> None:
-    result = CliRunner().invoke(
-        run_cmd,
-        [
-            "--matrix",
-            str(project_dir / "matrix.yaml"),
-            "--allow-unpinned",
-            "--sysfs-root",
-            str(tmp_path / "empty"),
-            "--",
-            "sh",
-            "-c",
-            "exit 0",
-        ],
-        env={"BUILDER_VENDOR": None},
-    )
+    result = invoke_run(project_dir, tmp_path / "empty", "--", "sh", "-c", "exit 0", env={"BUILDER_VENDOR": None})
     assert result.exit_code == 0, result.output
     assert "cpu" in result.stderr and "no usable GPU on this host" in result.stderr
     assert _left(engine, image) == []
