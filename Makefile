@@ -35,8 +35,7 @@ check: install ## Check images/ is current, every Dockerfile passes hadolint, th
 	$(VENV)/bin/mypy builder bench runtime/ml_runtime
 
 images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
-	$(BUILDER) base --update
-	$(BUILDER) build --keep-going $(TARGET_FLAGS) $(if $(PUSH),--push)
+	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push)
 
 push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset)
 	$(BUILDER) push $(TARGET_FLAGS)

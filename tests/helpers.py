@@ -39,8 +39,9 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     """
     from builder.images import build
 
-    monkeypatch.setattr(build, "ensure_base_present", lambda *a: None)
-    monkeypatch.setattr(build.locks, "lock_all", lambda *a: {})
+    monkeypatch.setattr(build, "ensure_base_present", lambda *a, **k: None)
+    monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
+    monkeypatch.setattr(build, "reuse", lambda *a, **k: None)  # nothing built before: build everything
     monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
     monkeypatch.setattr(build.render, "render", lambda *a: {})
     monkeypatch.setattr(build.render, "write", lambda *a: None)

@@ -79,7 +79,7 @@ def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
     """The same inputs on another machine (aarch64) resolve other wheels: no lock may be reused across."""
     seen: dict[str, list[str]] = {}
 
-    def record(_project, path, _what, fingerprint, _resolver, _index=None):
+    def record(_project, path, _what, fingerprint, _resolver, _index=None, fetch=True):
         seen.setdefault(path.name, []).append(fingerprint)
         return []
 
@@ -98,7 +98,7 @@ def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
 def test_target_fingerprint_ignores_the_order_of_the_common_pins(proj, monkeypatch):
     """Just resolved, common pins come in pip's order; read back, in lock order: same inputs, same lock."""
     seen = []
-    monkeypatch.setattr(locks, "_ensure", lambda _p, _path, _w, fp, *_a: seen.append(fp) or [])
+    monkeypatch.setattr(locks, "_ensure", lambda _p, _path, _w, fp, *_a, **_k: seen.append(fp) or [])
     monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
     common = [lockfile.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), lockfile.Pin("numpy", "1.2", "b" * 64, "n.whl")]
     locks.target_lock(proj, proj.target("cpu"), common)

@@ -143,12 +143,30 @@ def lock_cmd(project: Project, targets: tuple[str, ...]) -> None:
     sys.exit(1 if failed else 0)
 
 
+def _pinned_base(client: Any, project: Project, update: bool) -> Project:
+    """The project with its base pinned by base.lock.json; with ``update``, bootstrapped and pinned first."""
+    import dataclasses
+
+    from builder.config.project import pinned_base_ref
+
+    try:  # the pinned reference, or why there is none
+        pinned = pinned_base_ref(project.root, project.matrix, False, project.matrix_path.name)
+        return dataclasses.replace(project, base_ref=pinned)
+    except UserError:
+        if not update or project.matrix.base.image is not None:
+            raise
+    from builder.images.base import ensure_base
+
+    lock = ensure_base(client, project, update=True, say=lambda line: click.echo(line, err=True))
+    return dataclasses.replace(project, base_ref=lock.reference)
+
+
 def _report(outcomes: list[Any], as_json: bool) -> None:
     from builder.images.progress import summary
 
     if as_json:
-        keys = ("target", "tags", "image_id", "size_bytes", "seconds", "smoke", "steps", "cached_steps",
-                "digest", "error")
+        keys = ("target", "result", "content_tag", "tags", "image_id", "size_bytes", "seconds", "smoke", "steps",
+                "cached_steps", "digest", "error")
         click.echo(json.dumps([{k: o.as_dict()[k] for k in keys} for o in outcomes], indent=2))
     else:
         from rich.console import Console
@@ -159,7 +177,7 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
 
 
 @click.command("build")
-@project_options
+@project_options(pinned=False)
 @target_option
 @click.option("--push", is_flag=True, help="Push every tag after the smoke test passes (aliases last).")
 @click.option("--keep-going", "-k", is_flag=True, help="A failing target doesn't stop the others.")
@@ -168,14 +186,26 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
               help="Targets built concurrently; the shared stage is built once first.")
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test (the result says 'skipped').")
 @click.option("--quiet", "-q", is_flag=True, help="Progress bars only, no build log.")
+@click.option("--rebuild", is_flag=True,
+              help="Build and smoke-test even when the content tag exists, without the layer cache.")
+@click.option("--pull", is_flag=True,
+              help="Pull a target the registry already has under its content tag (default: skip it).")
+@click.option("--update-base", is_flag=True,
+              help="When the base must be bootstrapped and the Debian mirror moved, re-pin it (builder base --update).")
 def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
-              jobs: int, no_smoke: bool, quiet: bool) -> None:
-    """Build, smoke-test, tag (and push) targets with docker-py."""
+              jobs: int, no_smoke: bool, quiet: bool, rebuild: bool, pull: bool, update_base: bool) -> None:
+    """Build, smoke-test, tag (and push) targets with docker-py.
+
+    A target whose content tag (<registry>:<target>-<12 hex>, a digest of everything that goes
+    into its image) exists locally or in the registry was built and tested already: only its
+    tags move. --json says per target: built, reused-local or reused-registry.
+    """
     from builder.images.build import build_all
     from builder.images.progress import Progress
     from builder.oci.engine import connect
 
     client = connect()
+    project = _pinned_base(client, project, update_base)
     if push:
         from builder.oci.localregistry import ensure_local
 
@@ -184,7 +214,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
             click.echo(started, err=True)
     with Progress(verbose=not quiet) as ui:
         outcomes = build_all(client, project, project.select(targets), ui, push=push, smoke=not no_smoke,
-                             keep_going=keep_going, jobs=jobs)
+                             keep_going=keep_going, jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base)
     _report(outcomes, as_json)
 
 

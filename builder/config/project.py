@@ -236,7 +236,8 @@ def spec_hash(matrix: Matrix) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def _base_ref(root: Path, matrix: Matrix, allow_unpinned: bool, mfile: str) -> str:
+def pinned_base_ref(root: Path, matrix: Matrix, allow_unpinned: bool, mfile: str) -> str:
+    """The base reference targets build FROM: the image pinned by digest, or base.lock.json's pin."""
     base = matrix.base
     if base.image is not None:
         if g.PINNED_IMAGE.fullmatch(base.image) or allow_unpinned:
@@ -302,7 +303,7 @@ def load_project(
     if unknown:
         raise UserError(f"--index: unknown entry {', '.join(unknown)} (known: {', '.join(mapping.entries)})")
     targets = _resolve(matrix, mapping, matrix_path.name, index_overrides or {})
-    base_ref = _base_ref(root, matrix, allow_unpinned, matrix_path.name)
+    base_ref = pinned_base_ref(root, matrix, allow_unpinned, matrix_path.name)
     return Project(root, matrix_path, mapping_path, matrix, mapping, base_ref, targets)
 
 

@@ -22,11 +22,12 @@ import docker
 
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
-from builder.images import locks, publish, render, wheelhouse, wheelserver
+from builder.images import content, locks, publish, render, wheelhouse, wheelserver
 from builder.images.base import ensure_base
 from builder.images.outcome import Outcome
 from builder.images.progress import Progress
 from builder.images.smoke import SMOKE_LABEL, smoke_test
+from builder.oci import registry
 
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 #: After an interrupt: how long to wait for this run's containers to be gone, and how long
@@ -64,6 +65,7 @@ def docker_build(
     on_log: Callable[[str], None] = lambda line: None,
     wheels_at: str = "127.0.0.1",
     cancel: threading.Event | None = None,
+    nocache: bool = False,
 ) -> tuple[str, int, int]:
     """Build one target (or one stage of it); return (image ID, cacheable steps, steps from cache).
 
@@ -73,6 +75,7 @@ def docker_build(
     steps = cached = stages = 0
     image_id = None
     stream = client.api.build(
+        nocache=nocache,
         path=str(project.root),
         dockerfile=target.dockerfile,
         target=stage,
@@ -229,42 +232,147 @@ def process(
     cancel: threading.Event,
     wheels_at: str,
     cache_also: Sequence[str] = (),
+    nocache: bool = False,
 ) -> Outcome:
-    """Build, smoke-test, tag and push one target; never raises for the target's own failures."""
-    out = Outcome(target.name)
+    """Build, smoke-test and tag (the content tag only once tested), then push one target.
+
+    Never raises for the target's own failures.
+    """
+    out = Outcome(target.name, content_tag=content.content_tag(project, target))
     start = time.monotonic()
     ui.start(target.name)
     try:
-        pulled = _cache_sources(client, target)
-        cache_from = [*pulled, *cache_also] if pulled else []
-        out.image_id, out.steps, out.cached_steps = docker_build(
-            client, project, target, cache_from=cache_from, wheels_at=wheels_at, cancel=cancel,
-            on_step=lambda n, total, text: ui.step(target.name, n, total, text),
-            on_log=lambda line: ui.log(target.name, line),
-        )
-        if cancel.is_set():
-            raise TargetFailed("interrupted")
-        out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
-        if smoke:
-            ui.step(target.name, out.steps, out.steps, "smoke test")
-            result = smoke_test(client, project, target, out.image_id, log=lambda s: ui.log(target.name, s))
-            out.smoke = result.status
-            if result.status == "failed":
-                raise TargetFailed(f"smoke test failed: {result.summary()}")
-        _tag(client, out.image_id, target.refs)
-        out.tags = list(target.tags)
+        _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
+               cache_also=cache_also, nocache=nocache)
         if push:
             ui.step(target.name, out.steps, out.steps, "push")
-            record = publish.push_target(client, target, out.image_id)
-            out.digest = record["digest"]
-            publish.record(project.root, [record])
+            _publish(client, project, target, out, out.image_id or "")
     except TargetFailed as exc:
+        out.error = str(exc)
+    except UserError as exc:
         out.error = str(exc)
     except docker.errors.DockerException as exc:
         out.error = f"engine error: {exc}"
     out.seconds = round(time.monotonic() - start, 2)
     ui.done(target.name, out)
     return out
+
+
+def reuse(
+    client: docker.DockerClient, project: Project, target: ResolvedTarget, ui: Progress, *, push: bool, pull: bool
+) -> Outcome | None:
+    """The outcome of reusing this exact content, present here or in the registry; None to build.
+
+    Present locally: only the tags move (no build, no smoke). In the registry: skipped (one
+    manifest request); pulled only with ``pull``; with ``push`` its tags move in the registry.
+    """
+    start = time.monotonic()
+    out = Outcome(target.name, content_tag=content.content_tag(project, target))
+    try:
+        if not _reuse(client, project, target, out, push=push, pull=pull):
+            return None
+    except UserError as exc:
+        out.error = str(exc)
+    except docker.errors.DockerException as exc:
+        out.error = f"engine error: {exc}"
+    out.seconds = round(time.monotonic() - start, 2)
+    ui.start(target.name)
+    ui.done(target.name, out)
+    return out
+
+
+def _reuse(
+    client: docker.DockerClient, project: Project, target: ResolvedTarget, out: Outcome, *, push: bool, pull: bool
+) -> bool:
+    ref = out.content_tag or ""
+    try:
+        out.image_id = client.api.inspect_image(ref)["Id"]
+        out.result = "reused-local"
+    except docker.errors.ImageNotFound:
+        host = registry.Ref.parse(ref).host
+        if not registry.ping(host, timeout=2.0):
+            return False  # no registry answers (the local default, not started): build
+        creds = registry.credentials(host)
+        digest = registry.manifest_digest(ref, creds)
+        if digest is None:
+            return False
+        out.result, out.digest, out.smoke = "reused-registry", digest, "passed earlier"
+        if pull:
+            client.api.pull(*ref.rsplit(":", 1), auth_config=creds)
+            out.image_id = client.api.inspect_image(ref)["Id"]
+        elif push:  # move the tags in the registry itself: no pull needed
+            for tag_ref in [r for r in target.refs if r not in target.alias_refs] + target.alias_refs:
+                registry.copy_tag(ref, tag_ref.rsplit(":", 1)[1], creds)
+            publish.record(project.root, [_record(project, target, out, ref, digest, list(target.refs))])
+            out.tags = list(target.tags)
+            return True
+        else:
+            return True  # known good in the registry; nothing local to tag
+    out.smoke = "passed earlier"
+    out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
+    _tag(client, out.image_id, target.refs)
+    out.tags = list(target.tags)
+    if push:
+        _publish(client, project, target, out, out.image_id)
+    return True
+
+
+def _build(
+    client: docker.DockerClient,
+    project: Project,
+    target: ResolvedTarget,
+    out: Outcome,
+    ui: Progress,
+    *,
+    smoke: bool,
+    cancel: threading.Event,
+    wheels_at: str,
+    cache_also: Sequence[str],
+    nocache: bool,
+) -> None:
+    pulled = [] if nocache else _cache_sources(client, target)
+    cache_from = [*pulled, *cache_also] if pulled else []
+    out.image_id, out.steps, out.cached_steps = docker_build(
+        client, project, target, cache_from=cache_from, wheels_at=wheels_at, cancel=cancel, nocache=nocache,
+        on_step=lambda n, total, text: ui.step(target.name, n, total, text),
+        on_log=lambda line: ui.log(target.name, line),
+    )
+    out.result = "built"
+    if cancel.is_set():
+        raise TargetFailed("interrupted")
+    out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
+    if smoke:
+        ui.step(target.name, out.steps, out.steps, "smoke test")
+        result = smoke_test(client, project, target, out.image_id, log=lambda s: ui.log(target.name, s))
+        out.smoke = result.status
+        if result.status == "failed":
+            raise TargetFailed(f"smoke test failed: {result.summary()}")
+        # Only a tested image carries the content tag: its presence is the proof.
+        _tag(client, out.image_id, [out.content_tag or ""])
+    _tag(client, out.image_id, target.refs)
+    out.tags = list(target.tags)
+
+
+def _publish(client: docker.DockerClient, project: Project, target: ResolvedTarget, out: Outcome,
+             image_id: str) -> None:
+    record = publish.push_target(client, target, image_id, extra=[out.content_tag] if out.smoke != "skipped" else [])
+    out.digest = record["digest"]
+    revision = client.api.inspect_image(image_id)["Config"]["Labels"].get("org.opencontainers.image.revision")
+    publish.record(project.root, [{**record, "content_tag": out.content_tag, "result": out.result,
+                                   "revision": revision, "current_revision": _current_revision(project)}])
+
+
+def _record(project: Project, target: ResolvedTarget, out: Outcome, ref: str, digest: str,
+            tags: list[str]) -> dict[str, Any]:
+    repo = registry.Ref.parse(ref).name
+    return {"target": target.name, "image_id": None, "digest": digest, "reference": f"{repo}@{digest}",
+            "tags": tags, "content_tag": ref, "result": out.result, "revision": None,
+            "current_revision": _current_revision(project),
+            "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _current_revision(project: Project) -> str:
+    return build_labels(project.root)["org.opencontainers.image.revision"]
 
 
 def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[str]:
@@ -288,15 +396,17 @@ def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[
     return [ref]
 
 
-def ensure_base_present(client: docker.DockerClient, project: Project, say: Callable[[str], None]) -> None:
-    """The pinned base must be local; bring it (pull, or bootstrap) if not."""
+def ensure_base_present(
+    client: docker.DockerClient, project: Project, say: Callable[[str], None], update: bool = False
+) -> None:
+    """The pinned base must be local; bring it (pull, or bootstrap; re-pin on drift with ``update``) if not."""
     try:
         client.api.inspect_image(project.base_ref)
         return
     except docker.errors.ImageNotFound:
         pass
     say(f"base {project.base_ref} is not local: fetching it")
-    ensure_base(client, project, update=False, say=say)
+    ensure_base(client, project, update=update, say=say)
 
 
 def build_all(
@@ -309,10 +419,17 @@ def build_all(
     smoke: bool = True,
     keep_going: bool = False,
     jobs: int = 1,
+    rebuild: bool = False,
+    pull: bool = False,
+    update_base: bool = False,
 ) -> list[Outcome]:
-    """Build every target; with ``keep_going`` a failure doesn't stop the others."""
-    ensure_base_present(client, project, ui.say)
-    failed_locks = locks.lock_all(project, targets, ui.say)
+    """Reuse or build every target; with ``keep_going`` a failure doesn't stop the others.
+
+    First, from the committed locks alone (no wheels fetched), each target whose content tag
+    exists locally or in the registry is reused; only the rest fetch wheels, need the base
+    and are built. ``rebuild`` builds everything, without the layer cache.
+    """
+    failed_locks = locks.lock_all(project, targets, ui.say, fetch=False)
     render.write(render.render(project, targets))
     outcomes: list[Outcome] = []
     buildable = []
@@ -320,10 +437,22 @@ def build_all(
         if t.name in failed_locks:
             outcomes.append(Outcome(t.name, error=failed_locks[t.name]))
             ui.done(t.name, outcomes[-1])
+        elif not rebuild and (reused := reuse(client, project, t, ui, push=push, pull=pull)) is not None:
+            outcomes.append(reused)
         else:
             buildable.append(t)
-    if failed_locks and not keep_going:
+    if (failed_locks or any(o.error for o in outcomes)) and not keep_going:
         return outcomes
+    if not buildable:
+        return outcomes
+    failed_fetch = locks.lock_all(project, buildable, lambda line: None)  # the wheels of what is built
+    for t in [t for t in buildable if t.name in failed_fetch]:
+        outcomes.append(Outcome(t.name, error=failed_fetch[t.name]))
+        ui.done(t.name, outcomes[-1])
+    buildable = [t for t in buildable if t.name not in failed_fetch]
+    if (failed_fetch and not keep_going) or not buildable:
+        return outcomes
+    ensure_base_present(client, project, ui.say, update=update_base)
     cancel, halt = threading.Event(), threading.Event()
     with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
         own = OwnContainers(client, [project.root / t.dockerfile for t in buildable], wheels_at)
@@ -332,7 +461,7 @@ def build_all(
             if cancel.is_set() or halt.is_set():
                 return None  # not started: interrupted, or a target failed without --keep-going
             outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
-                              cache_also=cache_also)
+                              cache_also=cache_also, nocache=rebuild)
             if outcome.error and not keep_going:
                 halt.set()
             return outcome

@@ -31,11 +31,14 @@ def _fingerprint(*parts: object) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 def _ensure(project: Project, path: Path, what: str, fingerprint: str, resolver: Callable[[], list[Pin]],
-            index: Callable[[], str | None] = lambda: None) -> list[Pin]:
-    """Reuse the lock when its inputs are unchanged and its wheels are here, intact; else resolve."""
+            index: Callable[[], str | None] = lambda: None, fetch: bool = True) -> list[Pin]:
+    """Reuse the lock when its inputs are unchanged and its wheels are here, intact; else resolve.
+
+    ``fetch=False`` trusts a current lock without its wheels (deciding whether to build at all).
+    """
     recorded, pins = read_lock(path)
     if recorded == fingerprint and pins:
-        missing = missing_wheels(pins)
+        missing = missing_wheels(pins) if fetch else []
         if missing:
             # Locked but not downloaded (fresh clone, new runner) or damaged: fetch exactly the locked files.
             fetch_locked(project, missing, path, index())
@@ -44,21 +47,21 @@ def _ensure(project: Project, path: Path, what: str, fingerprint: str, resolver:
     write_lock(path, what, fingerprint, pins)
     return pins
 
-def tools_lock(project: Project) -> list[Pin]:
+def tools_lock(project: Project, fetch: bool = True) -> list[Pin]:
     """images/tools.lock: the installer used during builds (never left in an image)."""
     m = project.matrix
     fp = _fingerprint("tools", m.installer, m.python, project.glibc, image_arch())
     return _ensure(project, project.images_dir / "tools.lock", "the build-time installer", fp,
-                   lambda: resolve(project, [m.installer]))
+                   lambda: resolve(project, [m.installer]), fetch=fetch)
 
-def common_lock(project: Project) -> list[Pin]:
+def common_lock(project: Project, fetch: bool = True) -> list[Pin]:
     """images/common.lock: the backend-independent layer shared by every target."""
     m = project.matrix
     fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc, image_arch())
     return _ensure(project, project.images_dir / "common.lock", "the shared layer of every target", fp,
-                   lambda: resolve(project, list(m.common_packages)))
+                   lambda: resolve(project, list(m.common_packages)), fetch=fetch)
 
-def target_lock(project: Project, target: ResolvedTarget, common: list[Pin]) -> list[Pin]:
+def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
     """images/<target>/requirements.lock: torch and the target's packages, minus the common layer."""
     path = project.root / target.lock
     requirements = [f"torch=={target.torch_pin}", *target.packages]
@@ -86,7 +89,7 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin]) -> 
     def index() -> str | None:
         return None if index_reachable(target.index_url) else target.index_url
 
-    pins = _ensure(project, path, f"target {target.name}", fp, resolver, index)
+    pins = _ensure(project, path, f"target {target.name}", fp, resolver, index, fetch=fetch)
     check_torch_flavour(target, pins)  # a reused lock, too
     return pins
 
@@ -110,17 +113,22 @@ def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
         f"`builder lock -t {target.name}`"
     )
 
-def lock_all(project: Project, targets: list[ResolvedTarget], say: Callable[[str], object]) -> dict[str, str]:
-    """Lock tools, common and every target; return {target: error} for targets that failed."""
+def lock_all(
+    project: Project, targets: list[ResolvedTarget], say: Callable[[str], object], fetch: bool = True
+) -> dict[str, str]:
+    """Lock tools, common and every target; return {target: error} for targets that failed.
+
+    ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
+    """
     try:
-        tools_lock(project)
-        common = common_lock(project)
+        tools_lock(project, fetch)
+        common = common_lock(project, fetch)
     except TargetFailed as exc:
         raise UserError(f"resolving the shared packages failed: {exc}") from None
     failed = {}
     for target in targets:
         try:
-            pins = target_lock(project, target, common)
+            pins = target_lock(project, target, common, fetch)
             say(f"{target.name}: {len(pins)} wheels locked in {target.lock}")
         except TargetFailed as exc:
             failed[target.name] = str(exc)

@@ -20,6 +20,10 @@ class Outcome:
     smoke: str = "skipped"
     digest: str | None = None
     error: str | None = None
+    #: built, reused-local (the content tag was here) or reused-registry (the registry had it)
+    result: str | None = None
+    #: <registry>:<target>-<12 hex>: this exact content, built and smoke-tested
+    content_tag: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

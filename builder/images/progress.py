@@ -74,6 +74,6 @@ def summary(outcomes: list[Outcome]) -> Table:
         table.add_row(
             o.target, ", ".join(o.tags) or "-", size, f"{o.seconds:.1f}",
             f"{o.cached_steps}/{o.steps}" if o.steps else "-", o.smoke,
-            "[red]FAILED" if o.error else "[green]ok",
+            "[red]FAILED" if o.error else f"[green]{o.result or 'ok'}",
         )
     return table

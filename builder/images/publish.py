@@ -62,11 +62,16 @@ def _explain(host: str, error: str) -> str:
     return f"push to {host} failed: {text}"
 
 
-def push_target(client: docker.DockerClient, target: ResolvedTarget, image_id: str) -> dict[str, Any]:
-    """Push every tag of a built target, aliases last; return its published record."""
+def push_target(
+    client: docker.DockerClient, target: ResolvedTarget, image_id: str, extra: list[str | None] | None = None
+) -> dict[str, Any]:
+    """Push every tag of a built target (and *extra* refs, e.g. its content tag) first, aliases last.
+
+    Returns its published record.
+    """
     digests: dict[str, str] = {}
     versioned = [r for r in target.refs if r not in target.alias_refs]
-    for ref in versioned + target.alias_refs:
+    for ref in [r for r in extra or [] if r] + versioned + target.alias_refs:
         digests[ref] = push_ref(client, ref)
     unique = set(digests.values())
     if len(unique) != 1:

@@ -8,6 +8,7 @@ printed or written anywhere.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -104,27 +105,51 @@ def _basic(creds: dict[str, str]) -> str:
     return base64.b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
 
 
-def manifest_digest(ref: str, creds: dict[str, str] | None = None) -> str | None:
-    """The digest the registry reports for a tag or digest reference, or None if it has none."""
-    r = Ref.parse(ref)
-    url = f"{_base_url(r.host)}/v2/{r.repository}/manifests/{r.digest or r.tag or 'latest'}"
+def _request(
+    method: str, url: str, host: str, creds: dict[str, str] | None, headers: dict[str, str], data: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One registry API call with Basic, then Bearer (token) auth; (status, headers, body). 404 -> (404, {}, b"")."""
     auth = f"Basic {_basic(creds)}" if creds else None
     for _ in range(2):
-        request = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFEST_TYPES})
+        request = urllib.request.Request(url, method=method, headers=headers, data=data)
         if auth:
             request.add_header("Authorization", auth)
         try:
             with urllib.request.urlopen(request, timeout=10) as resp:
-                return resp.headers.get("Docker-Content-Digest")
+                return resp.status, dict(resp.headers.items()), resp.read()
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
-                return None
+                return 404, {}, b""
             challenge = exc.headers.get("WWW-Authenticate", "")
             if exc.code == 401 and challenge.lower().startswith("bearer") and not (auth or "").startswith("Bearer"):
                 token = _bearer(challenge, creds)
                 auth = f"Bearer {token}" if token else auth
                 continue
-            raise UserError(f"registry {r.host} answered {exc.code} for {r.name}: check credentials and access") from None
+            raise UserError(f"registry {host} answered {exc.code} for {url.split('/v2/', 1)[-1]}: check credentials "
+                            "(docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD) and access") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise UserError(f"registry {r.host} is unreachable ({exc}); start it or fix 'registry' in matrix.yaml") from None
-    return None
+            raise UserError(f"registry {host} is unreachable ({exc}); start it or fix 'registry' in matrix.yaml") from None
+    raise UserError(f"registry {host} refused the token it issued for {url}")
+
+
+def manifest_digest(ref: str, creds: dict[str, str] | None = None) -> str | None:
+    """The digest the registry reports for a tag or digest reference, or None if it has none."""
+    r = Ref.parse(ref)
+    url = f"{_base_url(r.host)}/v2/{r.repository}/manifests/{r.digest or r.tag or 'latest'}"
+    status, headers, _ = _request("HEAD", url, r.host, creds, {"Accept": MANIFEST_TYPES})
+    return None if status == 404 else headers.get("Docker-Content-Digest")
+
+
+def copy_tag(source: str, tag: str, creds: dict[str, str] | None = None) -> str:
+    """Point *tag* at the manifest *source* names, in the same repository, without pulling; return its digest.
+
+    The manifest is fetched and put back byte for byte, so the digest stays the same.
+    """
+    r = Ref.parse(source)
+    base = f"{_base_url(r.host)}/v2/{r.repository}/manifests"
+    status, headers, body = _request("GET", f"{base}/{r.digest or r.tag}", r.host, creds, {"Accept": MANIFEST_TYPES})
+    if status == 404:
+        raise UserError(f"registry {r.host} has no {source}")
+    media = headers.get("Content-Type", "application/vnd.docker.distribution.manifest.v2+json")
+    _request("PUT", f"{base}/{tag}", r.host, creds, {"Content-Type": media}, body)
+    return "sha256:" + hashlib.sha256(body).hexdigest()
