@@ -53,11 +53,20 @@ def render_cmd(project: Project, targets: tuple[str, ...], check: bool) -> None:
 @project_options
 @target_option
 def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
-    """Print the fully resolved configuration as JSON, without building (like bake --print)."""
+    """Print the fully resolved configuration as JSON, without building (like bake --print).
+
+    Each target's content_tag is the tag its image gets once built and smoke-tested: a digest
+    of everything that goes into it (see builder/images/content.py).
+    """
+    from builder.images.content import content_tags
+
     data = project.resolved()
     if targets:
         names = {t.name for t in project.select(targets)}
         data["targets"] = [t for t in data["targets"] if t["name"] in names]
+    tags = content_tags(project, [project.target(t["name"]) for t in data["targets"]])
+    for t in data["targets"]:
+        t["content_tag"] = tags[t["name"]]
     click.echo(json.dumps(data, indent=2))
 
 
@@ -66,15 +75,29 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
 @click.option("--format", "fmt", type=click.Choice(["json", "github"]), default="json", show_default=True,
               help="json: a list of targets; github: {'include': [...]} for strategy.matrix via fromJSON.")
 @click.option("--group", default="default", show_default=True, help="Which group of targets.")
-def matrix_cmd(project: Project, fmt: str, group: str) -> None:
+@click.option("--changed", is_flag=True,
+              help="Only targets whose content tag the registry lacks (one manifest request each): "
+              "an unchanged target needs no runner.")
+def matrix_cmd(project: Project, fmt: str, group: str, changed: bool) -> None:
     """Print the targets of a group for a CI matrix."""
+    from builder.images.content import content_tags
+    from builder.oci import registry
+
     try:
         names = project.matrix.group(group)
     except KeyError:
         raise UserError(f"--group: unknown group {group!r} (known: default, all, {', '.join(project.matrix.groups)})")
+    selected = [project.target(n) for n in names]
+    tags = content_tags(project, selected)
+    if changed:
+        host = project.matrix.registry.split("/", 1)[0]
+        creds = registry.credentials(host)
+        up = registry.ping(host, timeout=3.0)
+        selected = [t for t in selected if not up or registry.manifest_digest(tags[t.name], creds) is None]
     rows = [
-        {"target": t.name, "backend": t.backend, "vendor": t.vendor, "torch": t.torch_pin, "tags": t.tags}
-        for t in (project.target(n) for n in names)
+        {"target": t.name, "backend": t.backend, "vendor": t.vendor, "torch": t.torch_pin, "tags": t.tags,
+         "content_tag": tags[t.name]}
+        for t in selected
     ]
     click.echo(json.dumps({"include": rows} if fmt == "github" else rows, separators=(",", ":")))
 

@@ -133,7 +133,7 @@ class Project:
             "python": self.matrix.python,
             "installer": self.matrix.installer,
             "common_packages": list(self.matrix.common_packages),
-            "groups": {name: self.matrix.group(name) for name in {"default", "all", *self.matrix.groups}},
+            "groups": {name: self.matrix.group(name) for name in dict.fromkeys(["default", "all", *self.matrix.groups])},
             "targets": [asdict(t) for t in self.targets],
         }
 

@@ -74,15 +74,20 @@ def context_files(root: Path, dockerfile: str) -> list[str]:
     )
 
 
-def content_digest(project: Project, target: ResolvedTarget, platform_name: str | None = None) -> str:
+def content_digest(
+    project: Project, target: ResolvedTarget, platform_name: str | None = None, dockerfile: str | None = None
+) -> str:
     """sha256 of the target's rendered Dockerfile, copied files, base and platform.
+
+    *dockerfile* is the rendered text when it is not (yet) written to images/.
 
     Example:
         >>> content_digest(project, project.target("cpu"))  # doctest: +ELLIPSIS
         'sha256:...'
     """
     root = project.root
-    dockerfile = (root / target.dockerfile).read_text()
+    if dockerfile is None:
+        dockerfile = (root / target.dockerfile).read_text()
     files = []
     for rel in context_files(root, dockerfile):
         path = root / rel
@@ -96,8 +101,18 @@ def content_digest(project: Project, target: ResolvedTarget, platform_name: str 
     return "sha256:" + hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
 
 
-def content_tag(project: Project, target: ResolvedTarget, platform_name: str | None = None) -> str:
+def content_tag(
+    project: Project, target: ResolvedTarget, platform_name: str | None = None, dockerfile: str | None = None
+) -> str:
     """The reference ``<registry>:<target>-<12 hex>`` of this exact content."""
-    digest = content_digest(project, target, platform_name)
+    digest = content_digest(project, target, platform_name, dockerfile)
     repo = target.primary_ref.rsplit(":", 1)[0]
     return f"{repo}:{target.name}-{digest.removeprefix('sha256:')[:TAG_HEX]}"
+
+
+def content_tags(project: Project, targets: list[ResolvedTarget]) -> dict[str, str]:
+    """{target name: content tag}, from Dockerfiles rendered in memory (no file is written)."""
+    from builder.images import render
+
+    rendered = render.render(project, targets)
+    return {t.name: content_tag(project, t, dockerfile=rendered[project.root / t.dockerfile]) for t in targets}
