@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 
 import docker
 
+from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import start_registry, stop
 
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
@@ -48,6 +50,32 @@ def registry(folder: Path) -> Iterator[str]:
     finally:
         stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def second_engine(folder: Path) -> Iterator[str]:
+    """An empty second dockerd for the block (a fresh runner); yields its DOCKER_HOST (devtools/dockerd.py)."""
+    try:
+        with extra_dockerd(folder, "be") as host:
+            yield host
+    except DockerdUnavailable as exc:
+        raise SystemExit(f"bench: {exc}") from None
+
+
+def steps_before_last_stage(dockerfile: str) -> int:
+    """Steps before the Dockerfile's last stage, counted as ``builder build`` counts them (FROM lines not).
+
+    A build's total also holds the LABEL step the engine appends per ``--label``, all in the last
+    stage: "only the last stage rebuilt" is "exactly these steps from cache".
+
+    Example:
+        >>> steps_before_last_stage("FROM a AS b\\nRUN x\\nENV c=1\\nFROM b\\nCOPY c /c\\n")
+        2
+    """
+    joined = re.sub(r"\\[ \t]*\n(?:[ \t]*(?:#[^\n]*)?\n)*", " ", dockerfile)
+    words = [ln.split(None, 1)[0].upper() for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    last = max(i for i, w in enumerate(words) if w == "FROM")
+    return sum(w != "FROM" for w in words[:last])
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -3,9 +3,15 @@
 Writes bench/out/results.json and bench/out/results.md. Runs on a temporary copy of the project
 (own registry on a free loopback port, own wheel-server port) and removes every image it made.
 
+Build avoidance (content tags), measured as users run it, smoke test on: a no-op ``builder build``
+(reused-local), a fresh runner deciding to skip (an empty second dockerd, the image in the
+registry: reused-registry), a runtime/ change (rebuild + smoke) and ``make images`` with nothing
+changed. ``--only avoidance`` runs just those rows (one cold build per target first).
+
 Example:
     $ python -m bench --quick                          # cpu only, for trying it out
     $ python -m bench --targets cpu,nvidia-cu130       # the full run (several GB, ~20 min)
+    $ python -m bench --only avoidance --targets cpu   # only the build-avoidance rows (~6 min)
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +41,11 @@ from bench import (
     median,
     registry,
     run,
+    second_engine,
     shared_by_all,
     shared_bytes,
     shared_fraction,
+    steps_before_last_stage,
     sync_runtime,
     timed,
 )
@@ -118,11 +127,13 @@ def locked_wheels(project: Project, target: ResolvedTarget) -> list[lockfile.Pin
     return common + own
 
 
-def builder_build(root: Path, target: str) -> tuple[float, dict[str, Any]]:
-    """Wall seconds of a whole ``builder build -t T --no-smoke -q`` process, and its JSON outcome."""
+def builder_build(root: Path, target: str, *flags: str, smoke: bool = False,
+                  env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
+    """Wall seconds of a whole ``builder build -t T [--no-smoke] -q --json [flags]`` process, and its JSON outcome."""
     exe = Path(sys.executable).parent / "builder"
     argv = [str(exe)] if exe.is_file() else [sys.executable, "-m", "builder"]
-    seconds, proc = timed(lambda: run([*argv, "build", "-t", target, "--no-smoke", "-q", "--json"], cwd=root))
+    argv += ["build", "-t", target, *([] if smoke else ["--no-smoke"]), "-q", "--json", *flags]
+    seconds, proc = timed(lambda: run(argv, cwd=root, env=env))
     return seconds, json.loads(proc.stdout)[0]
 
 
@@ -140,14 +151,17 @@ def touch_runtime(root: Path) -> None:
         handle.write(f"# bench {time.time_ns()}\n")
 
 
-def measure(client: docker.DockerClient, project: Project, targets: list[ResolvedTarget], tmp: Path,
-            made: Made) -> dict[str, Any]:
-    root = project.root
+def lock_and_render(project: Project, targets: list[ResolvedTarget]) -> None:
     say(f"locking {', '.join(t.name for t in targets)} (wheels into {wheelhouse.location()})")
     failed = locks.lock_all(project, targets, say)
     if failed:
         raise SystemExit(f"bench: locking failed: {failed}")
     render.write(render.render(project, targets))
+
+
+def measure(client: docker.DockerClient, project: Project, targets: list[ResolvedTarget], tmp: Path,
+            made: Made) -> dict[str, Any]:
+    root = project.root
     house = wheelhouse.location()
     pins = {t.name: locked_wheels(project, t) for t in targets}
     contexts = {t.name: baseline_context(tmp / f"baseline-{t.name}", root, t.backend,
@@ -180,7 +194,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
     final: dict[str, dict[str, str]] = {"ours": {}, "baseline": {}}
     tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in targets}
     for t in targets:
-        made.refs += [*t.refs, tags[t.name]]
+        made.refs.append(tags[t.name])
         final["ours"][t.name] = builder_build(root, t.name)[1]["image_id"]
         final["baseline"][t.name] = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])[1]
         made.ids += [final["ours"][t.name], final["baseline"][t.name]]
@@ -234,21 +248,116 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
     return {**ours, "baseline": theirs}
 
 
+def repeat(fn: Callable[[], tuple[float, dict[str, Any]]], made: Made) -> tuple[list[float], list[dict[str, Any]]]:
+    """REPEATS runs of a timed ``builder build``: (seconds, outcomes); every image and content tag goes to *made*."""
+    samples, outcomes = [], []
+    for _ in range(REPEATS):
+        seconds, outcome = fn()
+        samples.append(seconds)
+        outcomes.append(outcome)
+        made.refs += [outcome["content_tag"]] if outcome.get("content_tag") else []
+        made.ids += [outcome["image_id"]] if outcome.get("image_id") else []
+    return samples, outcomes
+
+
+def make_images(root: Path, targets: list[ResolvedTarget]) -> float:
+    """Wall seconds of ``make images TARGETS="..."`` in the project copy, with this checkout's Makefile and venv.
+
+    The copy gets the Makefile and pyproject.toml (mtimes kept), so ``install`` finds the venv current;
+    if it is not (pyproject.toml newer than .venv/.installed) this raises rather than reinstall it.
+    """
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy2(REPO / name, root / name)
+    venv = Path(sys.executable).parent.parent
+    make = [shutil.which("make") or "make", f"VENV={venv}", f"TARGETS={' '.join(t.name for t in targets)}"]
+    if subprocess.run([*make, "-q", f"{venv}/.installed"], cwd=root, capture_output=True, check=False).returncode:
+        raise SystemExit(f"bench: {venv} is not current for pyproject.toml: run `make install` first")
+    return timed(lambda: run([*make, "images"], cwd=root))[0]
+
+
+def avoidance(project: Project, targets: list[ResolvedTarget], tmp: Path, made: Made) -> dict[str, Any]:
+    """Build avoidance as users run it (smoke on, whole processes, median of REPEATS); see the module docstring."""
+    root = project.root
+    out: dict[str, Any] = {k: {} for k in ("noop_s", "noop_samples_s", "noop_results", "fresh_runner_s",
+                                           "fresh_runner_samples_s", "fresh_runner_results", "runtime_change_s",
+                                           "runtime_change_samples_s", "runtime_change_steps", "runtime_change_ok")}
+    for t in targets:  # once: a smoke-tested build carries the content tag; then it goes to the registry
+        say(f"{t.name}: build with smoke test, push")
+        for flags in ((), ("--push",)):
+            outcome = builder_build(root, t.name, *flags, smoke=True)[1]
+            made.refs.append(outcome["content_tag"])
+            made.ids += [outcome["image_id"]] if outcome.get("image_id") else []
+
+    def record(key: str, t: ResolvedTarget, samples: list[float], outcomes: list[dict[str, Any]]) -> None:
+        out[key + "_samples_s"][t.name], out[key + "_s"][t.name] = samples, median(samples)
+        if key + "_results" in out:
+            out[key + "_results"][t.name] = [o["result"] for o in outcomes]
+        say(f"{t.name}: {key.replace('_', ' ')} {samples} s, {[o['result'] for o in outcomes]}")
+
+    for t in targets:
+        record("noop", t, *repeat(functools.partial(builder_build, root, t.name, smoke=True), made))
+    samples = [make_images(root, targets) for _ in range(REPEATS)]
+    out["make_images_noop_samples_s"], out["make_images_noop_s"] = samples, median(samples)
+    out["make_images_targets"] = [t.name for t in targets]
+    say(f"make images TARGETS={' '.join(t.name for t in targets)}: {samples} s")
+    with second_engine(tmp / "engine2") as host:
+        for t in targets:
+            record("fresh_runner", t, *repeat(functools.partial(builder_build, root, t.name, smoke=True,
+                                                                env={"DOCKER_HOST": host}), made))
+    for t in targets:
+        before = steps_before_last_stage((root / t.dockerfile).read_text())
+
+        def change(name: str = t.name) -> tuple[float, dict[str, Any]]:
+            touch_runtime(root)
+            return builder_build(root, name, smoke=True)
+
+        samples, outcomes = repeat(change, made)
+        record("runtime_change", t, samples, outcomes)
+        out["runtime_change_steps"][t.name] = [f"{o['cached_steps']}/{o['steps']}" for o in outcomes]
+        out["runtime_change_ok"][t.name] = all(  # one process, one build, one smoke test: "passed" is once
+            o["result"] == "built" and o["smoke"] == "passed" and o["cached_steps"] == before for o in outcomes)
+        out.setdefault("steps_before_last_stage", {})[t.name] = before
+    return out
+
+
 def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
     """Each goal, its figures and whether it was met (None: not measurable in this run)."""
-    base = results["baseline"]
     out = []
 
-    def goal(name: str, met: bool | None, detail: str) -> None:
-        out.append({"goal": name, "met": met, "detail": detail})
+    def goal(name: str, met: bool | None, detail: str, **row: Any) -> None:
+        out.append({"goal": name, "met": met, "detail": detail, **row})  # row: a line of the avoidance table
 
+    if (a := results.get("avoidance")) is not None:
+        for key, figure, limit, want in (("noop", "no-op `builder build -t T`", 1.0, "reused-local"),
+                                         ("fresh_runner", "fresh runner: decide and skip", 3.0, "reused-registry")):
+            for t in targets:
+                s, kinds = a[f"{key}_s"][t], sorted(set(a[f"{key}_results"][t]))
+                goal(f"{figure} {t} (smoke on) <= {limit:g} s", s <= limit and kinds == [want],
+                     f"{s} s, result {'/'.join(kinds)}", figure=figure, target=t, seconds=s,
+                     samples=a[f"{key}_samples_s"][t], want=f"<= {limit:g} s, {want}")
+        for t in targets:
+            s, steps = a["runtime_change_s"][t], ", ".join(a["runtime_change_steps"][t])
+            goal(f"runtime/ change {t}: only the last stage rebuilt, smoke once", a["runtime_change_ok"][t],
+                 f"{s} s, cached/total steps {steps} (before the last stage: {a['steps_before_last_stage'][t]})",
+                 figure="runtime/ change: rebuild + smoke", target=t, seconds=f"{s} ({steps} cached/total)",
+                 samples=a["runtime_change_samples_s"][t],
+                 want=f"only the last stage rebuilt (the {a['steps_before_last_stage'][t]} steps before it "
+                      "cached), smoke passed once")
+        names, s = " ".join(a["make_images_targets"]), a["make_images_noop_s"]
+        limit = 1.0 + len(a["make_images_targets"])
+        goal(f"`make images` nothing changed (TARGETS={names}) <= {limit:g} s", s <= limit, f"{s} s",
+             figure="`make images`, nothing changed (whole command)", target=f"TARGETS={names}", seconds=s,
+             samples=a["make_images_noop_samples_s"], want=f"<= {limit:g} s (1 s + 1 s per target)")
+    if "baseline" not in results:
+        return out
+    base = results["baseline"]
     for t in targets:
         ours_s, their_s = results["cold_build_s"][t], base["cold_build_s"][t]
         goal(f"cold build {t} <= 0.6 x baseline", ours_s <= 0.6 * their_s,
              f"{ours_s} s vs {their_s} s ({ours_s / their_s:.2f} x)")
     for t in targets:
         s = results["noop_rebuild_s_per_target"][t]
-        goal(f"no-op rebuild {t} <= 1 s", s <= 1.0 and results["noop_all_cached"][t],
+        goal(f"no-op rebuild --no-smoke {t} <= 1 s", s <= 1.0 and results["noop_all_cached"][t],
              f"{s} s, every step from cache: {results['noop_all_cached'][t]}")
     fraction = results["shared_fraction_below_torch"]
     goal("shared fraction below torch = 1.0", None if fraction is None else fraction == 1.0,
@@ -271,11 +380,31 @@ def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
 
 
 def markdown(results: dict[str, Any], targets: list[str]) -> str:
-    """results.md: one table of figures (ours, baseline) and one of goals."""
+    """results.md: build avoidance (the headline, with its goals), the figures ours vs. baseline, all goals."""
+    mark = {True: "yes", False: "**no**", None: "n/a"}
+    rows = []
+    if "avoidance" in results:
+        rows += ["Build avoidance, as users run it (smoke on, whole process, median of 3):", "",
+                 "| figure | target | seconds | samples (s) | goal | met |", "|---|---|---:|---|---|---|"]
+        rows += [f"| {g['figure']} | {g['target']} | {g['seconds']} | {g['samples']} | {g['want']} | "
+                 f"{mark[g['met']]} |" for g in results["goals"] if "figure" in g]
+        rows.append("")
+    if "baseline" in results:
+        rows += baseline_table(results, targets)
+    rows += ["| goal | met | figures |", "|---|---|---|"]
+    rows += [f"| {g['goal']} | {mark[g['met']]} | {g['detail']} |" for g in results["goals"]]
+    rows.append("")
+    rows += [AVOIDANCE_NOTES] if "avoidance" in results else []
+    rows += [NOTES.format(**results)] if "baseline" in results else [HOW.format(**results)]
+    return "\n".join(rows) + "\n"
+
+
+def baseline_table(results: dict[str, Any], targets: list[str]) -> list[str]:
+    """The figures ours vs. baseline, one row per metric and target."""
     base = results["baseline"]
     rows = ["| metric | target | ours | baseline |", "|---|---|---:|---:|"]
-    per_target = [("cold build (s, nocache)", "cold_build_s"), ("no-op rebuild (s, median of 3)",
-                  "noop_rebuild_s_per_target"), ("runtime-change rebuild (s, median of 3)",
+    per_target = [("cold build (s, nocache)", "cold_build_s"), ("no-op rebuild, --no-smoke (s, median of 3)",
+                  "noop_rebuild_s_per_target"), ("runtime-change rebuild, --no-smoke (s, median of 3)",
                   "runtime_change_rebuild_s"), ("image size (GB)", "image_bytes"),
                   ("essential size (GB)", "essential_bytes"), ("size / essential", "size_ratio_vs_essential")]
     for label, key in per_target:
@@ -290,15 +419,18 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
     for label, key in (("bytes shared between targets / total", "shared_bytes_fraction"),
                        ("bytes below torch shared by all targets", "shared_fraction_below_torch")):
         rows.append(f"| {label} | all | {results[key]} | {base[key]} |")
-    rows += ["", "| goal | met | figures |", "|---|---|---|"]
-    for g in results["goals"]:
-        met = {True: "yes", False: "**no**", None: "n/a"}[g["met"]]
-        rows.append(f"| {g['goal']} | {met} | {g['detail']} |")
-    rows += ["", NOTES.format(**results)]
-    return "\n".join(rows) + "\n"
+    return [*rows, ""]
 
 
-NOTES = """How measured ({cpus} CPUs, engine {engine}, {seconds} s in all; timings on a shared engine are noisy):
+HOW = "How measured ({cpus} CPUs, engine {engine}, {seconds} s in all; timings on a shared engine are noisy)."
+AVOIDANCE_NOTES = """Build avoidance: every figure is the wall time of the whole process with the smoke test on, on the
+temporary copy. No-op = `builder build -t T -q --json` right after a smoke-tested build of the same content (its
+content tag is local: reused-local). Fresh runner = the same command with DOCKER_HOST at a second, empty dockerd
+started for the bench, the content tag pushed to the bench's registry (reused-registry: nothing pulled or built).
+runtime/ change = a comment appended to runtime/ml_runtime/__init__.py, then `builder build -t T -q --json`
+(smoke on); cached/total counts the build's steps without FROM lines. `make images` = `make images TARGETS=...`
+in the copy (this checkout's Makefile and venv; `install` and `host` run too), nothing changed."""
+NOTES = HOW[:-1] + """:
 cold = docker-py classic build with nocache, ours and baseline interleaved per target; no-op = wall time of
 the whole `builder build -t T --no-smoke -q --json` process (baseline: `docker build` of its Dockerfile,
 which sends the wheels in its context every time); runtime change = a comment appended to
@@ -313,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="cpu,nvidia-cu130", help="comma-separated targets (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="cpu only, for trying the bench out")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="output folder (default: bench/out)")
+    parser.add_argument("--only", choices=["avoidance"], help="only these rows (avoidance: the build-avoidance ones)")
     args = parser.parse_args(argv)
     names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
     client = connect()
@@ -324,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
             with registry(tmp / "registry") as host:
                 project = setup_project(client, tmp / "project", host, made)
                 targets = [project.target(n) for n in names]
-                results = measure(client, project, targets, tmp, made)
+                made.refs += [ref for t in targets for ref in t.refs]
+                lock_and_render(project, targets)
+                results = {} if args.only else measure(client, project, targets, tmp, made)
+                results["avoidance"] = avoidance(project, targets, tmp, made)
         finally:
             made.close()
     results = {"targets": names, "engine": client.version()["Version"], "cpus": os.cpu_count(),

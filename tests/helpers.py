@@ -39,10 +39,10 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     """
     from builder.images import build
 
-    monkeypatch.setattr(build, "ensure_base_present", lambda *a, **k: None)
+    monkeypatch.setattr(build, "ensure_base_present", lambda client, project, *a, **k: project.base_ref)
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
     monkeypatch.setattr(build, "reuse", lambda *a, **k: None)  # nothing built before: build everything
     monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
     monkeypatch.setattr(build.render, "render", lambda *a: {})
     monkeypatch.setattr(build.render, "write", lambda *a: None)
-    return SimpleNamespace(root=folder, matrix=SimpleNamespace(wheelhouse_port=free_port()))
+    return SimpleNamespace(root=folder, matrix=SimpleNamespace(wheelhouse_port=free_port()), base_ref="base@sha256:0")

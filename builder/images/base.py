@@ -30,6 +30,7 @@ from builder.config.matrix import Bootstrap
 from builder.config.project import Project, spec_hash
 from builder.images.publish import push_ref
 from builder.oci.localregistry import ensure_local
+from builder.oci.registry import credentials
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def ensure_base(
     if matrix.base.image is not None:
         if not _present(client, matrix.base.image):
             say(f"pulling {matrix.base.image}")
-            client.api.pull(matrix.base.image)
+            client.api.pull(matrix.base.image, auth_config=credentials(matrix.base.image.split("/", 1)[0]))
         return BaseLock(reference=matrix.base.image, image_id=client.api.inspect_image(matrix.base.image)["Id"],
                         spec_sha256=spec_hash(matrix))
     host = matrix.registry.split("/", 1)[0]
@@ -186,7 +187,7 @@ def ensure_base(
         return lock
     if lock is not None and fresh_spec:
         try:
-            client.api.pull(lock.reference)
+            client.api.pull(lock.reference, auth_config=credentials(host))
             say(f"pulled the locked base {lock.reference}")
             return lock
         except docker.errors.DockerException:
@@ -227,7 +228,7 @@ def _push_if_missing(
 ) -> None:
     from builder.oci.registry import manifest_digest
 
-    if manifest_digest(lock.reference) is None:
+    if manifest_digest(lock.reference, credentials(lock.reference.split("/", 1)[0])) is None:
         tag = f"{project.base_repository}:{project.matrix.base.debian_suite}"
         client.api.tag(lock.image_id, tag)
         digest = push_ref(client, tag)

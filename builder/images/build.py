@@ -7,6 +7,7 @@ build leaves the previous tags where they were, and the next run resumes from ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -390,7 +391,7 @@ def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[
     except docker.errors.ImageNotFound:
         pass
     try:
-        client.api.pull(*ref.rsplit(":", 1))
+        client.api.pull(*ref.rsplit(":", 1), auth_config=registry.credentials(registry.Ref.parse(ref).host))
     except docker.errors.DockerException:
         return []  # never published yet: build cold
     return [ref]
@@ -398,15 +399,19 @@ def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[
 
 def ensure_base_present(
     client: docker.DockerClient, project: Project, say: Callable[[str], None], update: bool = False
-) -> None:
-    """The pinned base must be local; bring it (pull, or bootstrap; re-pin on drift with ``update``) if not."""
+) -> str:
+    """The pinned base must be local; bring it (pull, or bootstrap) if not; return its reference.
+
+    With ``update``, a bootstrap that differs from the pin (the Debian mirror moved) is re-pinned,
+    and the returned reference is the new one.
+    """
     try:
         client.api.inspect_image(project.base_ref)
-        return
+        return project.base_ref
     except docker.errors.ImageNotFound:
         pass
     say(f"base {project.base_ref} is not local: fetching it")
-    ensure_base(client, project, update=update, say=say)
+    return ensure_base(client, project, update=update, say=say).reference
 
 
 def build_all(
@@ -452,7 +457,11 @@ def build_all(
     buildable = [t for t in buildable if t.name not in failed_fetch]
     if (failed_fetch and not keep_going) or not buildable:
         return outcomes
-    ensure_base_present(client, project, ui.say, update=update_base)
+    base_ref = ensure_base_present(client, project, ui.say, update=update_base)
+    if base_ref != project.base_ref:  # re-pinned: every target builds FROM the new base
+        project = dataclasses.replace(project, base_ref=base_ref)
+        render.write(render.render(project, targets))
+        ui.say(f"re-rendered the Dockerfiles for the new base pin {base_ref}; commit base.lock.json and images/")
     cancel, halt = threading.Event(), threading.Event()
     with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
         own = OwnContainers(client, [project.root / t.dockerfile for t in buildable], wheels_at)

@@ -33,24 +33,55 @@ def build_json(root, *args: str, env=None):
 
 
 def test_cpu_image_builds_and_passes_smoke(cpu_project, engine):
-    proc, out = build_json(cpu_project, "-t", "cpu")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    cpu = out["cpu"]
-    assert cpu["smoke"] == "passed" and cpu["error"] is None
-    assert set(cpu["tags"]) == {"cpu", "cpu-torch2.13.0", "latest-cpu"}
-    assert {"target", "tags", "image_id", "size_bytes", "seconds", "smoke"} <= set(cpu)
-    # Nothing changed since the fixture built it: every step is a cache hit.
-    assert cpu["cached_steps"] == cpu["steps"], cpu
-    info = engine.api.inspect_image(cpu["image_id"])
+    """The fixture built, smoke-tested and pushed cpu; the record says so, with its content tag."""
+    record = json.loads((cpu_project / "dist" / "published.json").read_text())["cpu"]
+    assert record["result"] == "built" and record["content_tag"].startswith(f"{registry_of(cpu_project)}:cpu-")
+    info = engine.api.inspect_image(record["content_tag"])
+    assert record["image_id"] == info["Id"]
     config = info["Config"]
     assert config["User"] == "1001:1001" and config["WorkingDir"] == "/workspace"
     assert config["Entrypoint"] == ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]
     labels = config["Labels"]
     assert labels["io.ml-image-builder.torch"] == "2.13.0+cpu"
+    assert labels["org.opencontainers.image.revision"] == record["revision"]
     assert len(labels["org.opencontainers.image.revision"]) >= 7
     assert labels["org.opencontainers.image.created"]
     repo = registry_of(cpu_project)
     assert {f"{repo}:{t}" for t in ("cpu", "cpu-torch2.13.0", "latest-cpu")} <= set(info["RepoTags"])
+
+
+def test_unchanged_target_is_reused_not_rebuilt(cpu_project, engine):
+    proc, out = build_json(cpu_project, "-t", "cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cpu = out["cpu"]
+    assert cpu["result"] == "reused-local" and cpu["error"] is None
+    assert cpu["steps"] == 0 and cpu["smoke"] == "passed earlier"  # no build, no smoke
+    assert set(cpu["tags"]) == {"cpu", "cpu-torch2.13.0", "latest-cpu"}
+    assert engine.api.inspect_image(cpu["content_tag"])["Id"] == cpu["image_id"]
+    printed = json.loads(run_builder("print", "-t", "cpu", cwd=cpu_project).stdout)
+    assert printed["targets"][0]["content_tag"] == cpu["content_tag"]  # print shows it without building
+
+
+def test_content_tag_follows_what_goes_into_the_image(tmp_path):
+    root = copy_project(tmp_path / "p")  # the repository's own matrix and base pin
+
+    def tag() -> str:
+        return json.loads(run_builder("print", "-t", "cpu", cwd=root).stdout)["targets"][0]["content_tag"]
+
+    first = tag()
+    (root / "README.md").write_text("not in the build context\n")
+    assert tag() == first
+    with (root / "runtime/ml_runtime/__init__.py").open("a") as handle:
+        handle.write("\n# a change the image carries\n")
+    assert tag() != first
+
+
+def test_rebuild_really_builds(cpu_project, engine):
+    proc, out = build_json(cpu_project, "-t", "cpu", "--rebuild")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cpu = out["cpu"]
+    assert cpu["result"] == "built" and cpu["smoke"] == "passed"
+    assert cpu["steps"] > 0 and cpu["cached_steps"] == 0  # no layer cache either
 
 
 def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path):

@@ -9,11 +9,9 @@ image, and must not run a single step.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,104 +23,20 @@ from helpers import publish_base_to, run_builder
 from builder.config.project import load_project
 from builder.images import locks, render, wheelhouse, wheelserver
 from builder.images.build import docker_build
+from devtools.dockerd import DockerdUnavailable, _stop, extra_dockerd
 from devtools.support import edit_matrix, fail_or_skip, free_port
 
 pytestmark = pytest.mark.engine
 
 
-def _privileged() -> list[str]:
-    """dockerd, kill and umount need root: nothing as root, else passwordless sudo (CI runners)."""
-    if os.geteuid() == 0:
-        return []
-    if shutil.which("sudo") and subprocess.run(["sudo", "-n", "true"], capture_output=True, check=False).returncode == 0:
-        return ["sudo", "-n"]
-    fail_or_skip("a second dockerd needs root or passwordless sudo")
-    return []
-
-
-def _quiet(argv: list[str]) -> None:
-    """Best effort (teardown): the process may be gone, the mount or folder absent."""
-    subprocess.run(argv, capture_output=True, check=False)
-
-
-def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def _pid(pidfile: Path) -> int | None:
-    try:
-        return int(pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def _stop_daemon(proc: subprocess.Popen, pidfile: Path, folders: list[Path], sudo: list[str]) -> None:
-    """SIGTERM (then SIGKILL) dockerd and its containerd by pid, unmount leftovers, remove every file."""
-    containerd_pidfile = folders[1] / "exec" / "containerd" / "containerd.pid"
-    containerd = _pid(containerd_pidfile)
-    daemon = _pid(pidfile) or proc.pid
-    _quiet([*sudo, "kill", "-TERM", str(daemon)])
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        _quiet([*sudo, "kill", "-KILL", str(daemon)])
-        proc.wait(timeout=10)
-    # A dockerd killed hard leaves its supervised containerd behind.
-    if containerd and _alive(containerd):
-        _quiet([*sudo, "kill", "-KILL", str(containerd)])
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    for point in sorted((m for m in mounts if any(m.startswith(str(f)) for f in folders)), key=len, reverse=True):
-        _quiet([*sudo, "umount", "-l", point])
-    for folder in folders:
-        _quiet([*sudo, "rm", "-rf", str(folder)])
-
-
 @pytest.fixture(scope="session")
 def second_engine(engine, tmp_path_factory) -> Iterator[str]:
-    """A second dockerd with an empty store and a bridge of its own; yields DOCKER_HOST.
-
-    Never ``--bridge=none``: a daemon started without a bridge deletes the host's ``docker0``,
-    breaking every container of the main engine. It gets its own (unused) bridge instead.
-    """
-    dockerd = shutil.which("dockerd") or next((p for p in ("/usr/sbin/dockerd", "/usr/bin/dockerd")
-                                               if Path(p).is_file()), None)
-    if dockerd is None:
-        fail_or_skip("dockerd is not installed (apt-get install docker.io)")
-    sudo = _privileged()
-    data = tmp_path_factory.mktemp("dockerd2")
-    # Socket paths are limited to 108 bytes (the exec root holds containerd's): keep these short.
-    short = Path(tempfile.mkdtemp(prefix="mlb-d2-", dir="/tmp"))
-    sock, pidfile = short / "docker.sock", short / "docker.pid"
-    (short / "daemon.json").write_text("{}\n")  # ignore the host's /etc/docker/daemon.json
-    bridge = f"mlbbr{os.getpid() % 100000}"  # interface names are at most 15 bytes
-    subprocess.run([*sudo, "ip", "link", "add", bridge, "type", "bridge"], check=True)
-    namespace = f"mlb-test-{os.getpid()}"  # never share containerd's "moby" namespace with the main engine
-    argv = [*sudo, dockerd, "--data-root", str(data / "root"), "--exec-root", str(short / "exec"),
-            "--pidfile", str(pidfile), "-H", f"unix://{sock}", "--config-file", str(short / "daemon.json"),
-            "--bridge", bridge, "--iptables=false", "--ip-masq=false",
-            "--containerd-namespace", namespace, "--containerd-plugins-namespace", f"{namespace}-plugins"]
-    log = data / "dockerd.log"
-    with log.open("wb") as handle:
-        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-    host = f"unix://{sock}"
+    """A second dockerd with an empty store and a bridge of its own (devtools/dockerd.py); yields DOCKER_HOST."""
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the second dockerd exited ({proc.returncode}): {log.read_text()[-2000:]}")
-            try:
-                client = docker.DockerClient(base_url=host, timeout=10)
-                client.ping()
-                client.close()
-                break
-            except docker.errors.DockerException:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the second dockerd did not answer on {host}: {log.read_text()[-2000:]}")
-                time.sleep(0.5)
-        yield host
-    finally:
-        _stop_daemon(proc, pidfile, [data / "root", short], sudo)
-        _quiet([*sudo, "ip", "link", "delete", bridge])
+        with extra_dockerd(tmp_path_factory.mktemp("dockerd2"), "d2") as host:
+            yield host
+    except DockerdUnavailable as exc:
+        fail_or_skip(str(exc))
 
 
 def _own_copy(based: Path, engine: docker.DockerClient, dest: Path) -> tuple[Path, str]:
@@ -184,7 +98,7 @@ def _cold_build_seconds(client: docker.DockerClient, root: Path, tmp_path: Path)
 
 
 def test_daemon_helpers_only_touch_their_own_pid(tmp_path):
-    """_stop_daemon signals the pid it was given and removes only its own folders."""
+    """The second engine's stop signals the pid it was given and removes only its own folders."""
     proc = subprocess.Popen(["sleep", "60"])
     pidfile = tmp_path / "pid"
     pidfile.write_text(str(proc.pid))
@@ -193,6 +107,6 @@ def test_daemon_helpers_only_touch_their_own_pid(tmp_path):
         (f / "x").mkdir(parents=True)
     keep = tmp_path / "keep"
     keep.mkdir()
-    _stop_daemon(proc, pidfile, folders, [])
+    _stop(proc, pidfile, folders, [])
     assert proc.returncode == -signal.SIGTERM
     assert not any(f.exists() for f in folders) and keep.exists()
