@@ -272,7 +272,7 @@ def reuse(
     try:
         if not _reuse(client, project, target, out, push=push, pull=pull):
             return None
-    except UserError as exc:
+    except (UserError, TargetFailed) as exc:  # e.g. the registry refused the push of the moved tags
         out.error = str(exc)
     except docker.errors.DockerException as exc:
         out.error = f"engine error: {exc}"
