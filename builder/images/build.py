@@ -234,12 +234,13 @@ def process(
     wheels_at: str,
     cache_also: Sequence[str] = (),
     nocache: bool = False,
+    content_tag: str | None = None,
 ) -> Outcome:
     """Build, smoke-test and tag (the content tag only once tested), then push one target.
 
     Never raises for the target's own failures.
     """
-    out = Outcome(target.name, content_tag=content.content_tag(project, target))
+    out = Outcome(target.name, content_tag=content_tag or content.content_tags(project, [target])[target.name])
     start = time.monotonic()
     ui.start(target.name)
     try:
@@ -260,7 +261,8 @@ def process(
 
 
 def reuse(
-    client: docker.DockerClient, project: Project, target: ResolvedTarget, ui: Progress, *, push: bool, pull: bool
+    client: docker.DockerClient, project: Project, target: ResolvedTarget, ui: Progress, *, push: bool, pull: bool,
+    content_tag: str,
 ) -> Outcome | None:
     """The outcome of reusing this exact content, present here or in the registry; None to build.
 
@@ -268,7 +270,7 @@ def reuse(
     manifest request); pulled only with ``pull``; with ``push`` its tags move in the registry.
     """
     start = time.monotonic()
-    out = Outcome(target.name, content_tag=content.content_tag(project, target))
+    out = Outcome(target.name, content_tag=content_tag)
     try:
         if not _reuse(client, project, target, out, push=push, pull=pull):
             return None
@@ -302,9 +304,11 @@ def _reuse(
             client.api.pull(*ref.rsplit(":", 1), auth_config=creds)
             out.image_id = client.api.inspect_image(ref)["Id"]
         elif push:  # move the tags in the registry itself: no pull needed
-            for tag_ref in [r for r in target.refs if r not in target.alias_refs] + target.alias_refs:
+            for tag_ref in publish.push_order(target):
                 registry.copy_tag(ref, tag_ref.rsplit(":", 1)[1], creds)
-            publish.record(project.root, [_record(project, target, out, ref, digest, list(target.refs))])
+            publish.record(project.root, [{**publish.published(target, None, digest, list(target.refs)),
+                                           "content_tag": ref, "result": out.result, "revision": None,
+                                           "current_revision": _current_revision(project)}])
             out.tags = list(target.tags)
             return True
         else:
@@ -361,15 +365,6 @@ def _publish(client: docker.DockerClient, project: Project, target: ResolvedTarg
     revision = client.api.inspect_image(image_id)["Config"]["Labels"].get("org.opencontainers.image.revision")
     publish.record(project.root, [{**record, "content_tag": out.content_tag, "result": out.result,
                                    "revision": revision, "current_revision": _current_revision(project)}])
-
-
-def _record(project: Project, target: ResolvedTarget, out: Outcome, ref: str, digest: str,
-            tags: list[str]) -> dict[str, Any]:
-    repo = registry.Ref.parse(ref).name
-    return {"target": target.name, "image_id": None, "digest": digest, "reference": f"{repo}@{digest}",
-            "tags": tags, "content_tag": ref, "result": out.result, "revision": None,
-            "current_revision": _current_revision(project),
-            "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def _current_revision(project: Project) -> str:
@@ -435,14 +430,17 @@ def build_all(
     and are built. ``rebuild`` builds everything, without the layer cache.
     """
     failed_locks = locks.lock_all(project, targets, ui.say, fetch=False)
-    render.write(render.render(project, targets))
+    rendered = render.render(project, targets)
+    render.write(rendered)
+    tags = content.content_tags(project, targets, rendered)
     outcomes: list[Outcome] = []
     buildable = []
     for t in targets:
         if t.name in failed_locks:
             outcomes.append(Outcome(t.name, error=failed_locks[t.name]))
             ui.done(t.name, outcomes[-1])
-        elif not rebuild and (reused := reuse(client, project, t, ui, push=push, pull=pull)) is not None:
+        elif not rebuild and (reused := reuse(client, project, t, ui, push=push, pull=pull,
+                                              content_tag=tags[t.name])) is not None:
             outcomes.append(reused)
         else:
             buildable.append(t)
@@ -460,7 +458,9 @@ def build_all(
     base_ref = ensure_base_present(client, project, ui.say, update=update_base)
     if base_ref != project.base_ref:  # re-pinned: every target builds FROM the new base
         project = dataclasses.replace(project, base_ref=base_ref)
-        render.write(render.render(project, targets))
+        rendered = render.render(project, targets)
+        render.write(rendered)
+        tags = content.content_tags(project, targets, rendered)
         ui.say(f"re-rendered the Dockerfiles for the new base pin {base_ref}; commit base.lock.json and images/")
     cancel, halt = threading.Event(), threading.Event()
     with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
@@ -470,7 +470,7 @@ def build_all(
             if cancel.is_set() or halt.is_set():
                 return None  # not started: interrupted, or a target failed without --keep-going
             outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
-                              cache_also=cache_also, nocache=rebuild)
+                              cache_also=cache_also, nocache=rebuild, content_tag=tags[t.name])
             if outcome.error and not keep_going:
                 halt.set()
             return outcome

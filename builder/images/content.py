@@ -11,7 +11,7 @@ passed, so its presence, locally or in the registry, is the proof that this exac
 built and tested: ``builder build`` then only moves the other tags.
 
 Example:
-    >>> content_tag(project, project.target("cpu"))  # doctest: +ELLIPSIS
+    >>> content_tags(project, [project.target("cpu")])["cpu"]  # doctest: +ELLIPSIS
     'localhost:5000/ml-runtime:cpu-...'
 """
 
@@ -61,58 +61,54 @@ def copy_sources(dockerfile: str) -> list[str]:
     return sources
 
 
-def context_files(root: Path, dockerfile: str) -> list[str]:
-    """The files in the build context below the Dockerfile's COPY sources, sorted."""
+def context_paths(root: Path) -> set[str]:
+    """Every path ``.dockerignore`` lets into the build context (docker-py's own matching)."""
     ignore = root / ".dockerignore"
     patterns = [ln.strip() for ln in ignore.read_text().splitlines() if ln.strip() and not ln.startswith("#")] \
         if ignore.exists() else []
-    included = exclude_paths(str(root), patterns)
-    sources = copy_sources(dockerfile)
-    return sorted(
-        p for p in included
-        if (root / p).is_file() and any(p == s or p.startswith(s + "/") for s in sources)
-    )
+    return set(exclude_paths(str(root), patterns))
 
 
-def content_digest(
-    project: Project, target: ResolvedTarget, platform_name: str | None = None, dockerfile: str | None = None
-) -> str:
-    """sha256 of the target's rendered Dockerfile, copied files, base and platform.
+def content_tags(
+    project: Project,
+    targets: list[ResolvedTarget],
+    rendered: dict[Path, str] | None = None,
+    platform_name: str | None = None,
+) -> dict[str, str]:
+    """{target name: ``<registry>:<target>-<12 hex>``} of this exact content.
 
-    *dockerfile* is the rendered text when it is not (yet) written to images/.
+    The digest covers each target's Dockerfile (*rendered* in memory, else the one in images/),
+    the context files its COPY lines take (hash and executable bit), the base and the
+    platform. The context is walked, and each file hashed, once for all targets.
 
     Example:
-        >>> content_digest(project, project.target("cpu"))  # doctest: +ELLIPSIS
-        'sha256:...'
+        >>> content_tags(project, [project.target("cpu")])  # doctest: +ELLIPSIS
+        {'cpu': 'localhost:5000/ml-runtime:cpu-...'}
     """
     root = project.root
-    if dockerfile is None:
-        dockerfile = (root / target.dockerfile).read_text()
-    files = []
-    for rel in context_files(root, dockerfile):
-        path = root / rel
-        files.append([rel, hashlib.sha256(path.read_bytes()).hexdigest(), bool(path.stat().st_mode & 0o111)])
-    document = {
-        "dockerfile": dockerfile,
-        "files": files,
-        "base": project.base_ref,
-        "platform": platform_name or host_platform(),
-    }
-    return "sha256:" + hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+    if rendered is None:
+        from builder.images import render
 
+        rendered = render.render(project, targets)
+    included = sorted(p for p in context_paths(root) if (root / p).is_file())
+    hashes: dict[str, list[object]] = {}
 
-def content_tag(
-    project: Project, target: ResolvedTarget, platform_name: str | None = None, dockerfile: str | None = None
-) -> str:
-    """The reference ``<registry>:<target>-<12 hex>`` of this exact content."""
-    digest = content_digest(project, target, platform_name, dockerfile)
-    repo = target.primary_ref.rsplit(":", 1)[0]
-    return f"{repo}:{target.name}-{digest.removeprefix('sha256:')[:TAG_HEX]}"
+    def entry(rel: str) -> list[object]:
+        if rel not in hashes:
+            path = root / rel
+            hashes[rel] = [rel, hashlib.sha256(path.read_bytes()).hexdigest(), bool(path.stat().st_mode & 0o111)]
+        return hashes[rel]
 
-
-def content_tags(project: Project, targets: list[ResolvedTarget]) -> dict[str, str]:
-    """{target name: content tag}, from Dockerfiles rendered in memory (no file is written)."""
-    from builder.images import render
-
-    rendered = render.render(project, targets)
-    return {t.name: content_tag(project, t, dockerfile=rendered[project.root / t.dockerfile]) for t in targets}
+    tags = {}
+    for target in targets:
+        dockerfile = rendered[root / target.dockerfile]
+        sources = copy_sources(dockerfile)
+        document = {
+            "dockerfile": dockerfile,
+            "files": [entry(p) for p in included if any(p == s or p.startswith(s + "/") for s in sources)],
+            "base": project.base_ref,
+            "platform": platform_name or host_platform(),
+        }
+        digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+        tags[target.name] = f"{target.primary_ref.rsplit(':', 1)[0]}:{target.name}-{digest[:TAG_HEX]}"
+    return tags

@@ -70,8 +70,7 @@ def push_target(
     Returns its published record.
     """
     digests: dict[str, str] = {}
-    versioned = [r for r in target.refs if r not in target.alias_refs]
-    for ref in [r for r in extra or [] if r] + versioned + target.alias_refs:
+    for ref in [r for r in extra or [] if r] + push_order(target):
         digests[ref] = push_ref(client, ref)
     unique = set(digests.values())
     if len(unique) != 1:
@@ -81,12 +80,23 @@ def push_target(
     repo = registry.Ref.parse(target.primary_ref).name
     if f"{repo}@{digest}" not in local:
         raise TargetFailed(f"{target.name}: local RepoDigests {local} lack the pushed digest {digest}")
+    return published(target, image_id, digest, list(digests))
+
+
+def push_order(target: ResolvedTarget) -> list[str]:
+    """The target's references, versioned tags first and the moving aliases last."""
+    return [r for r in target.refs if r not in target.alias_refs] + target.alias_refs
+
+
+def published(target: ResolvedTarget, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
+    """The dist/published.json record of a target whose *tags* now point at *digest*."""
+    repo = registry.Ref.parse(target.primary_ref).name
     return {
         "target": target.name,
         "image_id": image_id,
         "digest": digest,
         "reference": f"{repo}@{digest}",
-        "tags": list(digests),
+        "tags": tags,
         "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
