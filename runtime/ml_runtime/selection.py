@@ -456,14 +456,7 @@ def _parse_policy(raw: Any, source: str) -> tuple[PolicyEntry, ...]:
     seen: dict[int, str] = {}
     for i, entry in enumerate(raw):
         path = f"{key}[{i}]"
-        if not isinstance(entry, dict) or not entry:
-            raise ConfigError(
-                f"{source}: {path}: must be a mapping with priority and criteria, not "
-                f"{type_name(entry) if entry != {} else 'an empty mapping'}"
-            )
-        for name in entry:
-            if name not in POLICY_ENTRY_KEYS:
-                raise unknown_key(source, path, name, POLICY_ENTRY_KEYS)
+        _keys_of(entry, source, path, "a mapping with priority and criteria", POLICY_ENTRY_KEYS)
         if "priority" not in entry:
             raise ConfigError(f"{source}: {path}: priority is missing (a positive integer; 1 is tried first)")
         priority = entry["priority"]
@@ -492,15 +485,17 @@ def _parse_policy(raw: Any, source: str) -> tuple[PolicyEntry, ...]:
     return tuple(sorted(entries, key=lambda e: e.priority))
 
 
-def _parse_policy_criterion(raw: Any, source: str, path: str) -> PolicyCriterion:
+def _keys_of(raw: Any, source: str, path: str, expected: str, allowed: tuple[str, ...]) -> None:
+    """*raw* must be a non-empty mapping whose keys are all in *allowed*."""
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(
-            f"{source}: {path}: must be a mapping such as {{type: gpu_vendor, equals: nvidia}}, not "
-            f"{type_name(raw) if raw != {} else 'an empty mapping'}"
-        )
+        raise ConfigError(f"{source}: {path}: must be {expected}, not {type_name(raw)}")
     for name in raw:
-        if name not in POLICY_CRITERION_KEYS:
-            raise unknown_key(source, path, name, POLICY_CRITERION_KEYS)
+        if name not in allowed:
+            raise unknown_key(source, path, name, allowed)
+
+
+def _parse_policy_criterion(raw: Any, source: str, path: str) -> PolicyCriterion:
+    _keys_of(raw, source, path, "a mapping such as {type: gpu_vendor, equals: nvidia}", POLICY_CRITERION_KEYS)
     types = ", ".join(POLICY_TYPES)
     if "type" not in raw:
         raise ConfigError(f"{source}: {path}: type is missing (allowed: {types})")

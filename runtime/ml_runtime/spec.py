@@ -143,7 +143,7 @@ def type_name(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
-        return "a mapping"
+        return "a mapping" if value else "an empty mapping"
     return type(value).__name__
 
 
@@ -225,7 +225,7 @@ def _feature_items(raw: Any, source: str) -> list[tuple[str, str, Any]]:
             raise ConfigError(
                 f"{source}: required_features[{i}]: must be a mapping such as "
                 f"'gpu_compute_capability: \"sm_80\"', not "
-                f"{type_name(entry) if entry != {} else 'an empty mapping'}"
+                f"{type_name(entry)}"
             )
         items.extend((f"required_features[{i}].{k}", k, v) for k, v in entry.items())
     return items
