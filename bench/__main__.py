@@ -445,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="cpu,nvidia-cu130", help="comma-separated targets (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="cpu only, for trying the bench out")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="output folder (default: bench/out)")
-    parser.add_argument("--only", choices=["avoidance"], help="only these rows (avoidance: the build-avoidance ones)")
+    parser.add_argument("--only", choices=["avoidance"],
+                        help="only these rows (avoidance: the build-avoidance ones); the other rows of --out are kept")
     args = parser.parse_args(argv)
     names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
     client = connect()
@@ -463,10 +464,14 @@ def main(argv: list[str] | None = None) -> int:
                 results["avoidance"] = avoidance(project, targets, tmp, made)
         finally:
             made.close()
-    results = {"targets": names, "engine": client.version()["Version"], "cpus": os.cpu_count(),
-               "seconds": round(time.monotonic() - started, 1), **results}
-    results["goals"] = goals(results, names)
     out = Path(args.out)
+    previous = out / "results.json"
+    if args.only and previous.exists():  # --only re-measures its rows and keeps the others
+        results = {**json.loads(previous.read_text()), **results}
+        names = [*results["targets"], *(n for n in names if n not in results["targets"])]
+    results = {**results, "targets": names, "engine": client.version()["Version"], "cpus": os.cpu_count(),
+               "seconds": round(time.monotonic() - started, 1)}
+    results["goals"] = goals(results, names)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results, names))

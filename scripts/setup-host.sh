@@ -15,7 +15,10 @@ set -euo pipefail
 #   mmdebstrap       bootstraps the shared base image
 #   docker-registry  the local registry images are pushed to, and the tests' registries
 #   busybox-static   the launcher tests' 2 MB stand-in image (a static binary)
-PACKAGES=(docker.io mmdebstrap docker-registry busybox-static)
+#   qemu-user-static runs the other architecture's binaries (linux/arm64 on x86_64 and back),
+#                    for builds and smoke tests of a foreign platform (binfmt_misc, below)
+#   skopeo           reads the published image indexes back in the tests
+PACKAGES=(docker.io mmdebstrap docker-registry busybox-static qemu-user-static skopeo)
 
 say() { printf 'setup-host: %s\n' "$*" >&2; }
 
@@ -33,6 +36,29 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Emulation of the other architecture: qemu's handler registered with binfmt_misc, with the F
+# flag (the interpreter is opened now, so it also works inside containers). Without systemd
+# nothing registers it on install; `builder doctor` reports what is missing.
+case "$(uname -m)" in
+  x86_64) foreign=aarch64 ;;
+  aarch64) foreign=x86_64 ;;
+  *) foreign= ;;
+esac
+binfmt=/proc/sys/fs/binfmt_misc
+if [ -n "$foreign" ] && [ ! -e "$binfmt/qemu-$foreign" ]; then
+  if [ "$(id -u)" != 0 ]; then
+    say "no qemu-$foreign handler in binfmt_misc (foreign-platform builds fail); run: sudo $0"
+  else
+    [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
+    conf=/usr/lib/binfmt.d/qemu-$foreign.conf
+    if [ -e "$binfmt/register" ] && [ -f "$conf" ] && grep -v '^#' "$conf" >"$binfmt/register" 2>/dev/null; then
+      say "registered qemu-$foreign with binfmt_misc (foreign-platform builds run under emulation)"
+    else
+      say "could not register qemu-$foreign with binfmt_misc (is $binfmt mountable here?); foreign-platform builds will fail"
+    fi
+  fi
 fi
 
 if docker info >/dev/null 2>&1 || docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then

@@ -11,6 +11,7 @@ User errors (``UserError``) print one line per problem and exit 2; a failing tar
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import click
@@ -44,19 +45,29 @@ for _command in (render_cmd, print_cmd, matrix_cmd, lint_cmd, base_cmd, lock_cmd
 
 def main() -> None:
     """Entry point: map user errors to exit 2 with one line per problem, never a traceback."""
+    # Teardown would walk every object once more for cycles: ~0.25 s of a 1 s no-op build. Nothing
+    # of ours relies on a cycle being collected at exit (files and sockets close by refcount).
+    try:
+        code = _run()
+    finally:
+        gc.freeze()
+    sys.exit(code)
+
+
+def _run() -> int:
     try:
         code = cli.main(standalone_mode=False)
     except UserError as exc:
         for line in exc.lines:
             click.echo(f"error: {line}", err=True)
-        sys.exit(2)
+        return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as exc:
         exc.show()
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+        return 130
+    return code if isinstance(code, int) else 0

@@ -24,11 +24,12 @@ import docker
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
 from builder.images import content, locks, publish, render, wheelhouse, wheelserver
-from builder.images.base import ensure_base
 from builder.images.outcome import Outcome
 from builder.images.progress import Progress
-from builder.images.smoke import SMOKE_LABEL, smoke_test
 from builder.oci import registry
+
+# smoke (and the host modules it needs) and base are imported where a target is really built, so
+# that a no-op build (every target reused) stays well under a second as a whole process.
 
 STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
 #: After an interrupt: how long to wait for this run's containers to be gone, and how long
@@ -194,6 +195,8 @@ class OwnContainers:
             time.sleep(0.1)
 
     def _ours(self, summary: dict[str, Any]) -> bool:
+        from builder.images.smoke import SMOKE_LABEL
+
         if (summary.get("Labels") or {}).get(SMOKE_LABEL) == self.owner:
             return True
         if (summary.get("HostConfig") or {}).get("NetworkMode") != "host":
@@ -216,10 +219,12 @@ class OwnContainers:
         return self._steps
 
 
-def _tag(client: docker.DockerClient, image_id: str, refs: list[str]) -> None:
+def _tag(client: docker.DockerClient, image_id: str, refs: list[str], present: Sequence[str] = ()) -> None:
+    """Point each of *refs* at the image; those in *present* (its RepoTags) already do."""
     for ref in refs:
-        repo, tag = ref.rsplit(":", 1)
-        client.api.tag(image_id, repo, tag, force=True)
+        if ref not in present:
+            repo, tag = ref.rsplit(":", 1)
+            client.api.tag(image_id, repo, tag, force=True)
 
 
 def process(
@@ -289,8 +294,8 @@ def _reuse(
 ) -> bool:
     ref = out.content_tag or ""
     try:
-        out.image_id = client.api.inspect_image(ref)["Id"]
-        out.result = "reused-local"
+        image = client.api.inspect_image(ref)
+        out.image_id, out.result = image["Id"], "reused-local"
     except docker.errors.ImageNotFound:
         host = registry.Ref.parse(ref).host
         if not registry.ping(host, timeout=2.0):
@@ -302,7 +307,8 @@ def _reuse(
         out.result, out.digest, out.smoke = "reused-registry", digest, "passed earlier"
         if pull:
             client.api.pull(*ref.rsplit(":", 1), auth_config=creds)
-            out.image_id = client.api.inspect_image(ref)["Id"]
+            image = client.api.inspect_image(ref)
+            out.image_id = image["Id"]
         elif push:  # move the tags in the registry itself: no pull needed
             for tag_ref in publish.push_order(target):
                 registry.copy_tag(ref, tag_ref.rsplit(":", 1)[1], creds)
@@ -314,8 +320,8 @@ def _reuse(
         else:
             return True  # known good in the registry; nothing local to tag
     out.smoke = "passed earlier"
-    out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
-    _tag(client, out.image_id, target.refs)
+    out.size_bytes = image["Size"]
+    _tag(client, out.image_id, target.refs, present=image.get("RepoTags") or ())
     out.tags = list(target.tags)
     if push:
         _publish(client, project, target, out, out.image_id)
@@ -347,6 +353,8 @@ def _build(
         raise TargetFailed("interrupted")
     out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
     if smoke:
+        from builder.images.smoke import smoke_test
+
         ui.step(target.name, out.steps, out.steps, "smoke test")
         result = smoke_test(client, project, target, out.image_id, log=lambda s: ui.log(target.name, s))
         out.smoke = result.status
@@ -405,6 +413,8 @@ def ensure_base_present(
         return project.base_ref
     except docker.errors.ImageNotFound:
         pass
+    from builder.images.base import ensure_base
+
     say(f"base {project.base_ref} is not local: fetching it")
     return ensure_base(client, project, update=update, say=say).reference
 
