@@ -4,11 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BUILDER := $(VENV)/bin/builder
 TARGETS ?=
+PLATFORMS ?=
 PUSH ?=
-TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t))
+TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render check lint images push test test-quick golden bench gpu-check clean
+.PHONY: help host install render check lint images push test test-quick test-emulated golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -34,17 +35,20 @@ check: install ## Check images/ is current, every Dockerfile passes hadolint, th
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy builder bench runtime/ml_runtime
 
-images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130" for a subset, PUSH=1 to publish)
+images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish)
 	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push)
 
 push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset)
 	$(BUILDER) push $(TARGET_FLAGS)
 
 test: install host ## Run the whole test suite: unit tests + real end-to-end builds, the NVIDIA image included
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m 'not emulated'
+
+test-emulated: install host ## The foreign-platform build (nvidia-cu130 arm64 under qemu) and its index (marker: emulated)
+	$(PY) -m pytest -q -m emulated
 
 test-quick: install host ## The test suite without the multi-GB NVIDIA build (marker: heavy)
-	$(PY) -m pytest -q -m 'not heavy'
+	$(PY) -m pytest -q -m 'not heavy and not emulated'
 
 golden: install ## Regenerate the golden Dockerfiles in tests/golden/
 	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_render.py -k golden

@@ -49,17 +49,17 @@ from bench import (
     sync_runtime,
     timed,
 )
-from builder.config.loaders import load_json
+from builder.config.platforms import host_platform
 from builder.config.project import Project, ResolvedTarget, load_project
 from builder.images import lockfile, locks, render, wheelhouse, wheelserver
 from builder.images.build import build_labels
 from builder.images.publish import push_ref
 from builder.oci.engine import connect
-from devtools.support import REPO, copy_project, edit_matrix, free_port, retarget_base_lock
+from devtools.support import REPO, base_pin, copy_project, edit_matrix, free_port, retarget_base_lock
 
 REPEATS = 3
 #: Where target-specific input first enters each stack: the lock's COPY (ours), the wheels' COPY (baseline).
-MARKERS = {"ours": "requirements.lock", "baseline": " in /wheels"}
+MARKERS = {"ours": "/opt/locks/requirements.", "baseline": " in /wheels"}
 BASELINE_REPO = "ml-bench-baseline"
 
 
@@ -110,7 +110,7 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     copy_project(root)
     new_registry = f"{host}/ml-bench"
     edit_matrix(root, registry=new_registry, wheelhouse_port=free_port())
-    lock = load_json(REPO / "base.lock.json")
+    lock = base_pin(REPO)
     tag = f"{new_registry}/base:bench"
     client.api.tag(lock["image_id"], f"{new_registry}/base", "bench")
     made.borrowed.append(tag)
@@ -122,7 +122,7 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
 
 def locked_wheels(project: Project, target: ResolvedTarget) -> list[lockfile.Pin]:
     """The wheels that end up in the image: common.lock and the target's lock (uv's tools.lock does not)."""
-    _, common = lockfile.read_lock(project.images_dir / "common.lock")
+    _, common = lockfile.read_lock(locks.shared_lock_path(project, "common", target.platform))
     _, own = lockfile.read_lock(project.root / target.lock)
     return common + own
 
@@ -167,7 +167,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
     contexts = {t.name: baseline_context(tmp / f"baseline-{t.name}", root, t.backend,
                                          [house / p.filename for p in pins[t.name]],
                                          [f"{p.name}=={p.version}" for p in pins[t.name]]) for t in targets}
-    base = project.base_ref
+    base = project.base_for(host_platform())
     ours: dict[str, Any] = {k: {} for k in ("cold_build_s", "noop_rebuild_s_per_target", "noop_samples_s",
                                             "runtime_change_rebuild_s", "runtime_change_samples_s",
                                             "image_bytes", "essential_bytes", "size_ratio_vs_essential")}

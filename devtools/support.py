@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -67,23 +68,46 @@ def edit_matrix(root: Path, **changes: object) -> dict[str, Any]:
     return doc
 
 
+def native_only(root: Path) -> dict[str, Any]:
+    """Make every target of root/matrix.yaml build for this host's platform only (the tests build
+    the native platform, and the emulated one only where a test says it needs it)."""
+    doc: dict[str, Any] = yaml.safe_load((root / "matrix.yaml").read_text())
+    for target in doc["targets"]:
+        target.pop("platforms", None)
+    return edit_matrix(root, platforms=[host_platform()], targets=doc["targets"])
+
+
 def registry_of(root: Path) -> str:
     """The ``registry`` of root/matrix.yaml (``host:port/repository``)."""
     registry: str = yaml.safe_load((root / "matrix.yaml").read_text())["registry"]
     return registry
 
 
+def host_platform() -> str:
+    """This host's OCI platform, as base.lock.json keys it (devtools imports nothing of builder)."""
+    return {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(platform.machine(), platform.machine())
+
+
+def base_pin(root: Path, on: str | None = None) -> dict[str, Any]:
+    """One platform's entry of root/base.lock.json (default: this host's): reference, image_id, packages."""
+    lock: dict[str, Any] = json.loads((root / "base.lock.json").read_text())
+    return dict(lock["platforms"][on or host_platform()])
+
+
 def retarget_base_lock(src: Path, dest: Path, registry: str, digest: str | None = None) -> dict[str, Any]:
-    """Write dest/base.lock.json: src's base pin, referenced as ``<registry>/base@<digest>``.
+    """Write dest/base.lock.json: src's base pins, referenced as ``<registry>/base@<digest>``.
 
     The base image is the same (same layers, same config), so pushed to another registry it keeps
-    its digest: *digest* defaults to the one src pins. Returns the new lock.
+    its digest: *digest* (this host's platform) defaults to the one src pins. Returns this host's
+    platform's new pin (reference, image_id, packages).
     """
     lock: dict[str, Any] = json.loads((src / "base.lock.json").read_text())
-    digest = digest or lock["reference"].split("@", 1)[1]
-    lock = {**lock, "reference": f"{registry}/base@{digest}"}
+    host = host_platform()
+    for name, pinned in lock["platforms"].items():
+        own = digest if digest and name == host else pinned["reference"].split("@", 1)[1]
+        pinned["reference"] = f"{registry}/base@{own}"
     (dest / "base.lock.json").write_text(json.dumps(lock))
-    return lock
+    return dict(lock["platforms"][host])
 
 
 def fail_or_skip(reason: str) -> NoReturn:

@@ -13,12 +13,13 @@ set -euo pipefail
 # Every Debian package a build or a test uses:
 #   docker.io        the engine (Debian's 20.10 on bookworm) and its client
 #   mmdebstrap       bootstraps the shared base image
+#   arch-test        lets mmdebstrap bootstrap a foreign architecture's base (under qemu)
 #   docker-registry  the local registry images are pushed to, and the tests' registries
 #   busybox-static   the launcher tests' 2 MB stand-in image (a static binary)
 #   qemu-user-static runs the other architecture's binaries (linux/arm64 on x86_64 and back),
 #                    for builds and smoke tests of a foreign platform (binfmt_misc, below)
 #   skopeo           reads the published image indexes back in the tests
-PACKAGES=(docker.io mmdebstrap docker-registry busybox-static qemu-user-static skopeo)
+PACKAGES=(docker.io mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo)
 
 say() { printf 'setup-host: %s\n' "$*" >&2; }
 

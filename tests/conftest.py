@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import run_builder
 
-from devtools.support import copy_project, edit_matrix, fail_or_skip, start_registry, stop
+from devtools.support import copy_project, edit_matrix, fail_or_skip, native_only, start_registry, stop
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image can't be pulled here
 
@@ -70,9 +70,11 @@ def auth_registry(tmp_path_factory) -> Iterator[tuple[str, str, str]]:
 
 @pytest.fixture(scope="session")
 def based_project(tmp_path_factory, engine, registry) -> Iterator[Path]:
-    """A project copy whose registry is the session's, with its base bootstrapped, pushed, pinned."""
+    """A project copy whose registry is the session's, every target on this host's platform only,
+    with its base bootstrapped, pushed, pinned."""
     root = copy_project(tmp_path_factory.mktemp("based") / "project")
     edit_matrix(root, registry=f"{registry}/ml-runtime")
+    native_only(root)
     (root / "base.lock.json").unlink(missing_ok=True)
     base = run_builder("base", cwd=root)
     assert base.returncode == 0, base.stderr + base.stdout

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from devtools.support import free_port, retarget_base_lock
+from devtools.support import free_port, host_platform, retarget_base_lock
 
 
 def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 1800):
@@ -39,11 +39,18 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     """
     from builder.images import build
 
-    monkeypatch.setattr(build, "ensure_base_present", lambda client, project, *a, **k: project.base_ref)
+    monkeypatch.setattr(build, "ensure_base_present", lambda client, project, platform, *a, **k: "base@sha256:0")
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
     monkeypatch.setattr(build, "reuse", lambda *a, **k: None)  # nothing built before: build everything
-    monkeypatch.setattr(build.content, "content_tags", lambda project, targets, *a: {t.name: "" for t in targets})
+    monkeypatch.setattr(build.content, "content_tags", lambda project, targets, *a: {t.unit: "" for t in targets})
     monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
     monkeypatch.setattr(build.render, "render", lambda *a: {})
     monkeypatch.setattr(build.render, "write", lambda *a: None)
-    return SimpleNamespace(root=folder, matrix=SimpleNamespace(wheelhouse_port=free_port()), base_ref="base@sha256:0")
+    return SimpleNamespace(root=folder, matrix=SimpleNamespace(wheelhouse_port=free_port()),
+                           base_refs={host_platform(): "base@sha256:0"}, base_for=lambda platform: "base@sha256:0")
+
+
+def fake_target(name: str, **fields: Any) -> SimpleNamespace:
+    """The least target view ``build_all`` needs for a test Dockerfile: one platform, this host's."""
+    host = host_platform()
+    return SimpleNamespace(name=name, unit=name, platform=host, platforms=[host], arch=host.split("/")[1], **fields)

@@ -19,18 +19,19 @@ def test_bake_round_trips_the_matrix():
     project = _project()
     definition = json.loads(json.dumps(bake.bake_definition(project, project.targets)))
     assert set(definition) == {"group", "target"}
-    by_name = {t["labels"]["io.ml-image-builder.target"]: (name, t) for name, t in definition["target"].items()}
-    assert set(by_name) == {t.name for t in project.targets}
-    for target in project.targets:
-        name, spec = by_name[target.name]
-        assert name == bake.bake_name(target.name)
-        assert spec["tags"] == target.refs and spec["dockerfile"] == target.dockerfile
-        assert spec["labels"] == target.labels
-        assert spec["cache-from"] == [f"type=registry,ref={target.primary_ref}"]
-    real = {bake.bake_name(t.name): t.name for t in project.targets}
+    views = [v for t in project.targets for v in t.views()]
+    assert set(definition["target"]) == {bake.view_name(v) for v in views}
+    for view in views:
+        spec = definition["target"][bake.view_name(view)]
+        assert spec["labels"]["io.ml-image-builder.target"] == view.name
+        assert spec["platforms"] == [view.platform] and spec["args"] == {"BASE": project.base_for(view.platform)}
+        assert spec["tags"] == (view.platform_refs or view.refs) and spec["dockerfile"] == view.dockerfile
+        assert spec["labels"] == view.labels
+        assert spec["cache-from"] == [f"type=registry,ref={view.primary_ref}"]
+    assert "nvidia-cu130-arm64" in definition["target"] and "cpu" in definition["target"]
     for group in ["default", "all", *project.matrix.groups]:
         members = definition["group"][bake.bake_name(group)]["targets"]
-        assert [real[m] for m in members] == project.matrix.group(group)
+        assert members == [bake.view_name(v) for n in project.matrix.group(group) for v in project.target(n).views()]
 
 
 def test_bake_definition_has_the_shape_bake_accepts():
@@ -38,10 +39,11 @@ def test_bake_definition_has_the_shape_bake_accepts():
     project = _project()
     definition = bake.bake_definition(project, project.targets)
     strings = {"context", "dockerfile", "network"}
-    string_lists = {"tags", "cache-from", "cache-to"}
+    string_lists = {"tags", "cache-from", "cache-to", "platforms"}
     for name, spec in definition["target"].items():
         assert bake.BAKE_NAME.fullmatch(name), name
-        assert set(spec) <= strings | string_lists | {"labels", "extra-hosts"}, set(spec)
+        assert set(spec) <= strings | string_lists | {"labels", "extra-hosts", "args"}, set(spec)
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec["args"].items())
         assert all(isinstance(spec[k], str) for k in strings & set(spec))
         assert all(isinstance(v, str) for k in string_lists & set(spec) for v in spec[k])
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec["labels"].items())

@@ -7,11 +7,10 @@ import multiprocessing
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from unittest import mock
 
 import pytest
-from helpers import bare_build_project
+from helpers import bare_build_project, fake_target
 
 from builder.images import build, publish
 from builder.images.outcome import Outcome
@@ -67,7 +66,7 @@ def _build_all(monkeypatch, tmp_path: Path, *, jobs: int, keep_going: bool) -> t
     monkeypatch.setattr(build, "process", process)
     monkeypatch.setattr(build, "docker_build", lambda *a, **k: ("sha256:common", 0, 0))
     project = bare_build_project(monkeypatch, tmp_path)
-    targets = [SimpleNamespace(name=f"t{i}", dockerfile=f"images/t{i}/Dockerfile") for i in range(6)]
+    targets = [fake_target(f"t{i}", dockerfile=f"images/t{i}/Dockerfile") for i in range(6)]
     outcomes = build.build_all(mock.MagicMock(), project, targets, mock.MagicMock(), jobs=jobs,
                                keep_going=keep_going)
     return started, outcomes

@@ -213,12 +213,13 @@ def test_index_from_environment(project, capsys, monkeypatch):
 def test_missing_base_lock_is_a_clear_error(project, capsys, monkeypatch):
     (project / "base.lock.json").unlink()
     code, output = run_cli(["render", "--matrix", str(project / "matrix.yaml")], capsys, monkeypatch)
-    assert code == 2 and "base.lock.json: missing; run 'builder base'" in output
+    assert code == 2 and "base.lock.json: missing; run 'builder base --platform linux/amd64'" in output
 
 
 def test_edited_lock_cannot_inject(project, capsys, monkeypatch):
     lock = json.loads((project / "base.lock.json").read_text())
-    lock["reference"] = lock["reference"] + "\nRUN id"
+    pinned = lock["platforms"]["linux/amd64"]
+    pinned["reference"] = pinned["reference"] + "\nRUN id"
     (project / "base.lock.json").write_text(json.dumps(lock))
     code, output = run_cli(["render", "--matrix", str(project / "matrix.yaml")], capsys, monkeypatch)
-    assert code == 2 and "base.lock.json: reference" in output
+    assert code == 2 and "base.lock.json: platforms.linux/amd64.reference" in output

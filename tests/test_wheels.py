@@ -19,11 +19,11 @@ def proj(project):
     return load_project(project / "matrix.yaml")
 
 
-def test_platform_args_list_every_manylinux_tag_of_the_image_glibc(proj):
-    args = resolve.platform_args(proj)
+@pytest.mark.parametrize(("platform", "arch"), [("linux/amd64", "x86_64"), ("linux/arm64", "aarch64")])
+def test_platform_args_list_every_manylinux_tag_of_the_image_glibc(proj, platform, arch):
+    args = resolve.platform_args(proj, platform)
     tags = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
-    arch = tags[0].rsplit("_", 2)[-2] + "_" + tags[0].rsplit("_", 1)[-1]
-    assert tags[0] == f"manylinux_2_36_{arch}"  # bookworm's glibc
+    assert tags[0] == f"manylinux_2_36_{arch}"  # bookworm's glibc, the image platform's machine
     assert f"manylinux_2_28_{arch}" in tags and f"manylinux_2_17_{arch}" in tags and f"manylinux_2_5_{arch}" in tags
     assert {f"manylinux2014_{arch}", f"manylinux1_{arch}"} <= set(tags)
     assert "--only-binary=:all:" in args and args[args.index("--python-version") + 1] == "3.11"
@@ -70,35 +70,35 @@ def test_unchanged_lock_is_reused_without_pip(proj, tmp_path, monkeypatch):
         raise AssertionError("pip ran although the lock was current")
 
     monkeypatch.setattr(resolve, "_pip", no_pip)
-    assert locks._ensure(proj, lock, "tools", "sha256:same", lambda: no_pip()) == pins
+    assert locks._ensure(proj, "linux/amd64", lock, "tools", "sha256:same", lambda: no_pip()) == pins
     with pytest.raises(AssertionError, match="pip ran"):
-        locks._ensure(proj, lock, "tools", "sha256:changed", lambda: no_pip())
+        locks._ensure(proj, "linux/amd64", lock, "tools", "sha256:changed", lambda: no_pip())
 
 
-def test_every_lock_fingerprint_carries_the_architecture(proj, monkeypatch):
-    """The same inputs on another machine (aarch64) resolve other wheels: no lock may be reused across."""
+def test_every_lock_is_per_platform_in_name_and_fingerprint(proj, monkeypatch):
+    """The same inputs for another platform (arm64) resolve other wheels: no lock may be shared across."""
     seen: dict[str, list[str]] = {}
 
-    def record(_project, path, _what, fingerprint, _resolver, _index=None, fetch=True):
-        seen.setdefault(path.name, []).append(fingerprint)
+    def record(_project, _platform, path, _what, fingerprint, _resolver, _index=None, fetch=True):
+        seen.setdefault(path.name.replace("arm64", "ARCH").replace("amd64", "ARCH"), []).append(fingerprint)
         return []
 
     monkeypatch.setattr(locks, "_ensure", record)
     monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
-    for machine in ("x86_64", "aarch64"):
-        monkeypatch.setattr(resolve.platform, "machine", lambda m=machine: m)
-        locks.tools_lock(proj)
-        locks.common_lock(proj)
-        locks.target_lock(proj, proj.target("cpu"), [])
-    assert set(seen) == {"tools.lock", "common.lock", "requirements.lock"}
+    gpu = proj.target("nvidia-cu130")
+    for platform in ("linux/amd64", "linux/arm64"):
+        locks.tools_lock(proj, platform)
+        locks.common_lock(proj, platform)
+        locks.target_lock(proj, gpu.on(platform), [])
+    assert set(seen) == {"tools.ARCH.lock", "common.ARCH.lock", "requirements.ARCH.lock"}
     for name, (x86, arm) in seen.items():
-        assert x86 != arm, f"{name}: the fingerprint ignores the architecture"
+        assert x86 != arm, f"{name}: the fingerprint ignores the platform"
 
 
 def test_target_fingerprint_ignores_the_order_of_the_common_pins(proj, monkeypatch):
     """Just resolved, common pins come in pip's order; read back, in lock order: same inputs, same lock."""
     seen = []
-    monkeypatch.setattr(locks, "_ensure", lambda _p, _path, _w, fp, *_a, **_k: seen.append(fp) or [])
+    monkeypatch.setattr(locks, "_ensure", lambda _p, _pl, _path, _w, fp, *_a, **_k: seen.append(fp) or [])
     monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
     common = [lockfile.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), lockfile.Pin("numpy", "1.2", "b" * 64, "n.whl")]
     locks.target_lock(proj, proj.target("cpu"), common)
@@ -121,10 +121,10 @@ def test_fetching_locked_wheels_uses_the_image_platform_tags(proj, tmp_path, mon
         return subprocess.CompletedProcess(args, 0, "", "")
 
     monkeypatch.setattr(resolve, "_pip", fake_pip)
-    assert locks._ensure(proj, lock, "common", "sha256:same", _no_resolve) == [pin]
+    assert locks._ensure(proj, "linux/amd64", lock, "common", "sha256:same", _no_resolve) == [pin]
     (argv,) = calls
     assert argv[0] == "download" and "--require-hashes" in argv
-    expected = resolve.platform_args(proj)
+    expected = resolve.platform_args(proj, "linux/amd64")
     tags = [expected[i + 1] for i, a in enumerate(expected) if a == "--platform"]
     got_tags = [argv[i + 1] for i, a in enumerate(argv) if a == "--platform"]
     assert got_tags == tags and tags
@@ -149,14 +149,14 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
         return subprocess.CompletedProcess(args, 0, "", "")
 
     monkeypatch.setattr(resolve, "_pip", fake_pip)
-    assert locks._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
+    assert locks._ensure(proj, "linux/amd64", lock, "target cpu", "sha256:same", _no_resolve) == [pin]
     assert fetched == [f"torch==2.13.0+cpu --hash=sha256:{pin.sha256}\n"]
     assert (house / pin.filename).read_bytes() == data
 
     # Verified once: a no-op rebuild neither hashes nor fetches again.
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda _p: pytest.fail("re-hashed a verified wheel"))
     monkeypatch.setattr(resolve, "_pip", lambda _a: pytest.fail("fetched a verified wheel"))
-    assert locks._ensure(proj, lock, "target cpu", "sha256:same", _no_resolve) == [pin]
+    assert locks._ensure(proj, "linux/amd64", lock, "target cpu", "sha256:same", _no_resolve) == [pin]
 
 
 def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):

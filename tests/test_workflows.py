@@ -118,8 +118,9 @@ def test_build_job_builds_one_target_and_pushes_only_from_main():
     text = json.dumps(build)
     runs = "\n".join(s.get("run", "") for s in build["steps"])
     assert "pip install -q ." in runs and "builder base --update" in runs
-    assert re.search(r'builder build "\$\{args\[@\]\}"', runs) and '-t "$TARGET" --json' in runs
-    assert build["env"]["TARGET"] == "${{ matrix.target }}"
+    assert re.search(r'builder build "\$\{args\[@\]\}"', runs) and '-t "$TARGET" --platform "$PLATFORM" --json' in runs
+    assert build["env"]["TARGET"] == "${{ matrix.target }}" and build["env"]["PLATFORM"] == "${{ matrix.platform }}"
+    assert build["runs-on"] == "${{ matrix.runner }}", "each platform builds on a runner of its architecture"
     publish = build["env"]["PUBLISH"]
     assert publish.startswith("${{ github.ref == 'refs/heads/main' && (") and "pull_request" not in publish
     # --push only when publishing to a configured registry; pull requests never push.
@@ -205,10 +206,12 @@ def test_registry_step_moves_the_registry_and_the_base_pin(project, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Registry: `registry.example:5443/team/ml-runtime`" in summary
     new = json.loads((project / "base.lock.json").read_text())
-    digest = old["reference"].split("@", 1)[1]
-    assert new == {**old, "reference": f"registry.example:5443/team/ml-runtime/base@{digest}"}
-    loaded = load_project(project / "matrix.yaml")  # the pin is accepted for the new registry
-    assert loaded.base_ref == new["reference"]
+    assert set(new["platforms"]) == set(old["platforms"]) == {"linux/amd64", "linux/arm64"}
+    for platform, pinned in old["platforms"].items():
+        digest = pinned["reference"].split("@", 1)[1]
+        assert new["platforms"][platform] == {**pinned, "reference": f"registry.example:5443/team/ml-runtime/base@{digest}"}
+    loaded = load_project(project / "matrix.yaml")  # the pins are accepted for the new registry
+    assert loaded.base_refs == {p: e["reference"] for p, e in new["platforms"].items()}
     assert loaded.target("cpu").primary_ref == "registry.example:5443/team/ml-runtime:cpu"
 
 
@@ -229,4 +232,7 @@ def test_plan_step_counts_the_targets_to_build(project, tmp_path):
     outputs = dict(line.split("=", 1) for line in (tmp_path / "output").read_text().splitlines())
     rows = json.loads(outputs["matrix"])["include"]
     assert int(outputs["count"]) == len(rows) > 0
-    assert all(f"| {row['target']} | `{row['content_tag']}` | build |" in summary for row in rows)
+    assert all(f"| {row['target']} | {row['platform']} | `{row['content_tag']}` | {row['runner']} |" in summary
+               for row in rows)
+    assert {(r["target"], r["platform"], r["runner"]) for r in rows} >= {
+        ("nvidia-cu130", "linux/amd64", "ubuntu-24.04"), ("nvidia-cu130", "linux/arm64", "ubuntu-24.04-arm")}

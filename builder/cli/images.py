@@ -17,9 +17,12 @@ from typing import Any
 
 import click
 
-from builder.cli.options import project_options, target_option
+from builder.cli.options import platform_option, project_options, target_option
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
+
+#: The GitHub-hosted runner of each platform: every platform builds natively on CI.
+RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
 
 
 @click.command("render")
@@ -55,8 +58,8 @@ def render_cmd(project: Project, targets: tuple[str, ...], check: bool) -> None:
 def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     """Print the fully resolved configuration as JSON, without building (like bake --print).
 
-    Each target's content_tag is the tag its image gets once built and smoke-tested: a digest
-    of everything that goes into it (see builder/images/content.py).
+    Each target's content_tags give, per platform, the tag its image gets once built and
+    smoke-tested: a digest of everything that goes into it (see builder/images/content.py).
     """
     from builder.images.content import content_tags
 
@@ -64,9 +67,10 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     if targets:
         names = {t.name for t in project.select(targets)}
         data["targets"] = [t for t in data["targets"] if t["name"] in names]
-    tags = content_tags(project, [project.target(t["name"]) for t in data["targets"]])
+    views = {t["name"]: project.target(t["name"]).views() for t in data["targets"]}
+    tags = content_tags(project, [v for vs in views.values() for v in vs])
     for t in data["targets"]:
-        t["content_tag"] = tags[t["name"]]
+        t["content_tags"] = {v.platform: tags[v.unit] for v in views[t["name"]]}
     click.echo(json.dumps(data, indent=2))
 
 
@@ -78,8 +82,10 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
 @click.option("--changed", is_flag=True,
               help="Only targets whose content tag the registry lacks (one manifest request each): "
               "an unchanged target needs no runner.")
-def matrix_cmd(project: Project, fmt: str, group: str, changed: bool) -> None:
-    """Print the targets of a group for a CI matrix."""
+@platform_option
+def matrix_cmd(project: Project, fmt: str, group: str, changed: bool, platforms: tuple[str, ...]) -> None:
+    """Print the targets of a group for a CI matrix: one row per target and platform, with the
+    GitHub runner of that architecture (no emulation on CI)."""
     from builder.images.content import content_tags
     from builder.oci import registry
 
@@ -87,16 +93,16 @@ def matrix_cmd(project: Project, fmt: str, group: str, changed: bool) -> None:
         names = project.matrix.group(group)
     except KeyError:
         raise UserError(f"--group: unknown group {group!r} (known: default, all, {', '.join(project.matrix.groups)})")
-    selected = [project.target(n) for n in names]
+    selected = project.views(names, platforms)
     tags = content_tags(project, selected)
     if changed:
         host = project.matrix.registry.split("/", 1)[0]
         creds = registry.credentials(host)
         up = registry.ping(host, timeout=3.0)
-        selected = [t for t in selected if not up or registry.manifest_digest(tags[t.name], creds) is None]
+        selected = [t for t in selected if not up or registry.manifest_digest(tags[t.unit], creds) is None]
     rows = [
-        {"target": t.name, "backend": t.backend, "vendor": t.vendor, "torch": t.torch_pin, "tags": t.tags,
-         "content_tag": tags[t.name]}
+        {"target": t.name, "platform": t.platform, "runner": RUNNERS[t.platform], "backend": t.backend,
+         "vendor": t.vendor, "torch": t.torch_pin, "tags": t.tags, "content_tag": tags[t.unit]}
         for t in selected
     ]
     click.echo(json.dumps({"include": rows} if fmt == "github" else rows, separators=(",", ":")))
@@ -121,75 +127,94 @@ def lint_cmd(project: Project, targets: tuple[str, ...]) -> None:
 @project_options(pinned=False)
 @click.option("--check", is_flag=True, help="Bootstrap afresh and say whether base.lock.json still matches (exit 1 if not).")
 @click.option("--update", is_flag=True, help="Re-pin when a fresh bootstrap differs from the lock (mirror moved).")
-def base_cmd(project: Project, check: bool, update: bool) -> None:
-    """Make (or reuse), push and pin the shared base in base.lock.json."""
+@platform_option
+def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, ...]) -> None:
+    """Make (or reuse), push and pin the shared base in base.lock.json, per platform.
+
+    Default: every platform a target lists (a foreign one bootstraps under qemu emulation).
+    """
     import tempfile
 
     from builder.config.baselock import read_lock
     from builder.images import base, render
 
     spec = project.matrix.base.bootstrap
+    wanted = list(platforms) or list(project.base_refs)
     if check:
         lock = read_lock(project.root)
         if spec is None or lock is None:
             raise UserError("base --check needs a bootstrap: spec and a base.lock.json; run 'builder base' first")
-        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-            image_id, rootfs = base.image_id_of(spec, Path(tmp))
-        if image_id == lock.image_id:
-            click.echo(f"base.lock.json matches a fresh bootstrap ({image_id})")
-            return
-        click.echo(f"base drift: a fresh bootstrap is {image_id}, base.lock.json pins {lock.image_id}")
-        for line in base.drift_report(lock.packages, rootfs.packages):
-            click.echo(line)
-        click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
-        sys.exit(1)
+        drifted = False
+        for platform in wanted:
+            pinned = lock.platforms.get(platform)
+            if pinned is None:
+                raise UserError(f"base.lock.json pins no base for {platform}; run 'builder base --platform {platform}'")
+            with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+                image_id, rootfs = base.image_id_of(spec, Path(tmp), platform)
+            if image_id == pinned.image_id:
+                click.echo(f"{platform}: base.lock.json matches a fresh bootstrap ({image_id})")
+                continue
+            drifted = True
+            click.echo(f"{platform}: base drift: a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}")
+            for line in base.drift_report(pinned.packages, rootfs.packages):
+                click.echo(line)
+        if drifted:
+            click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
+            sys.exit(1)
+        return
     from builder.oci.engine import connect
 
-    lock = base.ensure_base(connect(), project, update=update, say=click.echo)
-    click.echo(f"base: {lock.reference} (image {lock.image_id})")
+    client = connect()
+    for platform in wanted:
+        pinned = base.ensure_base(client, project, platform, update=update, say=click.echo)
+        click.echo(f"base {platform}: {pinned.reference} (image {pinned.image_id})")
     fresh = load_project(project.matrix_path, project.mapping_path)
     changed = render.write(render.render(fresh, fresh.targets))
     if changed:
-        click.echo(f"re-rendered {len(changed)} Dockerfiles for the new base pin")
+        click.echo(f"re-rendered {len(changed)} Dockerfiles for the new base pins")
 
 
 @click.command("lock")
 @project_options
 @target_option
-def lock_cmd(project: Project, targets: tuple[str, ...]) -> None:
-    """Resolve wheels on the host into the wheelhouse and write the hash locks."""
+@platform_option
+def lock_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...]) -> None:
+    """Resolve wheels on the host into the wheelhouse and write the hash locks, per platform."""
     from builder.images import locks
 
-    failed = locks.lock_all(project, project.select(targets), click.echo)
+    failed = locks.lock_all(project, project.views(targets, platforms), click.echo)
     for name, error in failed.items():
         click.echo(f"{name}: {error}", err=True)
     sys.exit(1 if failed else 0)
 
 
-def _pinned_base(client: Any, project: Project, update: bool) -> Project:
-    """The project with its base pinned by base.lock.json; with ``update``, bootstrapped and pinned first."""
+def _pinned_base(client: Any, project: Project, platforms: list[str], update: bool) -> Project:
+    """The project with each platform's base pinned by base.lock.json; with ``update``, a platform
+    without a usable pin is bootstrapped and pinned first."""
     import dataclasses
 
-    from builder.config.project import pinned_base_ref
+    from builder.config.project import pinned_base_refs
 
-    try:  # the pinned reference, or why there is none
-        pinned = pinned_base_ref(project.root, project.matrix, False, project.matrix_path.name)
-        return dataclasses.replace(project, base_ref=pinned)
-    except UserError:
-        if not update or project.matrix.base.image is not None:
-            raise
-    from builder.images.base import ensure_base
+    refs = {}
+    for platform in platforms:
+        try:  # the pinned reference, or why there is none
+            refs.update(pinned_base_refs(project.root, project.matrix, [platform], False, project.matrix_path.name))
+        except UserError:
+            if not update or project.matrix.base.image is not None:
+                raise
+            from builder.images.base import ensure_base
 
-    lock = ensure_base(client, project, update=True, say=lambda line: click.echo(line, err=True))
-    return dataclasses.replace(project, base_ref=lock.reference)
+            pinned = ensure_base(client, project, platform, update=True, say=lambda line: click.echo(line, err=True))
+            refs[platform] = pinned.reference
+    return dataclasses.replace(project, base_refs={**project.base_refs, **refs})
 
 
 def _report(outcomes: list[Any], as_json: bool) -> None:
     from builder.images.progress import summary
 
     if as_json:
-        keys = ("target", "result", "content_tag", "tags", "image_id", "size_bytes", "seconds", "smoke", "steps",
-                "cached_steps", "digest", "error")
+        keys = ("target", "platform", "result", "content_tag", "tags", "image_id", "size_bytes", "seconds", "smoke",
+                "notes", "steps", "cached_steps", "digest", "error")
         click.echo(json.dumps([{k: o.as_dict()[k] for k in keys} for o in outcomes], indent=2))
     else:
         from rich.console import Console
@@ -215,20 +240,25 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
               help="Pull a target the registry already has under its content tag (default: skip it).")
 @click.option("--update-base", is_flag=True,
               help="When the base must be bootstrapped and the Debian mirror moved, re-pin it (builder base --update).")
+@platform_option
 def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
-              jobs: int, no_smoke: bool, quiet: bool, rebuild: bool, pull: bool, update_base: bool) -> None:
+              jobs: int, no_smoke: bool, quiet: bool, rebuild: bool, pull: bool, update_base: bool,
+              platforms: tuple[str, ...]) -> None:
     """Build, smoke-test, tag (and push) targets with docker-py.
 
     A target whose content tag (<registry>:<target>-<12 hex>, a digest of everything that goes
     into its image) exists locally or in the registry was built and tested already: only its
-    tags move. --json says per target: built, reused-local or reused-registry.
+    tags move. --json says per target and platform: built, reused-local or reused-registry.
+    Each platform a target lists is built (a foreign one under qemu emulation); with --push, a
+    target with several platforms gets one index under each of its tags.
     """
     from builder.images.build import build_all
     from builder.images.progress import Progress
     from builder.oci.engine import connect
 
     client = connect()
-    project = _pinned_base(client, project, update_base)
+    views = project.views(targets, platforms)
+    project = _pinned_base(client, project, list(dict.fromkeys(v.platform for v in views)), update_base)
     if push:
         from builder.oci.localregistry import ensure_local
 
@@ -236,7 +266,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
         if started:
             click.echo(started, err=True)
     with Progress(verbose=not quiet) as ui:
-        outcomes = build_all(client, project, project.select(targets), ui, push=push, smoke=not no_smoke,
+        outcomes = build_all(client, project, views, ui, push=push, smoke=not no_smoke,
                              keep_going=keep_going, jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base)
     _report(outcomes, as_json)
 
@@ -244,24 +274,27 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
 @click.command("smoke")
 @project_options
 @target_option
+@platform_option
 @click.option("--no-train", is_flag=True, help="Skip the 2-process accelerate training run.")
-def smoke_cmd(project: Project, targets: tuple[str, ...], no_train: bool) -> None:
-    """Smoke-test the tagged images of targets (build them first)."""
+def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], no_train: bool) -> None:
+    """Smoke-test the tagged images of targets, per platform (build them first)."""
     from builder.images.smoke import smoke_test
     from builder.oci.engine import connect
 
     client = connect()
     failed = False
-    for target in project.select(targets):
+    for view in project.views(targets, platforms):
+        ref = view.local_refs[0]
         try:
-            client.api.inspect_image(target.primary_ref)
+            client.api.inspect_image(ref)
         except Exception:  # noqa: BLE001 - docker raises ImageNotFound or APIError
-            click.echo(f"{target.name}: SKIPPED (no image {target.primary_ref}; run 'builder build -t {target.name}')")
+            click.echo(f"{view.unit}: SKIPPED (no image {ref}; run 'builder build -t {view.name} "
+                       f"--platform {view.platform}')")
             continue
-        result = smoke_test(client, project, target, target.primary_ref, train=not no_train, log=click.echo)
+        result = smoke_test(client, project, view, ref, train=not no_train, log=click.echo)
         for line in result.skipped:
-            click.echo(f"{target.name}: {line}")
-        click.echo(f"{target.name}: {result.status.upper()} ({result.summary()})")
+            click.echo(f"{view.unit}: {line}")
+        click.echo(f"{view.unit}: {result.status.upper()} ({result.summary()})")
         failed |= result.status == "failed"
     sys.exit(1 if failed else 0)
 
@@ -269,28 +302,39 @@ def smoke_cmd(project: Project, targets: tuple[str, ...], no_train: bool) -> Non
 @click.command("push")
 @project_options
 @target_option
-def push_cmd(project: Project, targets: tuple[str, ...]) -> None:
-    """Push already-built targets (versioned tags first, then latest-<vendor>)."""
+@platform_option
+def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...]) -> None:
+    """Push already-built targets (versioned tags first, then latest-<vendor>); a target with
+    several platforms pushes each platform's image, then one index under each of its tags."""
     from builder.config.errors import TargetFailed
-    from builder.images import publish
+    from builder.images import build, publish
     from builder.oci.engine import connect
 
     client = connect()
-    records, failed = [], False
-    for target in project.select(targets):
+    records, failed, indexed = [], False, []
+    for view in project.views(targets, platforms):
+        ref = view.local_refs[0]
         try:
-            image_id = client.api.inspect_image(target.primary_ref)["Id"]
-            records.append(publish.push_target(client, target, image_id))
-            click.echo(f"{target.name}: pushed {records[-1]['reference']}")
+            image_id = client.api.inspect_image(ref)["Id"]
+            records.append(publish.push_target(client, view, image_id, publish.image_refs(view)))
+            click.echo(f"{view.unit}: pushed {records[-1]['reference']}")
+            if len(view.platforms) > 1 and view.name not in indexed:
+                indexed.append(view.name)
         except TargetFailed as exc:
-            click.echo(f"{target.name}: {exc}", err=True)
+            click.echo(f"{view.unit}: {exc}", err=True)
             failed = True
         except Exception as exc:  # noqa: BLE001 - ImageNotFound / APIError
-            click.echo(f"{target.name}: no local image {target.primary_ref} ({exc.__class__.__name__}); build it first",
-                       err=True)
+            click.echo(f"{view.unit}: no local image {ref} ({exc.__class__.__name__}); build it first", err=True)
             failed = True
     if records:
         click.echo(f"published manifest: {publish.record(project.root, records)}")
+    for name in indexed:
+        try:
+            click.echo(publish.push_index(project, project.target(name), build.build_labels(project.root)[
+                "org.opencontainers.image.revision"]))
+        except TargetFailed as exc:
+            click.echo(f"{name}: {exc}", err=True)
+            failed = True
     sys.exit(1 if failed else 0)
 
 

@@ -59,3 +59,8 @@ target_option = click.option(
     "--target", "-t", "targets", multiple=True, metavar="T",
     help="Target or group name (repeatable); default: the 'default' group.",
 )
+
+platform_option = click.option(
+    "--platform", "platforms", multiple=True, metavar="OS/ARCH", type=click.Choice(["linux/amd64", "linux/arm64"]),
+    help="Only this platform of each target (repeatable); default: every platform the target lists.",
+)

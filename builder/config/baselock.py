@@ -1,8 +1,9 @@
-"""``base.lock.json``: the digest the shared base is pinned to, committed beside matrix.yaml.
+"""``base.lock.json``: the digest the shared base is pinned to per platform, committed beside matrix.yaml.
 
-Written by ``builder base``; read by ``builder render`` for every target's ``FROM``. It also
-records the Debian packages inside the base, so drift after a mirror update can be reported
-package by package.
+Written by ``builder base``; read by ``builder build`` for every target's ``FROM`` (the
+platform's pin) and by ``builder render`` for the pins the Dockerfile names. It also records
+the Debian packages inside each base, so drift after a mirror update can be reported package
+by package.
 """
 
 from __future__ import annotations
@@ -21,19 +22,34 @@ from builder.config.validation import format_errors
 LOCK_NAME = "base.lock.json"
 
 
-class BaseLock(BaseModel):
-    """What ``builder base`` made, and how."""
+class PinnedBase(BaseModel):
+    """One platform's base, as ``builder base`` made and pushed it."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     reference: Annotated[str, AfterValidator(lambda v: g.check(g.PINNED_IMAGE, v, "a reference pinned by digest"))] = (
-        Field(description="Registry reference pinned by manifest digest; every FROM uses it.")
+        Field(description="Registry reference pinned by manifest digest; this platform's builds start FROM it.")
     )
     image_id: Annotated[str, AfterValidator(lambda v: g.check(g.IMAGE_ID, v, "an image ID (sha256:<64 hex>)"))] = (
         Field(description="Local image ID (config digest): identical for identical bootstraps.")
     )
-    spec_sha256: str = Field(description="Hash of the bootstrap spec this base was made from.")
     packages: dict[str, str] = Field(default_factory=dict, description="Debian package -> version inside.")
+
+
+class BaseLock(BaseModel):
+    """What ``builder base`` made, per platform, and from which spec."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    spec_sha256: str = Field(description="Hash of the bootstrap spec every platform's base was made from.")
+    platforms: dict[
+        Annotated[str, AfterValidator(lambda v: g.check(g.PLATFORM, v, "a platform: linux/amd64 or linux/arm64"))],
+        PinnedBase,
+    ] = Field(default_factory=dict, description="Platform (linux/amd64, linux/arm64) -> its pinned base.")
+
+    def with_platform(self, platform: str, pinned: PinnedBase) -> BaseLock:
+        """This lock with *platform*'s entry set (the others kept)."""
+        return self.model_copy(update={"platforms": {**self.platforms, platform: pinned}})
 
 
 def read_lock(root: Path) -> BaseLock | None:

@@ -42,6 +42,8 @@ LABEL_KEY = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?")
 LABEL_VALUE = re.compile(r"[^\"'\\$`\x00-\x1f\x7f]{0,256}")
 #: http(s) or file URLs for wheel indexes: no spaces, quotes, backslashes or shell metacharacters.
 URL = re.compile(r"(https?|file)://[A-Za-z0-9._~:/?#\[\]@!%+,;=-]+")
+#: The OCI platforms images are built for: Linux on x86_64 and on aarch64 (Grace Hopper/Blackwell).
+PLATFORM = re.compile(r"linux/(amd64|arm64)")
 #: Debian suite and package names.
 DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]*")
 

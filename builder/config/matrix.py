@@ -51,6 +51,7 @@ Requirement = Annotated[
 ]
 DebName = Annotated[str, _grammar(g.DEB_NAME, "a Debian package or suite name")]
 Url = Annotated[str, _grammar(g.URL, "an http(s):// or file:// URL without spaces or quotes")]
+Platform = Annotated[str, _grammar(g.PLATFORM, "a platform: linux/amd64 or linux/arm64")]
 
 
 class _Strict(BaseModel):
@@ -131,6 +132,11 @@ class Target(_Strict):
         Annotated[str, _grammar(g.LABEL_VALUE, "a label value (no quotes, backslashes, $ or newlines)")],
     ] = Field(default_factory=dict, description="Extra image labels.")
     tags: list[Tag] = Field(default_factory=list, description="Extra tags besides the generated ones.")
+    platforms: list[Platform] | None = Field(
+        None, min_length=1,
+        description="Platforms this target is built for, e.g. [linux/amd64, linux/arm64]; default: the top-level "
+        "platforms. Each gets its own base, lock, content tag and smoke test; the published tags are one index.",
+    )
 
     @model_validator(mode="after")
     def _torch_plain(self) -> Target:
@@ -166,6 +172,11 @@ class Matrix(_Strict):
     wheelhouse_port: int = Field(
         38611, ge=1024, le=65535, description="Loopback port of the build-time wheel server (fixed for cache)."
     )
+    platforms: list[Platform] | None = Field(
+        None, min_length=1,
+        description="Platforms every target is built for unless it names its own; default: this host's "
+        "(linux/amd64 on x86_64, linux/arm64 on aarch64). A foreign one builds under qemu emulation.",
+    )
     targets: list[Target] = Field(min_length=1, description="The images to build.")
     groups: dict[Annotated[str, _grammar(g.TARGET_NAME, "a group name")], list[str]] = Field(
         default_factory=dict, description="Named sets of targets (default, all, ...), like bake groups."
@@ -184,6 +195,10 @@ class Matrix(_Strict):
                 f"python: {self.python!r} is not supported with suite {self.base.debian_suite!r} "
                 f"(the templates use its python3: {expected})"
             )
+        for where, listed in [("platforms", self.platforms),
+                              *((f"targets.{t.name}.platforms", t.platforms) for t in self.targets)]:
+            if listed and len(set(listed)) != len(listed):
+                problems.append(f"{where}: {listed} names a platform twice; list each once")
         if not self.installer.startswith("uv=="):
             problems.append(f"installer: {self.installer!r} must pin uv exactly, e.g. uv==0.13.9")
         for group, members in self.groups.items():

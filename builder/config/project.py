@@ -7,8 +7,10 @@ distributed backend. ``builder print`` dumps it; every other command starts from
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from packaging.version import Version
 from pydantic import ValidationError
 
 from builder.config import grammar as g
+from builder.config import platforms
 from builder.config.baselock import LOCK_NAME, read_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
@@ -49,11 +52,67 @@ class ResolvedTarget:
     run: dict[str, Any]
     visible_devices_env: str | None
     dockerfile: str
-    lock: str
+    platforms: list[str]
+    #: The platform this view of the target builds: the host's when listed, else the first.
+    platform: str
 
     @property
     def primary_ref(self) -> str:
         return self.refs[0]
+
+    @property
+    def arch(self) -> str:
+        """The OCI architecture of this view's platform (amd64, arm64)."""
+        return platforms.arch(self.platform)
+
+    @property
+    def lock(self) -> str:
+        """This platform's hash lock of torch and the target's packages, committed.
+
+        Example:
+            >>> project.target("nvidia-cu130").on("linux/arm64").lock
+            'images/nvidia-cu130/requirements.arm64.lock'
+        """
+        return f"images/{self.name}/requirements.{self.arch}.lock"
+
+    @property
+    def native(self) -> bool:
+        """True when this view's platform is the host's (no emulation)."""
+        return self.platform == platforms.host_platform()
+
+    @property
+    def unit(self) -> str:
+        """How messages name this view: the target, and the platform when it has several."""
+        return self.name if len(self.platforms) == 1 else f"{self.name} ({self.platform})"
+
+    @property
+    def platform_refs(self) -> list[str]:
+        """This platform's own tags (``<tag>-<arch>``) when the target has several platforms, else none.
+
+        Example:
+            >>> project.target("nvidia-cu130").on("linux/arm64").platform_refs[0]
+            'localhost:5000/ml-runtime:nvidia-cu130-arm64'
+        """
+        return [f"{r}-{self.arch}" for r in self.refs] if len(self.platforms) > 1 else []
+
+    @property
+    def local_refs(self) -> list[str]:
+        """The tags this view's image gets in the local engine: the target's own when it is the
+        host's platform (or the target's only one), so that ``docker run`` finds the native
+        image, and its platform tags."""
+        own = self.refs if self.native or len(self.platforms) == 1 else []
+        return own + self.platform_refs
+
+    def on(self, platform: str) -> ResolvedTarget:
+        """This target seen on one of its platforms."""
+        if platform not in self.platforms:
+            raise UserError(f"--platform: target {self.name} is built for {', '.join(self.platforms)}, not "
+                            f"{platform}; add it to the target's platforms in matrix.yaml")
+        return dataclasses.replace(self, platform=platform)
+
+    def views(self, only: Sequence[str] = ()) -> list[ResolvedTarget]:
+        """One view per platform of the target (those in *only*, when given, that it has)."""
+        return [self.on(p) for p in self.platforms if not only or p in only]
 
     @property
     def flavour(self) -> str:
@@ -86,8 +145,13 @@ class Project:
     mapping_path: Path
     matrix: Matrix
     mapping: WheelMapping
-    base_ref: str
+    #: Platform -> the base reference its builds start FROM (pinned by digest unless --allow-unpinned).
+    base_refs: dict[str, str]
     targets: list[ResolvedTarget] = field(default_factory=list)
+
+    def base_for(self, platform: str) -> str:
+        """The base reference *platform*'s builds start FROM."""
+        return self.base_refs[platform]
 
     @property
     def images_dir(self) -> Path:
@@ -124,17 +188,34 @@ class Project:
                     picked.append(t)
         return picked
 
+    def views(self, names: tuple[str, ...] | list[str], only: Sequence[str] = (),
+              group: str = "default") -> list[ResolvedTarget]:
+        """The selected targets (see :meth:`select`), one view per platform (those in *only*, when given).
+
+        Example:
+            >>> [t.unit for t in project.views(["nvidia-cu130"])]
+            ['nvidia-cu130 (linux/amd64)', 'nvidia-cu130 (linux/arm64)']
+        """
+        out = []
+        for target in self.select(names, group):
+            picked = target.views(only)
+            if not picked:
+                raise UserError(f"--platform: target {target.name} is built for {', '.join(target.platforms)}, not "
+                                f"{', '.join(only)}; add the platform to its platforms in matrix.yaml")
+            out += picked
+        return out
+
     def resolved(self) -> dict[str, Any]:
         """The whole resolved config as plain data (for ``builder print``)."""
         return {
             "root": str(self.root),
             "registry": self.matrix.registry,
-            "base": self.base_ref,
+            "base": dict(self.base_refs),
             "python": self.matrix.python,
             "installer": self.matrix.installer,
             "common_packages": list(self.matrix.common_packages),
             "groups": {name: self.matrix.group(name) for name in dict.fromkeys(["default", "all", *self.matrix.groups])},
-            "targets": [asdict(t) for t in self.targets],
+            "targets": [{**asdict(t), "locks": {p: t.on(p).lock for p in t.platforms}} for t in self.targets],
         }
 
 
@@ -153,6 +234,7 @@ def _alias_owner(matrix: Matrix) -> dict[str, str]:
 def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[str, str]) -> list[ResolvedTarget]:
     problems: list[str] = []
     alias = _alias_owner(matrix)
+    host = platforms.host_platform()
     targets: list[ResolvedTarget] = []
     owner_of_tag: dict[str, str] = {}
     for i, t in enumerate(matrix.targets):
@@ -191,6 +273,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
             continue
         pin = f"{t.torch}{entry.local_version}"
         dist = distributed_backend(entry, t.torch)
+        listed = t.platforms or matrix.platforms or [host]
         labels = {
             "org.opencontainers.image.title": f"ml-runtime {t.name}",
             "org.opencontainers.image.version": f"{t.name}-torch{t.torch}",
@@ -222,7 +305,8 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
                 run=facts.run.model_dump(),
                 visible_devices_env=facts.visible_devices_env,
                 dockerfile=f"images/{t.name}/Dockerfile",
-                lock=f"images/{t.name}/requirements.lock",
+                platforms=list(listed),
+                platform=host if host in listed else listed[0],
             )
         )
     if problems:
@@ -236,36 +320,45 @@ def spec_hash(matrix: Matrix) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
-def pinned_base_ref(root: Path, matrix: Matrix, allow_unpinned: bool, mfile: str) -> str:
-    """The base reference targets build FROM: the image pinned by digest, or base.lock.json's pin."""
+def pinned_base_refs(root: Path, matrix: Matrix, platforms_used: Sequence[str], allow_unpinned: bool,
+                     mfile: str) -> dict[str, str]:
+    """{platform: the base reference its targets build FROM}: the image pinned by digest, or base.lock.json's pins.
+
+    With ``allow_unpinned``, a platform the lock lacks gets the floating tag ``<registry>/base:<suite>-<arch>``.
+    """
     base = matrix.base
-    if base.image is not None:
+    if base.image is not None:  # one reference for every platform: a multi-arch index resolves per platform
         if g.PINNED_IMAGE.fullmatch(base.image) or allow_unpinned:
-            return base.image
+            return {p: base.image for p in platforms_used}
         raise UserError(
             f"{mfile}: base.image: {base.image!r} is not pinned by digest; write name@sha256:<64 hex> "
             "(docker inspect --format '{{index .RepoDigests 0}}' NAME) or pass --allow-unpinned"
         )
     lock = read_lock(root)
-    unpinned = f"{matrix.registry}/base:{base.debian_suite}"
-    if lock is None:
-        if allow_unpinned:
-            return unpinned
-        raise UserError(
-            f"{LOCK_NAME}: missing; run 'builder base' to bootstrap, push and pin the base "
-            "(or pass --allow-unpinned to render against a floating tag)"
-        )
-    if not lock.reference.startswith(f"{matrix.registry}/base@"):
-        raise UserError(
-            f"{LOCK_NAME}: reference {lock.reference!r} is not in registry {matrix.registry}/base; "
-            "run 'builder base --update' after changing the registry"
-        )
-    if lock.spec_sha256 != spec_hash(matrix) and not allow_unpinned:
+    if lock is not None and lock.spec_sha256 != spec_hash(matrix) and not allow_unpinned:
         raise UserError(
             f"{LOCK_NAME}: made from another base.bootstrap spec than {mfile}'s; "
             "run 'builder base --update' to rebuild and re-pin the base"
         )
-    return lock.reference
+    refs = {}
+    for platform in platforms_used:
+        pinned = lock.platforms.get(platform) if lock is not None else None
+        if pinned is None:
+            if allow_unpinned:
+                refs[platform] = f"{matrix.registry}/base:{base.debian_suite}-{platforms.arch(platform)}"
+                continue
+            what = "missing" if lock is None else f"pins no base for {platform}"
+            raise UserError(
+                f"{LOCK_NAME}: {what}; run 'builder base --platform {platform}' to bootstrap, push and pin it "
+                "(or pass --allow-unpinned to render against a floating tag)"
+            )
+        if not pinned.reference.startswith(f"{matrix.registry}/base@"):
+            raise UserError(
+                f"{LOCK_NAME}: platforms.{platform}.reference {pinned.reference!r} is not in registry "
+                f"{matrix.registry}/base; run 'builder base --update' after changing the registry"
+            )
+        refs[platform] = pinned.reference
+    return refs
 
 
 def load_project(
@@ -303,8 +396,9 @@ def load_project(
     if unknown:
         raise UserError(f"--index: unknown entry {', '.join(unknown)} (known: {', '.join(mapping.entries)})")
     targets = _resolve(matrix, mapping, matrix_path.name, index_overrides or {})
-    base_ref = pinned_base_ref(root, matrix, allow_unpinned, matrix_path.name)
-    return Project(root, matrix_path, mapping_path, matrix, mapping, base_ref, targets)
+    used = list(dict.fromkeys(p for t in targets for p in t.platforms))
+    base_refs = pinned_base_refs(root, matrix, used, allow_unpinned, matrix_path.name)
+    return Project(root, matrix_path, mapping_path, matrix, mapping, base_refs, targets)
 
 
 def _mapping_doc(path: Path) -> Any:

@@ -25,6 +25,7 @@ from docker.errors import DockerException
 from packaging.version import Version
 from requests.exceptions import RequestException
 
+from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import hardware
@@ -291,6 +292,27 @@ def check_tools(ctx: Context) -> list[Check]:
     return checks
 
 
+def check_emulation(ctx: Context, binfmt: Path = platforms.BINFMT) -> list[Check]:
+    """Each foreign platform the matrix lists runs under qemu: its binfmt_misc handler, with the F flag."""
+    if ctx.project is None:
+        return [Check("warn", "emulation", "not checked: the project did not load")]
+    host = platforms.host_platform()
+    foreign = sorted({p for t in ctx.project.targets for p in t.platforms} - {host})
+    if not foreign:
+        return [Check("ok", "emulation", f"not needed: every target is built for this host's {host} only")]
+    checks = []
+    for platform in foreign:
+        problem = platforms.emulation_problem(platform, binfmt)
+        users = ", ".join(t.name for t in ctx.project.targets if platform in t.platforms)
+        if problem is None:
+            checks.append(Check("ok", f"emulation {platform}", f"qemu-{platforms.machine(platform)} registered "
+                                f"(F flag) for {users}"))
+        else:
+            what, _, fix = problem.partition(": ")
+            checks.append(Check("fail", f"emulation {platform}", f"{what} (needed by {users})", fix))
+    return checks
+
+
 def check_config(ctx: Context) -> list[Check]:
     """The project loads; a missing or stale base pin is a WARN (loads unpinned), other problems a FAIL."""
     name = Path(ctx.matrix_path).name
@@ -323,6 +345,7 @@ CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
     check_config,
     check_registry,
     check_tools,
+    check_emulation,
 )
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import docker
 
-from builder.config.baselock import BaseLock, read_lock, write_lock
+from builder.config import platforms
+from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
 from builder.config.errors import TargetFailed, UserError
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, spec_hash
@@ -42,16 +43,19 @@ class Rootfs:
     packages: dict[str, str]
 
 
-def mmdebstrap_argv(spec: Bootstrap, output: Path) -> list[str]:
-    """The mmdebstrap command for a spec (docs and man pages left out, copyright files kept).
+def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str) -> list[str]:
+    """The mmdebstrap command for a spec and platform (docs and man pages left out, copyright files kept).
+
+    A foreign architecture's maintainer scripts run under qemu (binfmt_misc), as in its containers.
 
     Example:
-        >>> mmdebstrap_argv(spec, Path("/tmp/rootfs.tar"))[:3]
-        ['mmdebstrap', '--variant=minbase', '--format=tar']
+        >>> mmdebstrap_argv(spec, Path("/tmp/rootfs.tar"), "linux/arm64")[:4]
+        ['mmdebstrap', '--variant=minbase', '--arch=arm64', '--format=tar']
     """
     return [
         "mmdebstrap",
         f"--variant={spec.variant}",
+        f"--arch={platforms.arch(platform)}",
         "--format=tar",
         f"--include={','.join(spec.packages)}",
         "--dpkgopt=path-exclude=/usr/share/man/*",
@@ -64,16 +68,19 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path) -> list[str]:
     ]
 
 
-def bootstrap(spec: Bootstrap, workdir: Path) -> Rootfs:
+def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
     """Run mmdebstrap into *workdir*; return the tarball, its digest and its package list."""
     if shutil.which("mmdebstrap") is None:
         raise UserError("mmdebstrap is not installed: apt-get install mmdebstrap (it makes the base)")
+    if (problem := platforms.emulation_problem(platform)) is not None:
+        raise UserError(f"bootstrapping the base: {problem}")
     output = workdir / "rootfs.tar"
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
-    proc = subprocess.run(mmdebstrap_argv(spec, output), env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(mmdebstrap_argv(spec, output, platform), env=env, capture_output=True, text=True,
+                          check=False)
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
-        raise UserError(f"mmdebstrap failed for suite {spec.suite} from {spec.mirror}: {tail}")
+        raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {spec.mirror}: {tail}")
     digest = hashlib.sha256()
     with output.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -94,11 +101,11 @@ def _packages(tarball: Path) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def image_config(rootfs: Rootfs, spec: Bootstrap) -> bytes:
+def image_config(rootfs: Rootfs, spec: Bootstrap, platform: str) -> bytes:
     """The image config, serialised deterministically; its sha256 is the image ID."""
     created = datetime.fromtimestamp(spec.source_date_epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     config = {
-        "architecture": "amd64",
+        "architecture": platforms.arch(platform),
         "os": "linux",
         "created": created,
         "config": {
@@ -127,13 +134,18 @@ def write_archive(rootfs: Rootfs, config: bytes, repo_tag: str, archive: Path) -
     return image_id
 
 
-def make_image(client: docker.DockerClient, project: Project, workdir: Path) -> tuple[str, Rootfs]:
-    """Bootstrap and load the base; return its image ID (reproducible) and the root fs."""
+def base_tag(project: Project, platform: str) -> str:
+    """The tag a platform's base is pushed under before it is pinned by digest: ``base:<suite>-<arch>``."""
+    return f"{project.base_repository}:{project.matrix.base.debian_suite}-{platforms.arch(platform)}"
+
+
+def make_image(client: docker.DockerClient, project: Project, workdir: Path, platform: str) -> tuple[str, Rootfs]:
+    """Bootstrap and load a platform's base; return its image ID (reproducible) and the root fs."""
     spec = project.matrix.base.bootstrap
     assert spec is not None
-    rootfs = bootstrap(spec, workdir)
-    tag = f"{project.base_repository}:{spec.suite}"
-    image_id = write_archive(rootfs, image_config(rootfs, spec), tag, workdir / "image.tar")
+    rootfs = bootstrap(spec, workdir, platform)
+    tag = base_tag(project, platform)
+    image_id = write_archive(rootfs, image_config(rootfs, spec, platform), tag, workdir / "image.tar")
     with (workdir / "image.tar").open("rb") as handle:
         client.api.load_image(handle)
     loaded = client.api.inspect_image(tag)["Id"]
@@ -142,10 +154,10 @@ def make_image(client: docker.DockerClient, project: Project, workdir: Path) -> 
     return image_id, rootfs
 
 
-def image_id_of(spec: Bootstrap, workdir: Path) -> tuple[str, Rootfs]:
+def image_id_of(spec: Bootstrap, workdir: Path, platform: str) -> tuple[str, Rootfs]:
     """Bootstrap without an engine and compute the image ID it would load as."""
-    rootfs = bootstrap(spec, workdir)
-    return "sha256:" + hashlib.sha256(image_config(rootfs, spec)).hexdigest(), rootfs
+    rootfs = bootstrap(spec, workdir, platform)
+    return "sha256:" + hashlib.sha256(image_config(rootfs, spec, platform)).hexdigest(), rootfs
 
 
 def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
@@ -157,61 +169,62 @@ def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
     return lines
 
 
-def _local_has(client: docker.DockerClient, lock: BaseLock) -> bool:
+def _local_has(client: docker.DockerClient, pinned: PinnedBase) -> bool:
     try:
-        info = client.api.inspect_image(lock.image_id)
+        info = client.api.inspect_image(pinned.image_id)
     except docker.errors.ImageNotFound:
         return False
-    return lock.reference in info.get("RepoDigests", [])
+    return pinned.reference in info.get("RepoDigests", [])
 
 
 def ensure_base(
-    client: docker.DockerClient, project: Project, *, update: bool, say: Callable[[str], object]
-) -> BaseLock:
-    """Make sure the pinned base is local and in the registry; bootstrap it when needed."""
+    client: docker.DockerClient, project: Project, platform: str, *, update: bool, say: Callable[[str], object]
+) -> PinnedBase:
+    """Make sure *platform*'s pinned base is local and in the registry; bootstrap it when needed."""
     matrix = project.matrix
     if matrix.base.image is not None:
         if not _present(client, matrix.base.image):
-            say(f"pulling {matrix.base.image}")
-            client.api.pull(matrix.base.image, auth_config=credentials(matrix.base.image.split("/", 1)[0]))
-        return BaseLock(reference=matrix.base.image, image_id=client.api.inspect_image(matrix.base.image)["Id"],
-                        spec_sha256=spec_hash(matrix))
+            say(f"pulling {matrix.base.image} ({platform})")
+            client.api.pull(matrix.base.image, platform=platform,
+                            auth_config=credentials(matrix.base.image.split("/", 1)[0]))
+        return PinnedBase(reference=matrix.base.image, image_id=client.api.inspect_image(matrix.base.image)["Id"])
     host = matrix.registry.split("/", 1)[0]
     started = ensure_local(host)
     if started:
         say(started)
     lock = read_lock(project.root)
-    fresh_spec = lock is not None and lock.spec_sha256 == spec_hash(matrix)
-    if lock is not None and fresh_spec and _local_has(client, lock):
-        _push_if_missing(client, project, lock, say)
-        return lock
-    if lock is not None and fresh_spec:
+    if lock is not None and lock.spec_sha256 != spec_hash(matrix):
+        lock = None  # made from another spec: every platform's pin is stale
+    pinned = lock.platforms.get(platform) if lock is not None else None
+    if pinned is not None and _local_has(client, pinned):
+        _push_if_missing(client, project, platform, pinned, say)
+        return pinned
+    if pinned is not None:
         try:
-            client.api.pull(lock.reference, auth_config=credentials(host))
-            say(f"pulled the locked base {lock.reference}")
-            return lock
+            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
+            say(f"pulled the locked base {pinned.reference} ({platform})")
+            return pinned
         except docker.errors.DockerException:
-            say("the locked base is neither local nor in the registry: bootstrapping it")
+            say(f"the locked {platform} base is neither local nor in the registry: bootstrapping it")
     with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-        image_id, rootfs = make_image(client, project, Path(tmp))
-    tag = f"{project.base_repository}:{matrix.base.debian_suite}"
-    if lock is not None and fresh_spec and image_id != lock.image_id:
-        report = drift_report(lock.packages, rootfs.packages)
-        lines = [f"base drift: a fresh bootstrap is {image_id}, base.lock.json pins {lock.image_id}",
+        image_id, rootfs = make_image(client, project, Path(tmp), platform)
+    if pinned is not None and image_id != pinned.image_id:
+        report = drift_report(pinned.packages, rootfs.packages)
+        lines = [f"base drift ({platform}): a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}",
                  "  (the Debian mirror moved since the lock was written)", *report]
         if not update:
             raise UserError(*lines, "run 'builder base --update' to re-pin, then 'builder render' and commit both")
         for line in lines:
             say(line)
     try:
-        digest = push_ref(client, tag)
+        digest = push_ref(client, base_tag(project, platform))
     except TargetFailed as exc:
-        raise UserError(f"pushing the base: {exc}") from None
-    new = BaseLock(reference=f"{project.base_repository}@{digest}", image_id=image_id,
-                   spec_sha256=spec_hash(matrix), packages=rootfs.packages)
-    if new != lock:
-        write_lock(project.root, new)
-        say(f"pinned the base in base.lock.json: {new.reference}")
+        raise UserError(f"pushing the {platform} base: {exc}") from None
+    new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages)
+    if new != pinned:
+        current = lock or BaseLock(spec_sha256=spec_hash(matrix))
+        write_lock(project.root, current.with_platform(platform, new))
+        say(f"pinned the {platform} base in base.lock.json: {new.reference}")
     return new
 
 
@@ -224,14 +237,14 @@ def _present(client: docker.DockerClient, ref: str) -> bool:
 
 
 def _push_if_missing(
-    client: docker.DockerClient, project: Project, lock: BaseLock, say: Callable[[str], object]
+    client: docker.DockerClient, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
 ) -> None:
     from builder.oci.registry import manifest_digest
 
-    if manifest_digest(lock.reference, credentials(lock.reference.split("/", 1)[0])) is None:
-        tag = f"{project.base_repository}:{project.matrix.base.debian_suite}"
-        client.api.tag(lock.image_id, tag)
+    if manifest_digest(pinned.reference, credentials(pinned.reference.split("/", 1)[0])) is None:
+        tag = base_tag(project, platform)
+        client.api.tag(pinned.image_id, tag)
         digest = push_ref(client, tag)
-        say(f"pushed the base to {project.base_repository} ({digest})")
-        if not lock.reference.endswith(digest):
-            say(f"note: the registry digest {digest} differs from the lock's {lock.reference}")
+        say(f"pushed the {platform} base to {project.base_repository} ({digest})")
+        if not pinned.reference.endswith(digest):
+            say(f"note: the registry digest {digest} differs from the lock's {pinned.reference}")

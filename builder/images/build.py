@@ -21,6 +21,7 @@ from typing import Any
 
 import docker
 
+from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
 from builder.images import content, locks, publish, render, wheelhouse, wheelserver
@@ -80,6 +81,8 @@ def docker_build(
         nocache=nocache,
         path=str(project.root),
         dockerfile=target.dockerfile,
+        platform=target.platform,
+        buildargs=content.build_args(project, target),  # the platform's base pin and architecture
         target=stage,
         rm=True,
         forcerm=True,  # remove intermediate containers even when a step fails or is interrupted
@@ -245,14 +248,15 @@ def process(
 
     Never raises for the target's own failures.
     """
-    out = Outcome(target.name, content_tag=content_tag or content.content_tags(project, [target])[target.name])
+    out = Outcome(target.name, target.platform,
+                  content_tag=content_tag or content.content_tags(project, [target])[target.unit])
     start = time.monotonic()
-    ui.start(target.name)
+    ui.start(target.unit)
     try:
         _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
                cache_also=cache_also, nocache=nocache)
         if push:
-            ui.step(target.name, out.steps, out.steps, "push")
+            ui.step(target.unit, out.steps, out.steps, "push")
             _publish(client, project, target, out, out.image_id or "")
     except TargetFailed as exc:
         out.error = str(exc)
@@ -261,7 +265,7 @@ def process(
     except docker.errors.DockerException as exc:
         out.error = f"engine error: {exc}"
     out.seconds = round(time.monotonic() - start, 2)
-    ui.done(target.name, out)
+    ui.done(target.unit, out)
     return out
 
 
@@ -275,7 +279,7 @@ def reuse(
     manifest request); pulled only with ``pull``; with ``push`` its tags move in the registry.
     """
     start = time.monotonic()
-    out = Outcome(target.name, content_tag=content_tag)
+    out = Outcome(target.name, target.platform, content_tag=content_tag)
     try:
         if not _reuse(client, project, target, out, push=push, pull=pull):
             return None
@@ -284,8 +288,8 @@ def reuse(
     except docker.errors.DockerException as exc:
         out.error = f"engine error: {exc}"
     out.seconds = round(time.monotonic() - start, 2)
-    ui.start(target.name)
-    ui.done(target.name, out)
+    ui.start(target.unit)
+    ui.done(target.unit, out)
     return out
 
 
@@ -310,19 +314,20 @@ def _reuse(
             image = client.api.inspect_image(ref)
             out.image_id = image["Id"]
         elif push:  # move the tags in the registry itself: no pull needed
-            for tag_ref in publish.push_order(target):
+            moved = publish.image_refs(target)
+            for tag_ref in moved:
                 registry.copy_tag(ref, tag_ref.rsplit(":", 1)[1], creds)
-            publish.record(project.root, [{**publish.published(target, None, digest, list(target.refs)),
+            publish.record(project.root, [{**publish.published(target, None, digest, moved),
                                            "content_tag": ref, "result": out.result, "revision": None,
                                            "current_revision": _current_revision(project)}])
-            out.tags = list(target.tags)
+            out.tags = [r.rsplit(":", 1)[1] for r in moved]
             return True
         else:
             return True  # known good in the registry; nothing local to tag
     out.smoke = "passed earlier"
     out.size_bytes = image["Size"]
-    _tag(client, out.image_id, target.refs, present=image.get("RepoTags") or ())
-    out.tags = list(target.tags)
+    _tag(client, out.image_id, target.local_refs, present=image.get("RepoTags") or ())
+    out.tags = [r.rsplit(":", 1)[1] for r in target.local_refs]
     if push:
         _publish(client, project, target, out, out.image_id)
     return True
@@ -345,8 +350,8 @@ def _build(
     cache_from = [*pulled, *cache_also] if pulled else []
     out.image_id, out.steps, out.cached_steps = docker_build(
         client, project, target, cache_from=cache_from, wheels_at=wheels_at, cancel=cancel, nocache=nocache,
-        on_step=lambda n, total, text: ui.step(target.name, n, total, text),
-        on_log=lambda line: ui.log(target.name, line),
+        on_step=lambda n, total, text: ui.step(target.unit, n, total, text),
+        on_log=lambda line: ui.log(target.unit, line),
     )
     out.result = "built"
     if cancel.is_set():
@@ -355,20 +360,21 @@ def _build(
     if smoke:
         from builder.images.smoke import smoke_test
 
-        ui.step(target.name, out.steps, out.steps, "smoke test")
-        result = smoke_test(client, project, target, out.image_id, log=lambda s: ui.log(target.name, s))
-        out.smoke = result.status
+        ui.step(target.unit, out.steps, out.steps, "smoke test")
+        result = smoke_test(client, project, target, out.image_id, log=lambda s: ui.log(target.unit, s))
+        out.smoke, out.notes = result.status, list(result.skipped)
         if result.status == "failed":
             raise TargetFailed(f"smoke test failed: {result.summary()}")
         # Only a tested image carries the content tag: its presence is the proof.
         _tag(client, out.image_id, [out.content_tag or ""])
-    _tag(client, out.image_id, target.refs)
-    out.tags = list(target.tags)
+    _tag(client, out.image_id, target.local_refs)
+    out.tags = [r.rsplit(":", 1)[1] for r in target.local_refs]
 
 
 def _publish(client: docker.DockerClient, project: Project, target: ResolvedTarget, out: Outcome,
              image_id: str) -> None:
-    record = publish.push_target(client, target, image_id, extra=[out.content_tag] if out.smoke != "skipped" else [])
+    tested = [out.content_tag] if out.smoke != "skipped" and out.content_tag else []
+    record = publish.push_target(client, target, image_id, tested + publish.image_refs(target))
     out.digest = record["digest"]
     revision = client.api.inspect_image(image_id)["Config"]["Labels"].get("org.opencontainers.image.revision")
     publish.record(project.root, [{**record, "content_tag": out.content_tag, "result": out.result,
@@ -387,36 +393,38 @@ def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[
     published. With sources, the classic builder accepts a local hit only inside their layer
     chains, so callers add the shared stage's image when they built it just now.
     """
-    ref = target.primary_ref
+    ref = target.local_refs[0]
     try:
         client.api.inspect_image(ref)
         return []
     except docker.errors.ImageNotFound:
         pass
     try:
-        client.api.pull(*ref.rsplit(":", 1), auth_config=registry.credentials(registry.Ref.parse(ref).host))
+        client.api.pull(*ref.rsplit(":", 1), platform=target.platform,
+                        auth_config=registry.credentials(registry.Ref.parse(ref).host))
     except docker.errors.DockerException:
         return []  # never published yet: build cold
     return [ref]
 
 
 def ensure_base_present(
-    client: docker.DockerClient, project: Project, say: Callable[[str], None], update: bool = False
+    client: docker.DockerClient, project: Project, platform: str, say: Callable[[str], None], update: bool = False
 ) -> str:
-    """The pinned base must be local; bring it (pull, or bootstrap) if not; return its reference.
+    """*platform*'s pinned base must be local; bring it (pull, or bootstrap) if not; return its reference.
 
     With ``update``, a bootstrap that differs from the pin (the Debian mirror moved) is re-pinned,
     and the returned reference is the new one.
     """
+    ref = project.base_for(platform)
     try:
-        client.api.inspect_image(project.base_ref)
-        return project.base_ref
+        client.api.inspect_image(ref)
+        return ref
     except docker.errors.ImageNotFound:
         pass
     from builder.images.base import ensure_base
 
-    say(f"base {project.base_ref} is not local: fetching it")
-    return ensure_base(client, project, update=update, say=say).reference
+    say(f"base {ref} ({platform}) is not local: fetching it")
+    return ensure_base(client, project, platform, update=update, say=say).reference
 
 
 def build_all(
@@ -433,12 +441,26 @@ def build_all(
     pull: bool = False,
     update_base: bool = False,
 ) -> list[Outcome]:
-    """Reuse or build every target; with ``keep_going`` a failure doesn't stop the others.
+    """Reuse or build every target view (one per platform); with ``keep_going`` a failure doesn't stop the others.
 
-    First, from the committed locks alone (no wheels fetched), each target whose content tag
-    exists locally or in the registry is reused; only the rest fetch wheels, need the base
-    and are built. ``rebuild`` builds everything, without the layer cache.
+    First, from the committed locks alone (no wheels fetched), each view whose content tag
+    exists locally or in the registry is reused; only the rest fetch wheels, need their
+    platform's base and are built. ``rebuild`` builds everything, without the layer cache.
+    With ``push``, a target with several platforms then gets one index under each of its tags.
     """
+    outcomes = _reuse_or_build(client, project, targets, ui, push=push, smoke=smoke, keep_going=keep_going,
+                               jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base)
+    if push:
+        for name in dict.fromkeys(t.name for t in targets if len(t.platforms) > 1):
+            if any(o.target == name and not o.error for o in outcomes):
+                ui.say(publish.push_index(project, project.target(name), _current_revision(project)))
+    return outcomes
+
+
+def _reuse_or_build(
+    client: docker.DockerClient, project: Project, targets: list[ResolvedTarget], ui: Progress, *, push: bool,
+    smoke: bool, keep_going: bool, jobs: int, rebuild: bool, pull: bool, update_base: bool,
+) -> list[Outcome]:
     failed_locks = locks.lock_all(project, targets, ui.say, fetch=False)
     rendered = render.render(project, targets)
     render.write(rendered)
@@ -446,11 +468,11 @@ def build_all(
     outcomes: list[Outcome] = []
     buildable = []
     for t in targets:
-        if t.name in failed_locks:
-            outcomes.append(Outcome(t.name, error=failed_locks[t.name]))
-            ui.done(t.name, outcomes[-1])
+        if t.unit in failed_locks:
+            outcomes.append(Outcome(t.name, t.platform, error=failed_locks[t.unit]))
+            ui.done(t.unit, outcomes[-1])
         elif not rebuild and (reused := reuse(client, project, t, ui, push=push, pull=pull,
-                                              content_tag=tags[t.name])) is not None:
+                                              content_tag=tags[t.unit])) is not None:
             outcomes.append(reused)
         else:
             buildable.append(t)
@@ -458,20 +480,25 @@ def build_all(
         return outcomes
     if not buildable:
         return outcomes
+    for t in [t for t in buildable if platforms.emulation_problem(t.platform)]:
+        outcomes.append(Outcome(t.name, t.platform, error=platforms.emulation_problem(t.platform)))
+        ui.done(t.unit, outcomes[-1])
+    buildable = [t for t in buildable if not platforms.emulation_problem(t.platform)]
     failed_fetch = locks.lock_all(project, buildable, lambda line: None)  # the wheels of what is built
-    for t in [t for t in buildable if t.name in failed_fetch]:
-        outcomes.append(Outcome(t.name, error=failed_fetch[t.name]))
-        ui.done(t.name, outcomes[-1])
-    buildable = [t for t in buildable if t.name not in failed_fetch]
+    for t in [t for t in buildable if t.unit in failed_fetch]:
+        outcomes.append(Outcome(t.name, t.platform, error=failed_fetch[t.unit]))
+        ui.done(t.unit, outcomes[-1])
+    buildable = [t for t in buildable if t.unit not in failed_fetch]
     if (failed_fetch and not keep_going) or not buildable:
         return outcomes
-    base_ref = ensure_base_present(client, project, ui.say, update=update_base)
-    if base_ref != project.base_ref:  # re-pinned: every target builds FROM the new base
-        project = dataclasses.replace(project, base_ref=base_ref)
+    pins = {p: ensure_base_present(client, project, p, ui.say, update=update_base)
+            for p in dict.fromkeys(t.platform for t in buildable)}
+    if any(project.base_for(p) != ref for p, ref in pins.items()):  # re-pinned: builds start FROM the new base
+        project = dataclasses.replace(project, base_refs={**project.base_refs, **pins})
         rendered = render.render(project, targets)
         render.write(rendered)
         tags = content.content_tags(project, targets, rendered)
-        ui.say(f"re-rendered the Dockerfiles for the new base pin {base_ref}; commit base.lock.json and images/")
+        ui.say(f"re-rendered the Dockerfiles for the new base pins {pins}; commit base.lock.json and images/")
     cancel, halt = threading.Event(), threading.Event()
     with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
         own = OwnContainers(client, [project.root / t.dockerfile for t in buildable], wheels_at)
@@ -480,7 +507,7 @@ def build_all(
             if cancel.is_set() or halt.is_set():
                 return None  # not started: interrupted, or a target failed without --keep-going
             outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
-                              cache_also=cache_also, nocache=rebuild, content_tag=tags[t.name])
+                              cache_also=cache_also, nocache=rebuild, content_tag=tags[t.unit])
             if outcome.error and not keep_going:
                 halt.set()
             return outcome

@@ -2,8 +2,8 @@
 
 The digest covers the rendered Dockerfile (which pins the base by digest), every file its
 ``COPY`` lines take from the build context (the locks, ``runtime/``, ``examples/``: exactly
-what ``.dockerignore`` lets into the context, with their executable bits), the base reference
-and the platform. Labels that change with every commit (revision, created) are applied at
+what ``.dockerignore`` lets into the context, with their executable bits), the platform's base reference
+and the platform (each platform of a target has its own tag). Labels that change with every commit (revision, created) are applied at
 build time and are not part of it, so an unchanged target keeps its tag across commits.
 
 The tag ``<registry>:<target>-<12 hex>`` is applied and pushed only after the smoke test
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
+import re
 import shlex
 from pathlib import Path
 
@@ -29,36 +29,37 @@ from builder.config.project import Project, ResolvedTarget
 
 #: Hex digits of the digest in the tag (48 bits: collisions among one target's versions are not a concern).
 TAG_HEX = 12
-#: Machine names as platform.machine() prints them -> OCI architectures.
-OCI_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
-def host_platform() -> str:
-    """The OCI platform images are built for on this host.
-
-    Example:
-        >>> host_platform() in ("linux/amd64", "linux/arm64")
-        True
-    """
-    machine = platform.machine()
-    return f"linux/{OCI_ARCH.get(machine, machine)}"
-
-
-def copy_sources(dockerfile: str) -> list[str]:
-    """Context paths the Dockerfile's ``COPY`` lines read (``--from`` copies read no context).
+def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[str]:
+    """Context paths the Dockerfile's ``COPY`` lines read (``--from`` copies read no context),
+    with the build *args* (``${TARGETARCH}``) put in as the build will.
 
     Example:
-        >>> copy_sources("FROM x\\nCOPY images/tools.lock images/common.lock /opt/locks/\\nCOPY --from=a /b /c\\n")
-        ['images/tools.lock', 'images/common.lock']
+        >>> copy_sources("FROM x\\nCOPY images/tools.${TARGETARCH}.lock /opt/locks/\\nCOPY --from=a /b /c\\n",
+        ...              {"TARGETARCH": "arm64"})
+        ['images/tools.arm64.lock']
     """
+    values = args or {}
     sources: list[str] = []
-    for line in dockerfile.splitlines():
+    for raw in dockerfile.splitlines():
+        line = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m[1] or m[2], m[0]), raw)
         words = shlex.split(line, comments=True) if line.startswith(("COPY ", "ADD ")) else []
         if not words or any(w.startswith("--from") for w in words):
             continue
-        args = [w for w in words[1:] if not w.startswith("--")]
-        sources += [a.rstrip("/") for a in args[:-1]]
+        paths = [w for w in words[1:] if not w.startswith("--")]
+        sources += [p.rstrip("/") for p in paths[:-1]]
     return sources
+
+
+def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
+    """The build arguments of a target view: its platform's base pin and architecture.
+
+    Example:
+        >>> build_args(project, project.target("cpu"))["TARGETARCH"]
+        'amd64'
+    """
+    return {"BASE": project.base_for(target.platform), "TARGETARCH": target.arch}
 
 
 def context_paths(root: Path) -> set[str]:
@@ -73,13 +74,12 @@ def content_tags(
     project: Project,
     targets: list[ResolvedTarget],
     rendered: dict[Path, str] | None = None,
-    platform_name: str | None = None,
 ) -> dict[str, str]:
-    """{target name: ``<registry>:<target>-<12 hex>``} of this exact content.
+    """{view's unit: ``<registry>:<target>-<12 hex>``} of this exact content, per target view (platform).
 
     The digest covers each target's Dockerfile (*rendered* in memory, else the one in images/),
-    the context files its COPY lines take (hash and executable bit), the base and the
-    platform. The context is walked, and each file hashed, once for all targets.
+    the context files its COPY lines take for the view's platform (hash and executable bit), the
+    platform's base and the platform. The context is walked, and each file hashed, once for all.
 
     Example:
         >>> content_tags(project, [project.target("cpu")])  # doctest: +ELLIPSIS
@@ -102,13 +102,13 @@ def content_tags(
     tags = {}
     for target in targets:
         dockerfile = rendered[root / target.dockerfile]
-        sources = copy_sources(dockerfile)
+        sources = copy_sources(dockerfile, build_args(project, target))
         document = {
             "dockerfile": dockerfile,
             "files": [entry(p) for p in included if any(p == s or p.startswith(s + "/") for s in sources)],
-            "base": project.base_ref,
-            "platform": platform_name or host_platform(),
+            "base": project.base_for(target.platform),
+            "platform": target.platform,
         }
         digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
-        tags[target.name] = f"{target.primary_ref.rsplit(':', 1)[0]}:{target.name}-{digest[:TAG_HEX]}"
+        tags[target.unit] = f"{target.primary_ref.rsplit(':', 1)[0]}:{target.name}-{digest[:TAG_HEX]}"
     return tags

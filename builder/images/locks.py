@@ -2,9 +2,10 @@
 
 pip runs on the host (:mod:`builder.images.resolve`), resolving for the image's Python and
 platform, into the shared wheelhouse (:mod:`builder.images.wheelhouse`). Three locks result
-(format: :mod:`builder.images.lockfile`):
-``images/tools.lock`` (the build-time installer), ``images/common.lock`` (the shared layer)
-and ``images/<target>/requirements.lock`` (torch and friends, pinned to agree with common).
+(format: :mod:`builder.images.lockfile`), per platform (``<arch>``: amd64, arm64):
+``images/tools.<arch>.lock`` (the build-time installer), ``images/common.<arch>.lock`` (the
+shared layer) and ``images/<target>/requirements.<arch>.lock`` (torch and friends, pinned to
+agree with common).
 A lock whose recorded inputs are unchanged and whose wheels are present is reused as is:
 a no-op rebuild never re-resolves.
 """
@@ -19,19 +20,21 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
-from builder.images.resolve import fetch_locked, image_arch, index_reachable, resolve
+from builder.images.resolve import fetch_locked, index_reachable, resolve
 from builder.images.wheelhouse import missing as missing_wheels
 
 
 def _fingerprint(*parts: object) -> str:
     return "sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
-def _ensure(project: Project, path: Path, what: str, fingerprint: str, resolver: Callable[[], list[Pin]],
-            index: Callable[[], str | None] = lambda: None, fetch: bool = True) -> list[Pin]:
+def _ensure(project: Project, platform: str, path: Path, what: str, fingerprint: str,
+            resolver: Callable[[], list[Pin]], index: Callable[[], str | None] = lambda: None,
+            fetch: bool = True) -> list[Pin]:
     """Reuse the lock when its inputs are unchanged and its wheels are here, intact; else resolve.
 
     ``fetch=False`` trusts a current lock without its wheels (deciding whether to build at all).
@@ -41,47 +44,58 @@ def _ensure(project: Project, path: Path, what: str, fingerprint: str, resolver:
         missing = missing_wheels(pins) if fetch else []
         if missing:
             # Locked but not downloaded (fresh clone, new runner) or damaged: fetch exactly the locked files.
-            fetch_locked(project, missing, path, index())
+            fetch_locked(project, missing, path, index(), platform)
         return pins
     pins = resolver()
     write_lock(path, what, fingerprint, pins)
     return pins
 
-def tools_lock(project: Project, fetch: bool = True) -> list[Pin]:
-    """images/tools.lock: the installer used during builds (never left in an image)."""
-    m = project.matrix
-    fp = _fingerprint("tools", m.installer, m.python, project.glibc, image_arch())
-    return _ensure(project, project.images_dir / "tools.lock", "the build-time installer", fp,
-                   lambda: resolve(project, [m.installer]), fetch=fetch)
+def shared_lock_path(project: Project, name: str, platform: str) -> Path:
+    """images/<name>.<arch>.lock: a lock every target of the platform shares (tools, common)."""
+    return project.images_dir / f"{name}.{platforms.arch(platform)}.lock"
 
-def common_lock(project: Project, fetch: bool = True) -> list[Pin]:
-    """images/common.lock: the backend-independent layer shared by every target."""
+def tools_lock(project: Project, platform: str, fetch: bool = True) -> list[Pin]:
+    """images/tools.<arch>.lock: the installer used during builds (never left in an image)."""
     m = project.matrix
-    fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc, image_arch())
-    return _ensure(project, project.images_dir / "common.lock", "the shared layer of every target", fp,
-                   lambda: resolve(project, list(m.common_packages)), fetch=fetch)
+    fp = _fingerprint("tools", m.installer, m.python, project.glibc, platforms.machine(platform))
+    return _ensure(project, platform, shared_lock_path(project, "tools", platform), "the build-time installer", fp,
+                   lambda: resolve(project, [m.installer], platform), fetch=fetch)
+
+def common_lock(project: Project, platform: str, fetch: bool = True) -> list[Pin]:
+    """images/common.<arch>.lock: the backend-independent layer shared by every target."""
+    m = project.matrix
+    fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc, platforms.machine(platform))
+    return _ensure(project, platform, shared_lock_path(project, "common", platform),
+                   "the shared layer of every target", fp,
+                   lambda: resolve(project, list(m.common_packages), platform), fetch=fetch)
 
 def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
-    """images/<target>/requirements.lock: torch and the target's packages, minus the common layer."""
+    """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer."""
     path = project.root / target.lock
     requirements = [f"torch=={target.torch_pin}", *target.packages]
     # In lock order: just resolved (pip's order) or read back, the same common pins give the same hash.
     common_hash = _fingerprint([p.line() for p in ordered(common)])
     fp = _fingerprint("target", target.entry, requirements, project.matrix.python, project.glibc,
-                      image_arch(), common_hash)
+                      platforms.machine(target.platform), common_hash)
 
     def resolver() -> list[Pin]:
         unreachable = index_reachable(target.index_url)
         try:
-            pins = resolve(project, requirements, extra_index=None if unreachable else target.index_url,
-                           constraints=common)
+            pins = resolve(project, requirements, target.platform,
+                           extra_index=None if unreachable else target.index_url, constraints=common)
         except TargetFailed as exc:
             where = f"the index {target.index_url} ({target.entry})"
             how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"
+            wheel = (f"torch=={target.torch_pin} for {target.platform} "
+                     f"({platforms.machine(target.platform)} manylinux, CPython {project.matrix.python})")
             if unreachable:
-                raise TargetFailed(f"torch=={target.torch_pin} is not available: {where} is unreachable from "
+                raise TargetFailed(f"{wheel} is not available: {where} is unreachable from "
                                    f"this host ({unreachable}) and pip's own sources lack it; {how}") from None
-            raise TargetFailed(f"resolving {' '.join(requirements)} from {where} failed: {exc}; {how}") from None
+            if "torch" in str(exc) and ("No matching distribution" in str(exc) or "satisfies" in str(exc)):
+                raise TargetFailed(f"no wheel of {wheel} exists on {where} or pip's own sources: {exc}; "
+                                   f"remove {target.platform} from the target's platforms, or {how}") from None
+            raise TargetFailed(f"resolving {' '.join(requirements)} for {target.platform} from {where} failed: "
+                               f"{exc}; {how}") from None
         check_torch_flavour(target, pins)  # before the lock is written
         shared = {canonicalize_name(p.name) for p in common}
         return [p for p in pins if canonicalize_name(p.name) not in shared]
@@ -89,7 +103,7 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
     def index() -> str | None:
         return None if index_reachable(target.index_url) else target.index_url
 
-    pins = _ensure(project, path, f"target {target.name}", fp, resolver, index, fetch=fetch)
+    pins = _ensure(project, target.platform, path, f"target {target.unit}", fp, resolver, index, fetch=fetch)
     check_torch_flavour(target, pins)  # a reused lock, too
     return pins
 
@@ -107,29 +121,31 @@ def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
     want = f"+{expected.local}" if expected.local else "no local label (PyPI's default build)"
     found = f"resolved torch {torch.version}" if torch else "locked no torch"
     raise TargetFailed(
-        f"target {target.name}: {found}, expected {target.torch_pin} ({want}); fix: remove that wheel or "
+        f"target {target.unit}: {found}, expected {target.torch_pin} ({want}); fix: remove that wheel or "
         f"its source from pip's configuration (`pip config list`: find-links, extra-index-url) so "
         f"{target.index_url} supplies torch, delete {target.lock} if it holds the wrong torch, and run "
-        f"`builder lock -t {target.name}`"
+        f"`builder lock -t {target.name} --platform {target.platform}`"
     )
 
 def lock_all(
     project: Project, targets: list[ResolvedTarget], say: Callable[[str], object], fetch: bool = True
 ) -> dict[str, str]:
-    """Lock tools, common and every target; return {target: error} for targets that failed.
+    """Lock tools, common and every target view, per platform; return {view's unit: error} for those that failed.
 
     ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
     """
-    try:
-        tools_lock(project, fetch)
-        common = common_lock(project, fetch)
-    except TargetFailed as exc:
-        raise UserError(f"resolving the shared packages failed: {exc}") from None
+    common: dict[str, list[Pin]] = {}
+    for platform in dict.fromkeys(t.platform for t in targets):
+        try:
+            tools_lock(project, platform, fetch)
+            common[platform] = common_lock(project, platform, fetch)
+        except TargetFailed as exc:
+            raise UserError(f"resolving the shared packages for {platform} failed: {exc}") from None
     failed = {}
     for target in targets:
         try:
-            pins = target_lock(project, target, common, fetch)
-            say(f"{target.name}: {len(pins)} wheels locked in {target.lock}")
+            pins = target_lock(project, target, common[target.platform], fetch)
+            say(f"{target.unit}: {len(pins)} wheels locked in {target.lock}")
         except TargetFailed as exc:
-            failed[target.name] = str(exc)
+            failed[target.unit] = str(exc)
     return failed

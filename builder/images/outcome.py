@@ -11,6 +11,8 @@ class Outcome:
     """What happened to one target; ``--json`` prints a list of these."""
 
     target: str
+    #: the platform this image is for (linux/amd64, linux/arm64)
+    platform: str | None = None
     tags: list[str] = field(default_factory=list)
     image_id: str | None = None
     size_bytes: int | None = None
@@ -24,6 +26,8 @@ class Outcome:
     result: str | None = None
     #: <registry>:<target>-<12 hex>: this exact content, built and smoke-tested
     content_tag: str | None = None
+    #: what the smoke test left out, and why (no GPU here, emulation)
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

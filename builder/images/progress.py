@@ -65,14 +65,14 @@ class Progress:
 
 
 def summary(outcomes: list[Outcome]) -> Table:
-    """The closing table: target, tags, size, seconds, layers from cache, smoke, result."""
+    """The closing table: target, platform, tags, size, seconds, layers from cache, smoke, result."""
     table = Table(title="builder build")
-    for col in ("target", "tags", "size", "seconds", "cached", "smoke", "result"):
+    for col in ("target", "platform", "tags", "size", "seconds", "cached", "smoke", "result"):
         table.add_column(col)
     for o in outcomes:
         size = f"{o.size_bytes / 1e9:.2f} GB" if o.size_bytes else "-"
         table.add_row(
-            o.target, ", ".join(o.tags) or "-", size, f"{o.seconds:.1f}",
+            o.target, o.platform or "-", ", ".join(o.tags) or "-", size, f"{o.seconds:.1f}",
             f"{o.cached_steps}/{o.steps}" if o.steps else "-", o.smoke,
             "[red]FAILED" if o.error else f"[green]{o.result or 'ok'}",
         )

@@ -3,6 +3,11 @@
 Versioned tags go first; the moving ``latest-<vendor>`` alias moves only after every
 versioned tag is in and its digest checked. After a push, the digest the registry reports
 must equal the one the engine recorded; both go into ``dist/published.json``.
+
+A target with several platforms pushes each platform's image under its content tag and its
+platform tags (``<tag>-<arch>``); then one OCI image index, listing every platform whose
+current content is in the registry, goes under each of the target's tags, so that a pull on
+either architecture gets its own image.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import docker
 
 from builder.config.errors import TargetFailed
 from builder.config.files import atomic_write
-from builder.config.project import ResolvedTarget
+from builder.config.project import Project, ResolvedTarget
 from builder.oci import registry
 
 
@@ -62,15 +67,21 @@ def _explain(host: str, error: str) -> str:
     return f"push to {host} failed: {text}"
 
 
-def push_target(
-    client: docker.DockerClient, target: ResolvedTarget, image_id: str, extra: list[str | None] | None = None
-) -> dict[str, Any]:
-    """Push every tag of a built target (and *extra* refs, e.g. its content tag) first, aliases last.
+def image_refs(target: ResolvedTarget) -> list[str]:
+    """The tags a target view's own image is pushed under: the target's (aliases last) when it has
+    one platform; its platform tags when it has several (the target's tags become an index)."""
+    return target.platform_refs or push_order(target)
 
-    Returns its published record.
+
+def push_target(client: docker.DockerClient, target: ResolvedTarget, image_id: str, refs: list[str]) -> dict[str, Any]:
+    """Push the image of a built target view under *refs*, in order; return its published record.
+
+    Example:
+        >>> push_target(client, cpu, image_id, [content_tag, *image_refs(cpu)])["digest"]
+        'sha256:...'
     """
     digests: dict[str, str] = {}
-    for ref in [r for r in extra or [] if r] + push_order(target):
+    for ref in refs:
         digests[ref] = push_ref(client, ref)
     unique = set(digests.values())
     if len(unique) != 1:
@@ -92,13 +103,42 @@ def published(target: ResolvedTarget, image_id: str | None, digest: str, tags: l
     """The dist/published.json record of a target whose *tags* now point at *digest*."""
     repo = registry.Ref.parse(target.primary_ref).name
     return {
-        "target": target.name,
+        "target": target.unit,
+        "platform": target.platform,
         "image_id": image_id,
         "digest": digest,
         "reference": f"{repo}@{digest}",
         "tags": tags,
         "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def push_index(project: Project, target: ResolvedTarget, revision: str) -> str:
+    """Write one OCI image index under every tag of a multi-platform target; return what was done, in a line.
+
+    The index lists each of the target's platforms whose current content tag (built and
+    smoke-tested) the registry has, so runners that build one platform each converge on an
+    index listing all of them.
+    """
+    from builder.images.content import content_tags
+
+    views = target.views()
+    tags = content_tags(project, views)
+    creds = registry.credentials(registry.Ref.parse(target.primary_ref).host)
+    present = {v.platform: d for v in views if (d := registry.manifest_digest(tags[v.unit], creds)) is not None}
+    if not present:
+        raise TargetFailed(f"{target.name}: the registry has none of its platforms' content tags; nothing to index")
+    missing = [p for p in target.platforms if p not in present]
+    digest = ""
+    for ref in push_order(target):
+        digest = registry.put_index(ref, [(p, present[p]) for p in target.platforms if p in present], creds)
+    repo = registry.Ref.parse(target.primary_ref).name
+    record(project.root, [{"target": target.name, "platform": None, "image_id": None, "digest": digest,
+                           "reference": f"{repo}@{digest}", "tags": push_order(target), "platforms": present,
+                           "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "current_revision": revision}])
+    note = f"; {', '.join(missing)} not in it yet (build it with --platform and --push)" if missing else ""
+    return f"{target.name}: index {digest} lists {', '.join(present)} under {len(push_order(target))} tags{note}"
 
 
 #: Serialises record()'s read-change-write between this process's threads (``build -j``).

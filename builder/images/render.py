@@ -56,7 +56,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
     template = env.get_template(name if (project.templates_dir / name).is_file() else "Dockerfile.j2")
     context = {
         "target": target,
-        "base_ref": project.base_ref,
+        "base_refs": {p: project.base_for(p) for p in target.platforms},
         "wheels": wheelserver.url(project.matrix.wheelhouse_port),
         "wheels_host": wheelserver.HOST,
         "startup_imports": ", ".join(project.matrix.startup_imports),

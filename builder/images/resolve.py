@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import ssl
 import subprocess
 import sys
@@ -20,23 +19,24 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from builder.config import platforms
 from builder.config.errors import TargetFailed
 from builder.config.project import Project
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
 
 
-def image_arch() -> str:
-    """The image platform's machine (x86_64, aarch64): builds are native, so the host's."""
-    return platform.machine()
-
-def platform_args(project: Project) -> list[str]:
-    """pip options that resolve for the image, not the host: every manylinux tag its glibc allows.
+def platform_args(project: Project, platform: str) -> list[str]:
+    """pip options that resolve for the image's platform, not the host: every manylinux tag its glibc allows.
 
     pip matches platform tags exactly, and PyPI's CUDA torch pulls wheels tagged
     manylinux_2_17 ... manylinux_2_28, so all of them must be listed.
+
+    Example:
+        >>> platform_args(project, "linux/arm64")[5:7]
+        ['--platform', 'manylinux_2_36_aarch64']
     """
-    arch = image_arch()
+    arch = platforms.machine(platform)
     major, minor = project.glibc
     tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 4, -1)]
     tags += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
@@ -68,16 +68,17 @@ def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:
     return " ".join(lines)[:400] or proc.stderr.strip()[-400:]
 
 def resolve(
-    project: Project, requirements: list[str], *, extra_index: str | None = None, constraints: Sequence[Pin] = ()
+    project: Project, requirements: list[str], platform: str, *, extra_index: str | None = None,
+    constraints: Sequence[Pin] = (),
 ) -> list[Pin]:
-    """Resolve *requirements* for the image platform and fetch the wheels into the wheelhouse.
+    """Resolve *requirements* for the image's *platform* and fetch the wheels into the wheelhouse.
 
     Raises ``TargetFailed`` with pip's error when nothing satisfies them.
     """
     house = wheelhouse.location()
     with tempfile.TemporaryDirectory(prefix="builder-resolve-") as tmp:
         report = Path(tmp) / "report.json"
-        options = platform_args(project)
+        options = platform_args(project, platform)
         if extra_index:
             options += ["--extra-index-url", extra_index]
         if constraints:
@@ -113,14 +114,14 @@ def resolve(
     wheelhouse.remember(house, {p.filename: wheelhouse.stamp(house / p.filename, p.sha256) for p in pins})
     return pins
 
-def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None) -> None:
+def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None, platform: str) -> None:
     """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's)."""
     house = wheelhouse.location()
     with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
         req = Path(tmp) / "req.txt"
         req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in missing))
         proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
-                     *platform_args(project)] + (["--extra-index-url", index] if index else []))
+                     *platform_args(project, platform)] + (["--extra-index-url", index] if index else []))
     if proc.returncode != 0 or wheelhouse.missing(missing):
         raise TargetFailed(f"fetching the wheels pinned in {lock.name} failed: {_pip_error(proc)}; "
                            f"delete {lock} to re-resolve")

@@ -153,3 +153,37 @@ def copy_tag(source: str, tag: str, creds: dict[str, str] | None = None) -> str:
     media = headers.get("Content-Type", "application/vnd.docker.distribution.manifest.v2+json")
     _request("PUT", f"{base}/{tag}", r.host, creds, {"Content-Type": media}, body)
     return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
+
+
+def put_index(ref: str, images: list[tuple[str, str]], creds: dict[str, str] | None = None) -> str:
+    """Put one OCI image index under *ref*'s tag listing each ``(platform, digest)`` image of its
+    repository; return the index digest (the registry's, checked against ours).
+
+    Each entry carries the image manifest's own media type and size, read from the registry. The
+    JSON is written canonically (sorted keys, no spaces), so the same images give the same digest.
+
+    Example:
+        >>> put_index("localhost:5000/ml-runtime:nvidia-cu130", [("linux/amd64", "sha256:..."), ...])
+        'sha256:...'
+    """
+    r = Ref.parse(ref)
+    base = f"{_base_url(r.host)}/v2/{r.repository}/manifests"
+    entries = []
+    for platform, digest in images:
+        status, headers, body = _request("GET", f"{base}/{digest}", r.host, creds, {"Accept": MANIFEST_TYPES})
+        if status == 404:
+            raise UserError(f"registry {r.host} has no {r.name}@{digest} ({platform}) to list in the index {ref}")
+        os_name, arch = platform.split("/", 1)
+        entries.append({"mediaType": headers.get("Content-Type", "").split(";")[0], "digest": digest,
+                        "size": len(body), "platform": {"architecture": arch, "os": os_name}})
+    index = json.dumps({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries},
+                       sort_keys=True, separators=(",", ":")).encode()
+    _request("PUT", f"{base}/{r.tag}", r.host, creds, {"Content-Type": INDEX_TYPE}, index)
+    digest = "sha256:" + hashlib.sha256(index).hexdigest()
+    reported = manifest_digest(ref, creds)
+    if reported != digest:
+        raise UserError(f"registry {r.host} reports {reported} for the index {ref}, which was written as {digest}")
+    return digest

@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import run_builder
 
-from devtools.support import copy_project, edit_matrix
+from devtools.support import base_pin, copy_project, edit_matrix, host_platform, native_only
 
 pytestmark = pytest.mark.engine
 
@@ -17,11 +17,12 @@ def test_builder_base_twice_gives_the_same_image_id(tmp_path, engine, registry, 
     same image ID and the same registry digest."""
     root = copy_project(tmp_path / "p")
     edit_matrix(root, registry=f"{registry}/ml-runtime")
-    lock1 = json.loads((based_project / "base.lock.json").read_text())
+    native_only(root)
+    lock1 = base_pin(based_project)
     (root / "base.lock.json").unlink()
     second = run_builder("base", cwd=root)  # bootstraps afresh: no lock
     assert second.returncode == 0, second.stderr
-    lock2 = json.loads((root / "base.lock.json").read_text())
+    lock2 = base_pin(root)
     assert lock1["image_id"] == lock2["image_id"]
     assert lock1["reference"] == lock2["reference"]
     assert lock1["reference"].startswith(f"{registry}/ml-runtime/base@sha256:")
@@ -39,10 +40,11 @@ def test_base_check_reports_drift_with_packages(tmp_path):
     """--check bootstraps afresh; a lock from another mirror state is reported package by package."""
     root = copy_project(tmp_path / "p")
     lock = json.loads((root / "base.lock.json").read_text())
-    lock["image_id"] = "sha256:" + "0" * 64
-    lock["packages"]["bash"] = "0.0-old"
+    pinned = lock["platforms"][host_platform()]
+    pinned["image_id"] = "sha256:" + "0" * 64
+    pinned["packages"]["bash"] = "0.0-old"
     (root / "base.lock.json").write_text(json.dumps(lock))
-    proc = run_builder("base", "--check", cwd=root)
+    proc = run_builder("base", "--check", "--platform", host_platform(), cwd=root)
     assert proc.returncode == 1, proc.stderr
     assert "base drift" in proc.stdout and "bash: 0.0-old ->" in proc.stdout
     assert "builder base --update" in proc.stdout

@@ -13,10 +13,9 @@ import tarfile
 import threading
 import time
 import uuid
-from types import SimpleNamespace
 
 import pytest
-from helpers import bare_build_project, publish_base_to, run_builder
+from helpers import bare_build_project, fake_target, publish_base_to, run_builder
 
 from builder.images.smoke import SMOKE_LABEL
 from devtools.support import copy_project, edit_matrix, free_port, registry_of
@@ -239,8 +238,7 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
         (tmp_path / name / "Dockerfile").write_text(
             f"FROM {busybox} AS common\nRUN echo common\nFROM common\nRUN sleep 30{i}\n")
     project = bare_build_project(monkeypatch, tmp_path)
-    targets = [SimpleNamespace(name=n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x")
-               for n in names]
+    targets = [fake_target(n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x") for n in names]
 
     def add_decoys() -> None:
         # New since the build began, yet not its own: same command from another run, this run's

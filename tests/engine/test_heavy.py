@@ -1,6 +1,9 @@
 """The current NVIDIA target (PyPI's CUDA 13 torch, ~2.9 GB of wheels, ~5.5 GB image): built and
 smoke-tested for real by `make test` (so by CI). Skip it with `-m 'not heavy'` (make test-quick).
 
+Its other platform (arm64 on an x86_64 host), built and smoke-tested under qemu emulation, is
+marked ``emulated`` as well: `make test-emulated` runs it (see the README for why it is apart).
+
 The wheels stay in the wheelhouse (~/.cache/ml-image-builder/wheels) for the next run; the
 image and the layers only it uses are removed from the engine afterwards.
 """
@@ -8,11 +11,15 @@ image and the layers only it uses are removed from the engine afterwards.
 from __future__ import annotations
 
 import json
+import subprocess
 
 import docker
 import pytest
 import yaml
 from helpers import run_builder
+
+from builder.images.publish import push_ref
+from devtools.support import REPO, copy_project, edit_matrix, free_port, host_platform, retarget_base_lock
 
 pytestmark = [pytest.mark.engine, pytest.mark.heavy]
 
@@ -36,5 +43,54 @@ def test_nvidia_cu130_builds_and_passes_smoke(cpu_project, engine):
         if out.get("image_id"):  # keep the multi-GB image out of the engine (its layers too)
             try:
                 engine.api.remove_image(out["image_id"], force=True)
+            except docker.errors.APIError:
+                pass
+
+
+@pytest.mark.emulated
+def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, engine, registry):
+    """The foreign platform, for real: the arm64 image is built and smoke-tested under qemu, then the
+    amd64 build publishes the same tags as one index listing both (read back with skopeo)."""
+    root = copy_project(tmp_path / "p")
+    repo = f"{registry}/multiarch-gpu"
+    edit_matrix(root, registry=repo, wheelhouse_port=free_port())
+    retarget_base_lock(REPO, root, repo)
+    host = host_platform()
+    foreign = "linux/arm64" if host == "linux/amd64" else "linux/amd64"
+    pins = json.loads((root / "base.lock.json").read_text())["platforms"]
+    made: list[str] = []
+    try:
+        for platform, pinned in pins.items():  # the committed bases, pushed to this registry (same digests)
+            try:
+                engine.api.tag(pinned["image_id"], f"{repo}/base", platform.split("/")[1])
+            except docker.errors.ImageNotFound:
+                continue  # not local: the build bootstraps it (reproducible: the same pin)
+            made.append(f"{repo}/base:{platform.split('/')[1]}")
+            push_ref(engine, made[-1])
+        outs = {}
+        for platform in (foreign, host):
+            proc = run_builder("build", "-t", "nvidia-cu130", "--platform", platform, "--push", "--update-base",
+                               "--json", "-q", cwd=root, timeout=5400)
+            (out,) = json.loads(proc.stdout) if proc.stdout.strip() else [{}]
+            outs[platform] = out
+            made += [out.get("image_id") or "", out.get("content_tag") or ""]
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert out["smoke"] == "passed" and out["platform"] == platform, out
+        notes = " ".join(outs[foreign]["notes"])
+        assert "training skipped" in notes and "emulation" in notes, outs[foreign]
+        arch = engine.api.inspect_image(outs[foreign]["image_id"])["Architecture"]
+        assert arch == foreign.split("/")[1]
+        proc = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{repo}:nvidia-cu130"],
+                              capture_output=True, text=True, check=True)
+        index = json.loads(proc.stdout)
+        assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+        listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+        assert listed == {p: outs[p]["digest"] for p in (host, foreign)}
+        published = json.loads((root / "dist" / "published.json").read_text())["nvidia-cu130"]
+        assert published["platforms"] == listed
+    finally:
+        for ref in filter(None, made):
+            try:
+                engine.api.remove_image(ref, force=True)
             except docker.errors.APIError:
                 pass

@@ -34,7 +34,7 @@ import yaml
 
 from builder.oci import registry as oci
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
-from devtools.support import REPO, copy_project, edit_matrix, fail_or_skip, free_port
+from devtools.support import REPO, base_pin, copy_project, edit_matrix, fail_or_skip, free_port, host_platform
 
 pytestmark = pytest.mark.engine
 
@@ -147,12 +147,12 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
     repo = f"{host}/two-runners"
     tags = [f"{repo}:cpu", f"{repo}:cpu-torch2.13.0", f"{repo}:latest-cpu"]
     spec, steps = build_job()
-    env = job_env(spec, {"TARGET": "cpu", "PUBLISH": "true", "IMAGE_REGISTRY": repo,
+    env = job_env(spec, {"TARGET": "cpu", "PLATFORM": host_platform(), "PUBLISH": "true", "IMAGE_REGISTRY": repo,
                          "BUILDER_REGISTRY_USER": user, "BUILDER_REGISTRY_PASSWORD": password})
 
     source = copy_project(tmp_path / "source")  # what actions/checkout gives every runner
     edit_matrix(source, wheelhouse_port=free_port())  # no wait on another build holding the default port
-    lock = json.loads((source / "base.lock.json").read_text())
+    lock = base_pin(source)
     pinned = lock["reference"].split("@", 1)[1]
     try:
         engine.api.inspect_image(lock["image_id"])

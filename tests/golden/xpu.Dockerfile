@@ -6,7 +6,12 @@
 # builder's wheel server on loopback (the build runs with --network host), are checked against
 # the hash locks and never stay in a layer; no cache, CA bundle or credential does either.
 
-FROM registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa AS common
+# The shared base, pinned by digest per platform in base.lock.json. `builder build` passes the
+# platform's pin as BASE and its architecture as TARGETARCH (BuildKit sets TARGETARCH itself):
+#   linux/amd64  registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+ARG BASE
+FROM ${BASE} AS common
+ARG TARGETARCH
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -18,24 +23,25 @@ RUN groupadd --gid 1001 app \
  && python3 -m venv --without-pip /opt/venv \
  && install -d -o 1001 -g 1001 /workspace
 WORKDIR /workspace
-COPY images/tools.lock images/common.lock /opt/locks/
+COPY images/tools.${TARGETARCH}.lock images/common.${TARGETARCH}.lock /opt/locks/
 # uv (tools.lock) runs from /tmp/uv for this step only, bootstrapped by Debian's pip wheel; the
 # venv's own pip comes from common.lock, hash-checked like everything else.
 RUN set -- /usr/share/python-wheels/pip-*.whl \
  && python3 "$1/pip" install --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /opt/locks/tools.lock \
+      --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r "/opt/locks/tools.$TARGETARCH.lock" \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r /opt/locks/common.lock \
+      --find-links http://builder-wheelhouse:38611/ -r "/opt/locks/common.$TARGETARCH.lock" \
  && rm -rf /tmp/uv
 
 FROM common AS torch
-COPY images/xpu/requirements.lock /opt/locks/requirements.lock
+ARG TARGETARCH
+COPY images/xpu/requirements.${TARGETARCH}.lock /opt/locks/
 # Bytecode only for what start-up imports (the user cannot write it at run time): fast starts
 # without compiling every module of every package into the image.
 RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
-      --target /tmp/uv -r /opt/locks/tools.lock \
+      --target /tmp/uv -r "/opt/locks/tools.$TARGETARCH.lock" \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r /opt/locks/requirements.lock \
+      --find-links http://builder-wheelhouse:38611/ -r "/opt/locks/requirements.$TARGETARCH.lock" \
  && rm -rf /tmp/uv \
  && env -u PYTHONDONTWRITEBYTECODE python -c "import torch"
 

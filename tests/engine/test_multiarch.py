@@ -1,0 +1,86 @@
+"""Multi-arch publishing: one OCI image index per tag, read back with skopeo, pulled per platform.
+
+The two images are one-file images for linux/amd64 and linux/arm64, written as docker-archives
+the way ``builder base`` writes the base and loaded into the real engine (its classic builder
+cannot build a foreign platform FROM scratch). What is checked is the index the builder writes
+through the registry API, and how skopeo and the engine resolve it. The emulated build and smoke
+test of a real target is in ``test_heavy.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+
+import docker
+import pytest
+
+from builder.images.base import Rootfs, write_archive
+from builder.images.publish import push_ref
+from builder.oci import registry as oci
+
+pytestmark = pytest.mark.engine
+PLATFORMS = ("linux/amd64", "linux/arm64")
+
+
+def _skopeo(*args: str) -> dict:
+    skopeo = shutil.which("skopeo")
+    assert skopeo, "skopeo is not installed (scripts/setup-host.sh installs it)"
+    proc = subprocess.run([skopeo, *args], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _load_one_file_image(engine, folder, arch: str, ref: str) -> str:
+    """Load an image of one file (/arch.txt) whose config says *arch*; return its ID."""
+    folder.mkdir()
+    layer = folder / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        data = f"{arch}\n".encode()
+        info = tarfile.TarInfo("arch.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+    config = json.dumps({"architecture": arch, "os": "linux", "config": {"Cmd": ["/arch.txt"]},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}, sort_keys=True).encode()
+    image_id = write_archive(Rootfs(layer, diff_id, {}), config, ref, folder / "image.tar")
+    with (folder / "image.tar").open("rb") as handle:
+        engine.api.load_image(handle)
+    return image_id
+
+
+def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, registry, tmp_path):
+    repo = f"{registry}/multiarch"
+    made, digests = [], {}
+    try:
+        for platform in PLATFORMS:
+            arch = platform.split("/")[1]
+            ref = f"{repo}:app-{arch}"
+            image_id = _load_one_file_image(engine, tmp_path / arch, arch, ref)
+            assert engine.api.inspect_image(ref)["Architecture"] == arch
+            made += [ref, image_id]
+            digests[platform] = push_ref(engine, ref)
+        index = oci.put_index(f"{repo}:app", list(digests.items()))
+        again = oci.put_index(f"{repo}:app", list(digests.items()))
+        assert again == index, "the same images must give the same index digest"
+
+        raw = _skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{repo}:app")
+        assert raw["mediaType"] == oci.INDEX_TYPE and raw["schemaVersion"] == 2
+        listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in raw["manifests"]}
+        assert listed == digests
+        for platform in PLATFORMS:
+            arch = platform.split("/")[1]
+            resolved = _skopeo("inspect", "--tls-verify=false", "--override-arch", arch, f"docker://{repo}:app")
+            assert resolved["Architecture"] == arch and resolved["Digest"] == index  # the name resolves to the index
+            engine.api.pull(repo, tag="app", platform=platform)
+            made.append(f"{repo}:app")
+            assert engine.api.inspect_image(f"{repo}:app")["Architecture"] == arch
+    finally:
+        for ref in reversed(made):
+            with contextlib.suppress(docker.errors.ImageNotFound):  # already gone with its other tag
+                engine.api.remove_image(ref, force=True)
