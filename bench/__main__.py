@@ -320,6 +320,39 @@ def avoidance(project: Project, targets: list[ResolvedTarget], tmp: Path, made: 
     return out
 
 
+def emulated(client: docker.DockerClient, project: Project, made: Made) -> dict[str, Any]:
+    """nvidia-cu130 on the foreign platform under qemu: one cold build (``--rebuild``) with the smoke
+    test, as a user runs it, and its size against the essential bytes (base + installed wheels).
+
+    The foreign base comes from the local engine when it is there (pushed to the bench registry,
+    same digest), else ``--update-base`` bootstraps it under emulation (counted in the time).
+    """
+    host = host_platform()
+    foreign = "linux/arm64" if host == "linux/amd64" else "linux/amd64"
+    view = project.target("nvidia-cu130").on(foreign)
+    base = project.base_for(foreign)
+    pinned = base_pin(project.root, foreign)
+    try:
+        client.api.tag(pinned["image_id"], base.split("@")[0], "bench-" + view.arch)
+        made.borrowed.append(f"{base.split('@')[0]}:bench-{view.arch}")
+        push_ref(client, made.borrowed[-1])
+    except docker.errors.ImageNotFound:
+        say(f"no local {foreign} base: the build bootstraps it under emulation")
+    say(f"nvidia-cu130 ({foreign}): cold build under emulation, with the smoke test")
+    seconds, outcome = builder_build(project.root, "nvidia-cu130", "--platform", foreign, "--rebuild",
+                                     "--update-base", smoke=True)
+    made.refs += [outcome["content_tag"]] if outcome.get("content_tag") else []
+    made.ids += [outcome["image_id"]] if outcome.get("image_id") else []
+    house = wheelhouse.location()
+    essential = client.api.inspect_image(base)["Size"] + sum(
+        installed_bytes(house / p.filename) for p in locked_wheels(project, view))
+    size = outcome.get("size_bytes") or 0
+    say(f"nvidia-cu130 ({foreign}): {seconds:.0f} s, smoke {outcome.get('smoke')}, {size / essential:.4f} of essential")
+    return {"platform": foreign, "target": "nvidia-cu130", "seconds": round(seconds, 1), "smoke": outcome.get("smoke"),
+            "notes": outcome.get("notes"), "error": outcome.get("error"), "image_bytes": size,
+            "essential_bytes": essential, "size_ratio_vs_essential": round(size / essential, 4) if essential else None}
+
+
 def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
     """Each goal, its figures and whether it was met (None: not measurable in this run)."""
     out = []
@@ -389,6 +422,13 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
         rows += [f"| {g['figure']} | {g['target']} | {g['seconds']} | {g['samples']} | {g['want']} | "
                  f"{mark[g['met']]} |" for g in results["goals"] if "figure" in g]
         rows.append("")
+    if (e := results.get("emulated")) is not None:
+        rows += [f"{e['target']} on {e['platform']} under qemu emulation (one cold build, `--rebuild`, smoke on):", "",
+                 "| wall time (s) | smoke | image (GB) | essential (GB) | size / essential | notes |",
+                 "|---:|---|---:|---:|---:|---|",
+                 (f"| {e['seconds']} | {e['smoke']}{' ' + str(e['error']) if e['error'] else ''} | "
+                 f"{e['image_bytes'] / 1e9:.3f} | {e['essential_bytes'] / 1e9:.3f} | {e['size_ratio_vs_essential']} | "
+                 f"{'; '.join(e['notes'] or [])} |"), ""]
     if "baseline" in results:
         rows += baseline_table(results, targets)
     rows += ["| goal | met | figures |", "|---|---|---|"]
@@ -445,8 +485,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="cpu,nvidia-cu130", help="comma-separated targets (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="cpu only, for trying the bench out")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="output folder (default: bench/out)")
-    parser.add_argument("--only", choices=["avoidance"],
-                        help="only these rows (avoidance: the build-avoidance ones); the other rows of --out are kept")
+    parser.add_argument("--only", choices=["avoidance", "emulated"],
+                        help="only these rows (avoidance: the build-avoidance ones; emulated: nvidia-cu130 on the "
+                        "foreign platform under qemu); the other rows of --out are kept")
     args = parser.parse_args(argv)
     names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
     client = connect()
@@ -461,7 +502,10 @@ def main(argv: list[str] | None = None) -> int:
                 made.refs += [ref for t in targets for ref in t.refs]
                 lock_and_render(project, targets)
                 results = {} if args.only else measure(client, project, targets, tmp, made)
-                results["avoidance"] = avoidance(project, targets, tmp, made)
+                if args.only in (None, "avoidance"):
+                    results["avoidance"] = avoidance(project, targets, tmp, made)
+                if args.only in (None, "emulated"):
+                    results["emulated"] = emulated(client, project, made)
         finally:
             made.close()
     out = Path(args.out)

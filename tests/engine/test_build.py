@@ -18,7 +18,7 @@ import pytest
 from helpers import bare_build_project, fake_target, publish_base_to, run_builder
 
 from builder.images.smoke import SMOKE_LABEL
-from devtools.support import copy_project, edit_matrix, free_port, registry_of
+from devtools.support import base_pin, copy_project, edit_matrix, free_port, registry_of
 
 pytestmark = pytest.mark.engine
 
@@ -88,7 +88,7 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
     no pip config or netrc. (The base is Debian's own packages: its python3-venv ships the
     ensurepip wheels under /usr/share/python-wheels, which are not ours.)"""
     repo = f"{registry_of(cpu_project)}:cpu"
-    base = json.loads((cpu_project / "base.lock.json").read_text())["image_id"]
+    base = base_pin(cpu_project)["image_id"]
     skip = len(engine.api.inspect_image(base)["RootFS"]["Layers"])
     archive = tmp_path / "image.tar"
     with archive.open("wb") as handle:
