@@ -50,7 +50,8 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
                            base_refs={host_platform(): "base@sha256:0"}, base_for=lambda platform: "base@sha256:0")
 
 
-def fake_target(name: str, **fields: Any) -> SimpleNamespace:
-    """The least target view ``build_all`` needs for a test Dockerfile: one platform, this host's."""
-    host = host_platform()
-    return SimpleNamespace(name=name, unit=name, platform=host, platforms=[host], arch=host.split("/")[1], **fields)
+def fake_target(name: str, platform: str | None = None, **fields: Any) -> SimpleNamespace:
+    """The least target view ``build_all`` needs for a test Dockerfile: one platform (default: this host's)."""
+    platform = platform or host_platform()
+    return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform],
+                           arch=platform.split("/")[1], **fields)

@@ -91,3 +91,20 @@ def test_keep_going_runs_every_target(monkeypatch, tmp_path, jobs):
 def test_run_commands_match_what_the_classic_builder_runs():
     text = 'FROM x\nRUN a \\\n  # a note\n\n && b\nrun ["sh", "-c", "echo  x"]\nENV A=1 \\\n    B=2\n'
     assert build.run_commands(text) == {"a && b", "echo x"}
+
+
+@pytest.mark.parametrize("keep_going", [False, True])
+def test_a_foreign_platform_without_emulation_fails_with_the_fix(monkeypatch, tmp_path, keep_going):
+    """The emulation check runs before any wheel is fetched; the native targets build only with -k."""
+    built: list[str] = []
+    monkeypatch.setattr(build, "process", lambda client, project, target, ui, **kw: built.append(target.unit)
+                        or Outcome(target.name, target.platform))
+    project = bare_build_project(monkeypatch, tmp_path)
+    monkeypatch.setattr(build.platforms, "emulation_problem",  # stands in for a host without qemu's handler
+                        lambda platform: None if platform == "linux/native" else f"{platform} needs emulation: FIX")
+    native = fake_target("native", dockerfile="images/native/Dockerfile", platform="linux/native")
+    foreign = fake_target("foreign", dockerfile="images/foreign/Dockerfile", platform="linux/other")
+    outcomes = build.build_all(mock.MagicMock(), project, [foreign, native], mock.MagicMock(), keep_going=keep_going)
+    failed = next(o for o in outcomes if o.target == "foreign")
+    assert failed.error == "linux/other needs emulation: FIX" and failed.platform == "linux/other"
+    assert built == (["native"] if keep_going else [])

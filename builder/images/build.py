@@ -72,17 +72,19 @@ def docker_build(
 ) -> tuple[str, int, int]:
     """Build one target (or one stage of it); return (image ID, cacheable steps, steps from cache).
 
-    FROM lines are not counted: they start a stage and are never "from cache". Once *cancel*
-    is set, the next event ends the build: the connection closes and the engine cancels it.
+    FROM lines (and the ARGs before the first) are not counted: they make no layer and are never
+    "from cache". Once *cancel* is set, the next event ends the build: the connection closes and
+    the engine cancels it.
     """
-    steps = cached = stages = 0
+    steps = cached = stages = preamble = 0
     image_id = None
     stream = client.api.build(
         nocache=nocache,
         path=str(project.root),
         dockerfile=target.dockerfile,
         platform=target.platform,
-        buildargs=content.build_args(project, target),  # the platform's base pin and architecture
+        # The platform's base pin and architecture; EMULATED when it runs under qemu here.
+        buildargs={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"})},
         target=stage,
         rm=True,
         forcerm=True,  # remove intermediate containers even when a step fails or is interrupted
@@ -103,6 +105,7 @@ def docker_build(
                 if (m := STEP.match(line)) is not None:
                     steps = int(m[1])
                     stages += m[3].startswith("FROM ")
+                    preamble += not stages  # ARG before the first FROM: no layer, never "from cache"
                     on_step(steps, int(m[2]), m[3].strip())
                 elif "---> Using cache" in line:
                     cached += 1
@@ -113,7 +116,7 @@ def docker_build(
         stream.close()  # frees the response now, not at exit: its socket closes, the engine cancels
     if image_id is None:
         raise TargetFailed("the engine finished the build without an image ID")
-    return image_id, steps - stages, cached
+    return image_id, steps - stages - preamble, cached
 
 
 def _build_error(message: str) -> str:
@@ -480,11 +483,9 @@ def _reuse_or_build(
         return outcomes
     if not buildable:
         return outcomes
-    for t in [t for t in buildable if platforms.emulation_problem(t.platform)]:
-        outcomes.append(Outcome(t.name, t.platform, error=platforms.emulation_problem(t.platform)))
-        ui.done(t.unit, outcomes[-1])
-    buildable = [t for t in buildable if not platforms.emulation_problem(t.platform)]
-    failed_fetch = locks.lock_all(project, buildable, lambda line: None)  # the wheels of what is built
+    # A foreign platform without emulation fails now, with the fix; the others fetch their wheels.
+    failed_fetch = {t.unit: problem for t in buildable if (problem := platforms.emulation_problem(t.platform))}
+    failed_fetch |= locks.lock_all(project, [t for t in buildable if t.unit not in failed_fetch], lambda line: None)
     for t in [t for t in buildable if t.unit in failed_fetch]:
         outcomes.append(Outcome(t.name, t.platform, error=failed_fetch[t.unit]))
         ui.done(t.unit, outcomes[-1])

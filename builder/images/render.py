@@ -60,6 +60,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
         "wheels": wheelserver.url(project.matrix.wheelhouse_port),
         "wheels_host": wheelserver.HOST,
         "startup_imports": ", ".join(project.matrix.startup_imports),
+        "startup_packages": " ".join(dict.fromkeys(m.split(".")[0] for m in project.matrix.startup_imports)),
     }
     try:
         text = template.render(context)

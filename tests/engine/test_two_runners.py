@@ -133,11 +133,12 @@ def _push_base(engine: docker.DockerClient, lock: dict, repo: str, creds: dict[s
 def _shared_steps(dockerfile: str) -> int:
     """Non-FROM instructions before the runtime stage copies runtime/ (the common and torch stages)."""
     joined = re.sub(r"\\\n", " ", "\n".join(ln for ln in dockerfile.splitlines() if not ln.lstrip().startswith("#")))
-    count = 0
+    count, stages = 0, 0
     for line in filter(str.strip, joined.splitlines()):
         if line.startswith("COPY runtime"):
             return count
-        count += not line.startswith("FROM ")
+        stages += line.startswith("FROM ")
+        count += stages > 0 and not line.startswith("FROM ")  # ARGs before the first FROM are no step
     raise AssertionError("no COPY runtime in the Dockerfile")
 
 
