@@ -128,7 +128,7 @@ def smoke_test(
         log(result.skipped[-1])
     # Under qemu the host's CPU topology in /sys crashes the foreign torch's oneDNN CPU detection
     # at import (x86 caches read by aarch64 code): an empty, read-only /sys/devices/system/cpu hides it.
-    masked = {"tmpfs": {"/sys/devices/system/cpu": "ro"}} if emulated else {}
+    masked: dict[str, Any] = {"tmpfs": {"/sys/devices/system/cpu": "ro"}} if emulated else {}
     status, out = run_container(client, image, PROBE, **options, **masked)
     probe = _json_after_checks(out)
     if status != 0 or probe is None:

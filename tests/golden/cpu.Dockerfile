@@ -37,13 +37,21 @@ FROM common AS torch
 ARG TARGETARCH
 COPY images/cpu/requirements.${TARGETARCH}.lock /opt/locks/
 # Bytecode only for what start-up imports (the user cannot write it at run time): fast starts
-# without compiling every module of every package into the image.
+# without compiling every module of every package into the image. EMULATED is set when this
+# platform is built under qemu on another architecture: there importing torch crashes (its
+# aarch64 oneDNN reads the host's x86 CPU topology from /sys), so those packages are compiled
+# whole instead, without importing them: a larger image, the same fast start. Like pip, that
+# skips the files not meant for this Python (torch ships a few for 3.12).
+ARG EMULATED
 RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
       --target /tmp/uv -r "/opt/locks/tools.$TARGETARCH.lock" \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
       --find-links http://builder-wheelhouse:38611/ -r "/opt/locks/requirements.$TARGETARCH.lock" \
  && rm -rf /tmp/uv \
- && env -u PYTHONDONTWRITEBYTECODE python -c "import torch"
+ && if [ -z "$EMULATED" ]; then env -u PYTHONDONTWRITEBYTECODE python -c "import torch"; \
+    else python -c "import compileall, importlib.util as u, sys; \
+[compileall.compile_dir(p, quiet=2, workers=0) for m in sys.argv[1:] \
+for p in u.find_spec(m).submodule_search_locations]" torch; fi
 
 FROM torch AS runtime
 COPY runtime /tmp/runtime
