@@ -41,6 +41,25 @@ def host_platform() -> str:
     return f"linux/{oci}"
 
 
+#: The CPU qemu emulates for a foreign platform's containers, where its default ('max') misleads
+#: torch: on qemu 7.2 the aarch64 torch's GEMM kernels for the SVE/SME that 'max' advertises gave
+#: [[0, 0], [0, 9]] for a 2x3 @ 3x2 product; a Neoverse N1 (no SVE) computes it right.
+QEMU_CPU = {"linux/arm64": "neoverse-n1"}
+
+
+def emulated_env(platform: str) -> list[str]:
+    """Environment entries for a container of *platform* run under qemu (docker-py ``environment``).
+
+    ``TINI_SUBREAPER`` without a value removes the image's: qemu-user does not implement
+    prctl(PR_SET_CHILD_SUBREAPER), which tini makes fatal (and tini is PID 1 there anyway).
+
+    Example:
+        >>> emulated_env("linux/arm64")
+        ['TINI_SUBREAPER', 'QEMU_CPU=neoverse-n1']
+    """
+    return ["TINI_SUBREAPER"] + ([f"QEMU_CPU={QEMU_CPU[platform]}"] if platform in QEMU_CPU else [])
+
+
 def emulation_problem(platform: str, binfmt: Path = BINFMT) -> str | None:
     """None when this host can run *platform*'s binaries (native, or qemu registered with binfmt_misc
     and the F flag, which containers need); else what is missing and the fix, in one line."""

@@ -127,8 +127,10 @@ def smoke_test(
         result.skipped.append(f"device checks skipped: {why_not}")
         log(result.skipped[-1])
     # Under qemu the host's CPU topology in /sys crashes the foreign torch's oneDNN CPU detection
-    # at import (x86 caches read by aarch64 code): an empty, read-only /sys/devices/system/cpu hides it.
-    masked: dict[str, Any] = {"tmpfs": {"/sys/devices/system/cpu": "ro"}} if emulated else {}
+    # at import (x86 caches read by aarch64 code): an empty, read-only /sys/devices/system/cpu hides
+    # it. The environment fits the container to qemu (platforms.emulated_env says why).
+    masked: dict[str, Any] = {"tmpfs": {"/sys/devices/system/cpu": "ro"},
+                              "environment": platforms.emulated_env(target.platform)} if emulated else {}
     status, out = run_container(client, image, PROBE, **options, **masked)
     probe = _json_after_checks(out)
     if status != 0 or probe is None:
