@@ -380,10 +380,10 @@ def run_checks(
         >>> [c.status for c in run_checks("matrix.yaml")][:1]
         ['ok']
     """
-    cdi_dirs = tuple(str(d) for d in cdi_dirs)
-    cdi = tuple(hardware.cdi_specs(cdi_dirs))
+    dirs = tuple(str(d) for d in cdi_dirs)
+    cdi = tuple(hardware.cdi_specs(dirs))
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(cdi))
-    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=cdi_dirs)
+    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=dirs)
     checks: list[Check] = []
     for check in CHECKS:
         try:
