@@ -230,3 +230,50 @@ def device_options(target: ResolvedTarget) -> tuple[dict[str, Any], str | None]:
     if flags.problems:
         return {}, "; ".join(flags.problems)
     return {k: v for k, v in flags.docker_kwargs().items() if v is not None}, None
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """A vendor's device flags for another machine (a Slurm node), to be finished there.
+
+    The generating host cannot see the node, so the node works out the rest when the job
+    runs: whether to use the CDI name (*cdi_kind* spec present and the engine reads CDI specs,
+    as :func:`choose_cdi` decides here), and the GIDs of *groups* and of *gid_nodes*' owners
+    (as :func:`builder.host.hardware.container_gids` does here).
+
+    Example:
+        >>> node_devices(project.target("nvidia-cu130")).classic
+        ('--gpus', 'all')
+    """
+
+    classic: tuple[str, ...] = ()
+    other: tuple[str, ...] = ()
+    cdi_kind: str | None = None
+    groups: tuple[str, ...] = ()
+    gid_nodes: tuple[str, ...] = ()
+
+
+def node_devices(target: ResolvedTarget, *, gpus: bool = True) -> NodeDevices:
+    """The target vendor's ``docker run`` flags for a node (see :class:`NodeDevices`).
+
+    Example:
+        >>> node_devices(project.target("amd-rocm5.7")).gid_nodes
+        ('/dev/kfd', '/dev/dri/renderD*')
+    """
+    flags = target.run_flags
+    shm = ("--shm-size", flags.shm_size) if flags.shm_size else ()
+    if not gpus or target.vendor == "cpu":
+        return NodeDevices(other=shm)
+    classic: tuple[str, ...] = ("--gpus", "all") if flags.gpus else ()
+    for device in flags.devices:
+        classic += ("--device", device)
+    gid_nodes = tuple(
+        n for d in flags.devices for n in ((d,) if d != "/dev/dri" else ("/dev/dri/renderD*",))
+    ) if flags.group_add else ()
+    return NodeDevices(
+        classic=classic,
+        other=(("--ipc", "host") if flags.ipc_host else ()) + shm,
+        cdi_kind=CDI_KINDS.get(target.vendor),
+        groups=tuple(flags.group_add),
+        gid_nodes=gid_nodes,
+    )
