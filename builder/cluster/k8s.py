@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import yaml
 
 from builder.cluster.common import (
     DEFAULT_PORT,
     LAUNCHERS,
-    Launcher,
     Var,
     Word,
     check_env,
@@ -70,7 +69,7 @@ def gpu_resource(target: ResolvedTarget, override: str | None = None) -> str | N
     resource = override or target.k8s_resource or DEFAULT_RESOURCES[target.vendor]
     if resource not in RESOURCES or not resource.startswith(DEFAULT_RESOURCES[target.vendor].split("/")[0]):
         fitting = ", ".join(r for r in RESOURCES if r.split("/")[0] == DEFAULT_RESOURCES[target.vendor].split("/")[0])
-        raise UserError(f"--gpu-resource {resource}: not a {target.vendor} resource; use {fitting}")
+        raise UserError(f"--gpu-resource {resource}: not a resource of vendor {target.vendor}; use {fitting}")
     return resource
 
 
@@ -132,7 +131,7 @@ def manifests(
     image, _ = image_reference(project, chosen)
     procs = max(count, 1)
     multi = nodes > 1
-    argv = launcher_argv(cast(Launcher, launcher), command, nodes=nodes, procs_per_node=procs,
+    argv = launcher_argv(launcher, command, nodes=nodes, procs_per_node=procs,
                          node_rank=Var("NODE_RANK") if multi else "0")
     labels = {"app.kubernetes.io/name": job, "app.kubernetes.io/managed-by": "ml-image-builder",
               f"{LABEL_PREFIX}/target": chosen.name}
@@ -188,6 +187,13 @@ def manifests(
     return [service, job_doc]
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes a repeated mapping (the labels) out in full: no ``&id001`` anchors for a reader to follow."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 def dump(docs: list[dict[str, Any]]) -> str:
     """The manifests as one YAML stream (``kubectl apply -f -``)."""
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)

@@ -144,10 +144,10 @@ def plan_job(
     if runtime == "pyxis":
         image, source = chosen.primary_ref, "tag: enroot URIs name a tag"
     # Checked before the script is written: a bad script would fail on the nodes, later.
-    launcher_argv(cast(Launcher, launcher), command, nodes=nodes, procs_per_node=procs)
+    launcher_argv(launcher, command, nodes=nodes, procs_per_node=procs)
     return SlurmJob(
         target=chosen, image=image, image_source=source, command=tuple(command), nodes=nodes,
-        gpus_per_node=gpus, procs_per_node=procs, launcher=cast(Launcher, launcher),
+        gpus_per_node=gpus, procs_per_node=procs, launcher=launcher,
         runtime=cast(Runtime, runtime), job_name=name, partition=partition, time=time,
         output=output, env=target_env(chosen, check_env(env)), devices=node_devices(chosen),
     )
