@@ -42,7 +42,7 @@ from builder.cluster.common import (
 )
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
 from builder.host.devices import NodeDevices, node_devices
 from builder.oci import registry
 
@@ -56,6 +56,8 @@ PARTITION = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
 TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
 OUTPUT = re.compile(r"[A-Za-z0-9_./%-]+")
 MAX_NODES, MAX_GPUS = 4096, 64
+#: On every container the script starts; the value is the job ID.
+SLURM_LABEL = f"{LABEL_PREFIX}.slurm.job"
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def render_script(job: SlurmJob, script_name: str = "job.sbatch") -> str:
     launch_line = shell_words(argv[:-script]) + " \\\n      " + shell_words(argv[-script:])
     quote = shlex.quote
     env_names = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", *job.env]
-    inner = f'export NODE_RANK="$SLURM_NODEID" RANK="$SLURM_PROCID"; exec {launch_line}'
+    inner = f'export NODE_RANK="$SLURM_NODEID" RANK="$SLURM_PROCID"; exec {shell_words(argv)}'
     return _environment().get_template("sbatch.sh.j2").render(
         target=job.target, nodes=job.nodes, image=job.image, image_q=quote(job.image), image_source=job.image_source,
         command_line=shlex.join(job.command), runtime=job.runtime, launcher=job.launcher,
@@ -191,7 +193,8 @@ def render_script(job: SlurmJob, script_name: str = "job.sbatch") -> str:
         gpus_per_node=job.gpus_per_node, partition=job.partition, time=job.time, output=job.output,
         env_lines=[f"{k}={quote(v)}" for k, v in job.env.items()],
         env_flags=" ".join(f"--env {k}" for k in env_names),
-        devices=job.devices, launch_line=launch_line,
+        devices=job.devices, launch_line=launch_line, label=SLURM_LABEL,
+        visible_env=job.target.visible_devices_env if job.devices.classic else None,
         enroot_image_q=quote(enroot_uri(job.image)), inner_q=quote(inner),
     )
 
