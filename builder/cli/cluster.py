@@ -51,7 +51,7 @@ _target_option = click.option("--target", "-t", "target", required=True, metavar
               help="The job's log (#SBATCH --output), e.g. logs/%x-%j.out; default Slurm's slurm-%j.out.")
 @_env_option
 @click.option("--script", "-o", "script", default="slurm", show_default=True, type=click.Path(),
-              help="Where to write the script: a file, or a folder for <job name>.sbatch.")
+              help="Where to write the script: a file with a suffix (job.sbatch), else a folder for <job name>.sbatch.")
 @click.option("--submit", is_flag=True, help="Submit the script with sbatch (else print the sbatch line).")
 @click.option("--wait", is_flag=True,
               help="With --submit: wait for the job to end and exit with its status (the training's).")

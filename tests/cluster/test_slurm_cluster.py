@@ -46,12 +46,13 @@ def test_two_nodes_train_over_gloo_and_converge(slurm_cluster, cpu_project: Path
 
 
 def test_a_failing_training_fails_the_job(slurm_cluster, cpu_project: Path, tmp_path: Path, no_leftovers) -> None:
-    # With a learning rate of 0 the loss cannot fall: train.py exits 1, the launcher too, and so the job.
+    # The data file is missing: train.py fails on both ranks, the launcher exits 1, and so does the job.
     result = submit(slurm_cluster, cpu_project, tmp_path / "fail", "/opt/examples/train.py", "--epochs", "2",
-                    "--lr", "0")
+                    "--data", "/workspace/no-such-file.csv")
     log = job_log(tmp_path / "fail")
     assert result.returncode == 1, result.stderr + log
-    assert len(FINAL.findall(log)) == 2, log
+    assert "No such file or directory: '/workspace/no-such-file.csv'" in log
+    assert not FINAL.findall(log), log
 
 
 def test_scancel_stops_and_removes_the_containers(slurm_cluster, cpu_project: Path, tmp_path: Path, engine,
