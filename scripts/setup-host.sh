@@ -19,7 +19,9 @@ set -euo pipefail
 #   qemu-user-static runs the other architecture's binaries (linux/arm64 on x86_64 and back),
 #                    for builds and smoke tests of a foreign platform (binfmt_misc, below)
 #   skopeo           reads the published image indexes back in the tests
-PACKAGES=(docker.io mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo)
+#   slurm-wlm munge  a real Slurm cluster on loopback for the `builder slurm` tests (slurmctld, two
+#                    slurmd, munged: started and stopped by the tests, never as services)
+PACKAGES=(docker.io mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo slurm-wlm munge)
 
 say() { printf 'setup-host: %s\n' "$*" >&2; }
 

@@ -150,7 +150,8 @@ def run_cmd(
     from builder.host.plan import build_plan, format_dry_run
 
     host = hardware.detect(sysfs_root, dev_root)
-    plan = build_plan(project, command, target=target, user=user, gpus=gpus, env=env, host=host)
+    plan = build_plan(project, command, target=target, user=user, gpus=gpus, env=env, host=host,
+                      engine_info=launch.engine_info)
     if dry_run:
         click.echo(format_dry_run(plan))
         return

@@ -23,3 +23,13 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def published_path(root: Path) -> Path:
+    """``dist/published.json`` of the project at *root*: the digests ``builder build --push`` published.
+
+    Example:
+        >>> published_path(Path("/src/project"))
+        PosixPath('/src/project/dist/published.json')
+    """
+    return root / "dist" / "published.json"

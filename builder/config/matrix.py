@@ -138,10 +138,21 @@ class Target(_Strict):
         "platforms. Each gets its own base, lock, content tag and smoke test; the published tags are one index.",
     )
 
+    k8s_resource: Literal["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe"] | None = Field(
+        None,
+        description="The Kubernetes extended resource `builder k8s` asks for, as the cluster's device plugin "
+        "names it; default: nvidia.com/gpu, amd.com/gpu, gpu.intel.com/i915 by vendor (Intel's xe driver: "
+        "gpu.intel.com/xe). `builder k8s --gpu-resource` overrides it.",
+    )
+
     @model_validator(mode="after")
     def _torch_plain(self) -> Target:
         if "+" in self.torch:
             raise ValueError("torch: give the release without a local suffix; the wheel mapping adds it")
+        vendor = {"cuda": "nvidia.com/", "rocm": "amd.com/", "xpu": "gpu.intel.com/"}.get(self.backend)
+        if self.k8s_resource and (vendor is None or not self.k8s_resource.startswith(vendor)):
+            raise ValueError(f"k8s_resource: {self.k8s_resource} is not a resource of backend {self.backend}; "
+                             f"leave it out{' (cpu targets ask for no GPU)' if vendor is None else ''}")
         return self
 
 

@@ -55,6 +55,8 @@ class ResolvedTarget:
     platforms: list[str]
     #: The platform this view of the target builds: the host's when listed, else the first.
     platform: str
+    #: The Kubernetes resource ``builder k8s`` asks for (matrix key k8s_resource; None: the vendor's default).
+    k8s_resource: str | None = None
 
     @property
     def primary_ref(self) -> str:
@@ -307,6 +309,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
                 dockerfile=f"images/{t.name}/Dockerfile",
                 platforms=list(listed),
                 platform=host if host in listed else listed[0],
+                k8s_resource=t.k8s_resource,
             )
         )
     if problems:

@@ -4,13 +4,20 @@ The flags come from wheel-mapping.json (``run``): NVIDIA all GPUs (a ``DeviceReq
 ``--gpus all``); AMD ``/dev/kfd`` and ``/dev/dri``, the host GIDs of ``video``/``render`` and
 of the nodes' owning groups, ``--ipc host``; Intel ``/dev/dri`` and groups. Also ``--shm-size``.
 A new backend's flags go into wheel-mapping.json; how they map to this host goes here.
+
+**CDI.** Where the host has a CDI spec for the vendor (``/etc/cdi``, ``/var/run/cdi``, e.g. from
+``nvidia-ctk cdi generate`` or AMD's container toolkit) and the engine supports CDI (Docker 25+
+with CDI enabled lists ``CDISpecDirs`` in ``docker info``), the container gets
+``--device nvidia.com/gpu=all`` / ``--device amd.com/gpu=all`` instead of ``--gpus all`` / the
+``/dev`` nodes: :func:`choose_cdi` decides and says why (``builder doctor`` prints it).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import docker.types
@@ -18,18 +25,106 @@ import docker.types
 from builder.config.project import ResolvedTarget
 from builder.host import hardware
 
+#: The CDI device kind of each vendor whose container toolkit writes CDI specs.
+CDI_KINDS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+#: The first Docker release that can hand out CDI devices (``--device vendor.com/class=name``).
+CDI_DOCKER = "25.0"
+
+
+@dataclass(frozen=True)
+class CdiChoice:
+    """Whether a vendor's GPUs go to containers by CDI name, and why (a line for ``builder doctor``)."""
+
+    use: bool
+    why: str
+    device: str | None = None  # e.g. nvidia.com/gpu=all
+
+
+def engine_cdi(info: Mapping[str, Any] | None) -> tuple[bool, str]:
+    """Whether the engine behind ``docker info`` *info* hands out CDI devices, and why.
+
+    Docker lists ``CDISpecDirs`` once CDI is enabled (``"features": {"cdi": true}`` in
+    daemon.json before Docker 28, on by default since); older engines lack the key.
+
+    Example:
+        >>> engine_cdi({"ServerVersion": "20.10.24"})
+        (False, 'Docker 20.10.24 predates CDI (25.0)')
+    """
+    if info is None:
+        return False, "no engine answered"
+    dirs = info.get("CDISpecDirs") or []
+    version = str(info.get("ServerVersion") or "?")
+    if dirs:
+        return True, f"Docker {version} reads CDI specs from {', '.join(dirs)}"
+    try:
+        old = tuple(int(x) for x in version.split(".")[:2]) < tuple(int(x) for x in CDI_DOCKER.split("."))
+    except ValueError:
+        old = False
+    if old:
+        return False, f"Docker {version} predates CDI ({CDI_DOCKER})"
+    return False, f'Docker {version} has CDI off (set "features": {{"cdi": true}} in daemon.json)'
+
+
+def choose_cdi(vendor: str, specs: Sequence[str], engine: tuple[bool, str]) -> CdiChoice:
+    """CDI names when the host has a spec for *vendor* and the engine supports CDI; else the classic flags.
+
+    *specs*: the spec files declaring the vendor's kind (:func:`builder.host.hardware.cdi_specs`);
+    *engine*: :func:`engine_cdi`'s answer.
+
+    Example:
+        >>> choose_cdi("nvidia", ["/etc/cdi/nvidia.yaml"], (True, "Docker 28.0.1 reads ...")).device
+        'nvidia.com/gpu=all'
+    """
+    kind = CDI_KINDS.get(vendor)
+    if kind is None:
+        return CdiChoice(False, f"{vendor}: no CDI kind; the classic flags")
+    if not specs:
+        return CdiChoice(False, f"no CDI spec for {kind} in {' or '.join(hardware.CDI_DIRS)}; the classic flags")
+    ok, why = engine
+    if not ok:
+        return CdiChoice(False, f"CDI spec {', '.join(specs)} for {kind}, but {why}; the classic flags")
+    return CdiChoice(True, f"CDI spec {', '.join(specs)} for {kind} and {why}", f"{kind}=all")
+
+
+def host_cdi(
+    vendor: str,
+    engine_info: Callable[[], Mapping[str, Any] | None] | None,
+    cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
+) -> CdiChoice:
+    """:func:`choose_cdi` for this host; the engine is asked (*engine_info*) only when a spec exists.
+
+    Example:
+        >>> host_cdi("nvidia", lambda: docker.from_env().info()).use
+        False
+    """
+    kind = CDI_KINDS.get(vendor)
+    specs = hardware.cdi_specs(cdi_dirs, kind) if kind else []
+    if kind and specs and engine_info is None:
+        return CdiChoice(False, f"CDI spec {', '.join(specs)} for {kind}, but the engine was not asked; "
+                                "the classic flags")
+    return choose_cdi(vendor, specs, engine_cdi(engine_info() if specs and engine_info else None))
+
 
 def device_kwargs(
-    gpus: bool, devices: Sequence[str], group_add: Sequence[int], ipc_mode: str | None, shm_size: str | None
+    gpus: bool, devices: Sequence[str], group_add: Sequence[int], ipc_mode: str | None, shm_size: str | None,
+    cdi_devices: Sequence[str] = (),
 ) -> dict[str, Any]:
     """docker-py ``containers.create`` options that hand a container its GPUs.
+
+    CDI names become a device request of the ``cdi`` driver, as ``docker run --device
+    nvidia.com/gpu=all`` sends them.
 
     Example:
         >>> device_kwargs(True, (), (), None, "8g")["device_requests"][0]["Capabilities"]
         [['gpu']]
+        >>> device_kwargs(False, (), (), None, None, ["nvidia.com/gpu=all"])["device_requests"][0]["Driver"]
+        'cdi'
     """
+    requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
+    if cdi_devices:
+        requests.append(docker.types.DeviceRequest(driver="cdi", device_ids=list(cdi_devices)))
     return {
-        "device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None,
+        "device_requests": requests or None,
         "devices": [f"{d}:{d}:rwm" for d in devices] or None,
         "group_add": [str(g) for g in group_add] or None,
         "ipc_mode": ipc_mode,
@@ -47,9 +142,10 @@ class DeviceFlags:
     shm_size: str | None = None
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    cdi_devices: tuple[str, ...] = ()
 
     def docker_kwargs(self) -> dict[str, Any]:
-        return device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size)
+        return device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size, self.cdi_devices)
 
 def device_flags(
     target: ResolvedTarget,
@@ -57,11 +153,13 @@ def device_flags(
     *,
     gpus: bool = True,
     environ: Mapping[str, str] | None = None,
+    cdi: CdiChoice | None = None,
 ) -> DeviceFlags:
     """The target vendor's ``run`` flags, with group names turned into this host's GIDs.
 
     *problems* are reasons the engine would refuse (a missing node, no GPU of the vendor);
-    ``builder run`` stops on them, ``--dry-run`` shows them.
+    ``builder run`` stops on them, ``--dry-run`` shows them. With a *cdi* choice that uses CDI,
+    the CDI name replaces ``--gpus all`` and the ``/dev`` nodes (the groups and IPC stay).
 
     Example:
         >>> device_flags(amd_target, hardware.detect()).devices
@@ -76,7 +174,7 @@ def device_flags(
             else ()
         )
         return DeviceFlags(shm_size=flags.shm_size, notes=without)
-    notes: list[str] = []
+    notes: list[str] = [f"devices by CDI name: {cdi.why}"] if cdi is not None and cdi.use else []
     problems: list[str] = []
     forced = environ.get(hardware.VENDOR_ENV, "").strip().lower() == target.vendor
     if target.vendor not in host.usable() and not forced:
@@ -86,7 +184,8 @@ def device_flags(
             f"target {target.name} needs a usable {target.vendor} GPU and this host has none ({lack}); "
             f"pass --no-gpus to run it without GPUs, or --target auto"
         )
-    for device in flags.devices:
+    use_cdi = cdi is not None and cdi.use and cdi.device is not None
+    for device in () if use_cdi else flags.devices:
         if not host.nodes.host_path(device).exists():
             problems.append(
                 f"{device}: missing on this host; load the {target.vendor} driver, or pass --no-gpus"
@@ -101,8 +200,9 @@ def device_flags(
         ]
         gids = tuple(hardware.container_gids(flags.group_add, host.nodes))
     return DeviceFlags(
-        gpus=flags.gpus,
-        devices=tuple(flags.devices),
+        gpus=flags.gpus and not use_cdi,
+        devices=() if use_cdi else tuple(flags.devices),
+        cdi_devices=(cdi.device,) if use_cdi and cdi is not None and cdi.device else (),
         group_add=gids,
         # With host IPC the host's /dev/shm is used and --shm-size has no effect; kept as the guides give it.
         ipc_mode="host" if flags.ipc_host else None,
@@ -130,3 +230,50 @@ def device_options(target: ResolvedTarget) -> tuple[dict[str, Any], str | None]:
     if flags.problems:
         return {}, "; ".join(flags.problems)
     return {k: v for k, v in flags.docker_kwargs().items() if v is not None}, None
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """A vendor's device flags for another machine (a Slurm node), to be finished there.
+
+    The generating host cannot see the node, so the node works out the rest when the job
+    runs: whether to use the CDI name (*cdi_kind* spec present and the engine reads CDI specs,
+    as :func:`choose_cdi` decides here), and the GIDs of *groups* and of *gid_nodes*' owners
+    (as :func:`builder.host.hardware.container_gids` does here).
+
+    Example:
+        >>> node_devices(project.target("nvidia-cu130")).classic
+        ('--gpus', 'all')
+    """
+
+    classic: tuple[str, ...] = ()
+    other: tuple[str, ...] = ()
+    cdi_kind: str | None = None
+    groups: tuple[str, ...] = ()
+    gid_nodes: tuple[str, ...] = ()
+
+
+def node_devices(target: ResolvedTarget, *, gpus: bool = True) -> NodeDevices:
+    """The target vendor's ``docker run`` flags for a node (see :class:`NodeDevices`).
+
+    Example:
+        >>> node_devices(project.target("amd-rocm5.7")).gid_nodes
+        ('/dev/kfd', '/dev/dri/renderD*')
+    """
+    flags = target.run_flags
+    shm = ("--shm-size", flags.shm_size) if flags.shm_size else ()
+    if not gpus or target.vendor == "cpu":
+        return NodeDevices(other=shm)
+    classic: tuple[str, ...] = ("--gpus", "all") if flags.gpus else ()
+    for device in flags.devices:
+        classic += ("--device", device)
+    gid_nodes = tuple(
+        n for d in flags.devices for n in ((d,) if d != "/dev/dri" else ("/dev/dri/renderD*",))
+    ) if flags.group_add else ()
+    return NodeDevices(
+        classic=classic,
+        other=(("--ipc", "host") if flags.ipc_host else ()) + shm,
+        cdi_kind=CDI_KINDS.get(target.vendor),
+        groups=tuple(flags.group_add),
+        gid_nodes=gid_nodes,
+    )

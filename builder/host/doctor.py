@@ -28,7 +28,7 @@ from requests.exceptions import RequestException
 from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
-from builder.host import hardware
+from builder.host import devices, hardware
 from builder.oci import registry
 from builder.oci.engine import engine_address
 
@@ -76,6 +76,7 @@ class Context:
     info: dict[str, Any] | None = None
     project: Project | None = None
     cdi: tuple[str, ...] = ()
+    cdi_dirs: tuple[str, ...] = hardware.CDI_DIRS
 
 
 def check_daemon(ctx: Context) -> list[Check]:
@@ -157,6 +158,21 @@ def check_nvidia(ctx: Context) -> list[Check]:
                 TOOLKIT_FIX,
             )
         )
+    return checks
+
+
+def check_cdi(ctx: Context) -> list[Check]:
+    """How ``builder run`` and the Slurm script hand over each present vendor's GPUs: CDI name or classic flags."""
+    checks = []
+    classic = {"nvidia": "--gpus all", "amd": "--device /dev/kfd --device /dev/dri"}
+    for vendor in ctx.host.present():
+        kind = devices.CDI_KINDS.get(vendor)
+        if kind is None:
+            continue
+        specs = hardware.cdi_specs(ctx.cdi_dirs, kind)
+        choice = devices.choose_cdi(vendor, specs, devices.engine_cdi(ctx.info))
+        flag = f"--device {choice.device}" if choice.use else classic[vendor]
+        checks.append(Check("ok", f"{vendor} devices", f"builder run uses {flag}: {choice.why}"))
     return checks
 
 
@@ -341,6 +357,7 @@ CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
     check_gpus,
     check_nvidia,
     check_amd_intel,
+    check_cdi,
     check_disk,
     check_config,
     check_registry,
@@ -363,9 +380,10 @@ def run_checks(
         >>> [c.status for c in run_checks("matrix.yaml")][:1]
         ['ok']
     """
-    cdi = tuple(hardware.cdi_specs(cdi_dirs))
+    dirs = tuple(str(d) for d in cdi_dirs)
+    cdi = tuple(hardware.cdi_specs(dirs))
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(cdi))
-    ctx = Context(host, matrix_path, mapping_path, cdi=cdi)
+    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=dirs)
     checks: list[Check] = []
     for check in CHECKS:
         try:

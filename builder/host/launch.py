@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
@@ -28,6 +28,24 @@ from builder.oci import registry
 
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
 STOP_TIMEOUT_S = 10
+
+
+def engine_info() -> dict[str, Any] | None:
+    """``docker info`` of the engine, or None when none answers (``builder run`` asks it about CDI).
+
+    Example:
+        >>> engine_info()["ServerVersion"]
+        '20.10.24'
+    """
+    try:
+        client = docker.from_env(timeout=15)
+        try:
+            info: dict[str, Any] = client.info()
+        finally:
+            client.close()
+    except (DockerException, OSError):  # requests' errors are OSErrors
+        return None
+    return info
 
 
 def ensure_image(client: docker.DockerClient, plan: RunPlan) -> str | None:

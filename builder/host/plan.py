@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import docker.types
 from builder.config.errors import UserError
 from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
 from builder.host import hardware
-from builder.host.devices import device_flags, device_kwargs
+from builder.host.devices import device_flags, device_kwargs, host_cdi
 from builder.host.targets import choose_target
 
 WORKSPACE = "/workspace"
@@ -66,6 +66,7 @@ class RunPlan:
     labels: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    cdi_devices: tuple[str, ...] = ()  # CDI names (nvidia.com/gpu=all) instead of --gpus / /dev nodes
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for docker-py's ``containers.create``."""
@@ -77,7 +78,8 @@ class RunPlan:
             "mounts": [docker.types.Mount(WORKSPACE, self.workspace, type="bind", read_only=False)],
             "working_dir": WORKSPACE,
             **({"user": self.user} if self.user else {}),
-            **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size),
+            **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size,
+                            self.cdi_devices),
             "stdin_open": False,
             "tty": False,
         }
@@ -89,7 +91,7 @@ class RunPlan:
             argv += ["--label", f"{key}={value}"]
         if self.gpus:
             argv += ["--gpus", "all"]
-        for device in self.devices:
+        for device in (*self.cdi_devices, *self.devices):
             argv += ["--device", device]
         for gid in self.group_add:
             argv += ["--group-add", str(gid)]
@@ -167,8 +169,13 @@ def build_plan(
     host: hardware.HostGpus | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
+    engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
+    cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
 ) -> RunPlan:
     """Work out the whole run without touching the engine.
+
+    *engine_info* (``docker info``, called only when the host has a CDI spec for the target's
+    vendor) decides whether the GPUs go by CDI name (:func:`builder.host.devices.host_cdi`).
 
     Example:
         >>> build_plan(project, ["python", "-V"], target="cpu").image
@@ -179,7 +186,8 @@ def build_plan(
     environ = os.environ if environ is None else environ
     host = host or hardware.detect()
     chosen, reason = choose_target(project, target, host, gpus=gpus, environ=environ)
-    flags = device_flags(chosen, host, gpus=gpus, environ=environ)
+    cdi = host_cdi(chosen.vendor, engine_info, cdi_dirs) if gpus and chosen.vendor != "cpu" else None
+    flags = device_flags(chosen, host, gpus=gpus, environ=environ, cdi=cdi)
     return RunPlan(
         target=chosen,
         reason=reason,
@@ -196,6 +204,7 @@ def build_plan(
         labels={RUN_LABEL: "1", f"{RUN_LABEL}.target": chosen.name, f"{RUN_LABEL}.image": chosen.primary_ref},
         notes=flags.notes,
         problems=flags.problems,
+        cdi_devices=flags.cdi_devices,
     )
 
 def format_dry_run(plan: RunPlan) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import docker
 
 from builder.config.errors import TargetFailed
-from builder.config.files import atomic_write
+from builder.config.files import atomic_write, published_path
 from builder.config.project import Project, ResolvedTarget
 from builder.oci import registry
 
@@ -150,7 +150,7 @@ def record(root: Path, records: list[dict[str, Any]]) -> Path:
 
     Threads and processes (a lock file next to it) take turns, so no record is lost.
     """
-    path = root / "dist" / "published.json"
+    path = published_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _RECORD_LOCK, open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -1,0 +1,160 @@
+"""CDI device names: ``builder run`` and ``builder doctor`` choose between ``--device
+nvidia.com/gpu=all`` / ``--device amd.com/gpu=all`` and the classic flags, on hosts laid out as
+real ones are (sysfs and /dev from hostlayouts.py, CDI specs as ``nvidia-ctk cdi generate`` and
+AMD's container toolkit write them), with engines that do and don't support CDI.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+from hostlayouts import H200, MI300X, make_dev, make_sysfs
+
+from builder.config.project import Project
+from builder.host import devices, doctor, hardware
+from builder.host.plan import build_plan
+
+#: What ``nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`` writes (abridged: one GPU).
+NVIDIA_SPEC = """\
+---
+cdiVersion: 0.5.0
+containerEdits:
+  deviceNodes:
+  - path: /dev/nvidiactl
+  - path: /dev/nvidia-uvm
+  env:
+  - NVIDIA_VISIBLE_DEVICES=void
+devices:
+- containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+  name: "0"
+- containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+  name: all
+kind: nvidia.com/gpu
+"""
+#: What AMD's container toolkit (``amd-ctk cdi generate``) writes, as JSON.
+AMD_SPEC = {
+    "cdiVersion": "0.6.0",
+    "kind": "amd.com/gpu",
+    "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/kfd"},
+                                                                  {"path": "/dev/dri/renderD128"}]}}],
+}
+CDI_ENGINE = {"ServerVersion": "28.0.4", "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}
+OLD_ENGINE = {"ServerVersion": "20.10.24"}
+CDI_OFF_ENGINE = {"ServerVersion": "26.1.4"}
+
+
+def cdi_tree(root: Path, nvidia: bool = False, amd: bool = False) -> tuple[str, str]:
+    """``<root>/etc/cdi`` and ``<root>/var/run/cdi`` with the vendors' specs where the tools put them."""
+    etc, run = root / "etc" / "cdi", root / "var" / "run" / "cdi"
+    etc.mkdir(parents=True)
+    run.mkdir(parents=True)
+    if nvidia:
+        (etc / "nvidia.yaml").write_text(NVIDIA_SPEC)
+    if amd:
+        (run / "amd.json").write_text(json.dumps(AMD_SPEC))
+    (etc / "README").write_text("not a spec\n")  # other files in the folder are ignored
+    return str(etc), str(run)
+
+
+def nvidia_host(tmp_path: Path) -> hardware.HostGpus:
+    return hardware.detect(make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0", "nvidiactl"),
+                           nvidia_runtime=True)
+
+
+def amd_host(tmp_path: Path) -> hardware.HostGpus:
+    return hardware.detect(make_sysfs(tmp_path / "sys", MI300X),
+                           make_dev(tmp_path / "dev", "kfd", "dri/card0", "dri/renderD128"), nvidia_runtime=False)
+
+
+def plan_argv(project: Project, target: str, host: hardware.HostGpus, dirs: tuple[str, str], info) -> list[str]:
+    plan = build_plan(project, ["python", "-V"], target=target, host=host, environ={}, cwd="/tmp",
+                      engine_info=lambda: info, cdi_dirs=dirs)
+    assert not plan.problems, plan.problems
+    return plan.docker_argv()
+
+
+def test_nvidia_spec_and_cdi_engine_use_the_cdi_name(project: Project, tmp_path: Path) -> None:
+    argv = plan_argv(project, "nvidia-cu130", nvidia_host(tmp_path), cdi_tree(tmp_path, nvidia=True), CDI_ENGINE)
+    line = shlex.join(argv)
+    assert "--device nvidia.com/gpu=all" in line and "--gpus" not in line
+
+
+def test_amd_spec_replaces_the_dev_nodes_but_keeps_groups_and_ipc(project: Project, tmp_path: Path) -> None:
+    plan = build_plan(project, ["true"], target="amd-rocm5.7", host=amd_host(tmp_path), environ={}, cwd="/tmp",
+                      engine_info=lambda: CDI_ENGINE, cdi_dirs=cdi_tree(tmp_path, amd=True))
+    assert plan.cdi_devices == ("amd.com/gpu=all",) and plan.devices == ()
+    assert plan.ipc_mode == "host"
+    requests = plan.create_kwargs()["device_requests"]
+    assert [(r["Driver"], r["DeviceIDs"]) for r in requests] == [("cdi", ["amd.com/gpu=all"])]
+    assert any("devices by CDI name: CDI spec" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize(("info", "why"), [
+    (OLD_ENGINE, "Docker 20.10.24 predates CDI (25.0)"),
+    (CDI_OFF_ENGINE, 'Docker 26.1.4 has CDI off (set "features": {"cdi": true} in daemon.json)'),
+    (None, "no engine answered"),
+])
+def test_engine_without_cdi_keeps_the_classic_flags(project: Project, tmp_path: Path, info, why: str) -> None:
+    dirs = cdi_tree(tmp_path, nvidia=True)
+    argv = plan_argv(project, "nvidia-cu130", nvidia_host(tmp_path), dirs, info)
+    assert "--gpus" in argv and "nvidia.com/gpu=all" not in argv
+    choice = devices.host_cdi("nvidia", lambda: info, dirs)
+    assert not choice.use and choice.why == f"CDI spec {dirs[0]}/nvidia.yaml for nvidia.com/gpu, but {why}; " \
+                                            "the classic flags"
+
+
+def test_no_spec_never_asks_the_engine(project: Project, tmp_path: Path) -> None:
+    def boom():
+        raise AssertionError("the engine must not be asked without a CDI spec")
+    dirs = cdi_tree(tmp_path, amd=True)  # an AMD spec does not make NVIDIA GPUs CDI devices
+    plan = build_plan(project, ["true"], target="nvidia-cu130", host=nvidia_host(tmp_path), environ={}, cwd="/tmp",
+                      engine_info=boom, cdi_dirs=dirs)
+    assert plan.gpus and not plan.cdi_devices
+    assert devices.host_cdi("nvidia", boom, dirs).why == (
+        "no CDI spec for nvidia.com/gpu in /etc/cdi or /var/run/cdi; the classic flags")
+
+
+def test_cpu_target_and_no_gpus_never_use_cdi(project: Project, tmp_path: Path) -> None:
+    dirs, host = cdi_tree(tmp_path, nvidia=True), nvidia_host(tmp_path)
+    cpu = build_plan(project, ["true"], target="cpu", host=host, environ={}, cwd="/tmp",
+                     engine_info=lambda: CDI_ENGINE, cdi_dirs=dirs)
+    off = build_plan(project, ["true"], target="nvidia-cu130", gpus=False, host=host, environ={},
+                     cwd="/tmp", engine_info=lambda: CDI_ENGINE, cdi_dirs=dirs)
+    assert not cpu.cdi_devices and not off.cdi_devices and not off.gpus
+
+
+@pytest.mark.parametrize(("info", "found"), [
+    (CDI_ENGINE, ("builder run uses --device nvidia.com/gpu=all: CDI spec {etc}/nvidia.yaml for nvidia.com/gpu "
+                 "and Docker 28.0.4 reads CDI specs from /etc/cdi, /var/run/cdi")),
+    (OLD_ENGINE, ("builder run uses --gpus all: CDI spec {etc}/nvidia.yaml for nvidia.com/gpu, but Docker 20.10.24 "
+                 "predates CDI (25.0); the classic flags")),
+])
+def test_doctor_says_which_and_why(tmp_path: Path, info, found: str) -> None:
+    etc, run = cdi_tree(tmp_path, nvidia=True)
+    ctx = doctor.Context(nvidia_host(tmp_path), info=info, cdi_dirs=(etc, run))
+    assert [c.line() for c in doctor.check_cdi(ctx)] == [f"[OK]   nvidia devices: {found.format(etc=etc)}"]
+
+
+def test_doctor_amd_without_spec_and_no_gpu_host(tmp_path: Path) -> None:
+    dirs = cdi_tree(tmp_path)
+    amd = doctor.check_cdi(doctor.Context(amd_host(tmp_path), info=CDI_ENGINE, cdi_dirs=dirs))
+    assert [c.found for c in amd] == [
+        ("builder run uses --device /dev/kfd --device /dev/dri: no CDI spec for amd.com/gpu in /etc/cdi or "
+        "/var/run/cdi; the classic flags")]
+    assert doctor.check_cdi(doctor.Context(hardware.HostGpus(), info=CDI_ENGINE, cdi_dirs=dirs)) == []
+
+
+def test_doctor_run_checks_reports_cdi_for_a_laid_out_host(tmp_path: Path, project_dir: Path) -> None:
+    etc, run = cdi_tree(tmp_path, nvidia=True)
+    sysfs, dev = make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0", "nvidiactl")
+    checks = {c.item: c for c in doctor.run_checks(project_dir / "matrix.yaml", sysfs_root=sysfs, dev_root=dev,
+                                                   cdi_dirs=(etc, run))}
+    assert checks["nvidia runtime"].status == "ok" and f"{etc}/nvidia.yaml" in checks["nvidia runtime"].found
+    assert checks["nvidia devices"].found.startswith("builder run uses ")
