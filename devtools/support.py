@@ -95,13 +95,18 @@ def base_pin(root: Path, on: str | None = None) -> dict[str, Any]:
 
 
 def retarget_base_lock(src: Path, dest: Path, registry: str, digest: str | None = None) -> dict[str, Any]:
-    """Write dest/base.lock.json: src's base pins, referenced as ``<registry>/base@<digest>``.
+    """Write dest/base.lock.json: src's base pins (and dest's own for the platforms src lacks),
+    referenced as ``<registry>/base@<digest>``.
 
     The base image is the same (same layers, same config), so pushed to another registry it keeps
     its digest: *digest* (this host's platform) defaults to the one src pins. Returns this host's
     platform's new pin (reference, image_id, packages).
     """
     lock: dict[str, Any] = json.loads((src / "base.lock.json").read_text())
+    if (dest / "base.lock.json").exists():  # the platforms src does not pin keep dest's own pins
+        kept = json.loads((dest / "base.lock.json").read_text())
+        if kept.get("spec_sha256") == lock["spec_sha256"]:
+            lock["platforms"] = {**kept.get("platforms", {}), **lock["platforms"]}
     host = host_platform()
     for name, pinned in lock["platforms"].items():
         own = digest if digest and name == host else pinned["reference"].split("@", 1)[1]

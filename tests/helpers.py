@@ -54,4 +54,4 @@ def fake_target(name: str, platform: str | None = None, **fields: Any) -> Simple
     """The least target view ``build_all`` needs for a test Dockerfile: one platform (default: this host's)."""
     platform = platform or host_platform()
     return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform],
-                           arch=platform.split("/")[1], **fields)
+                           arch=platform.split("/")[1], native=platform == host_platform(), **fields)
