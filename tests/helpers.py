@@ -53,5 +53,6 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
 def fake_target(name: str, platform: str | None = None, **fields: Any) -> SimpleNamespace:
     """The least target view ``build_all`` needs for a test Dockerfile: one platform (default: this host's)."""
     platform = platform or host_platform()
-    return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform],
+    local = [fields["primary_ref"]] if "primary_ref" in fields else []
+    return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform], local_refs=local,
                            arch=platform.split("/")[1], native=platform == host_platform(), **fields)

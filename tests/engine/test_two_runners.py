@@ -106,7 +106,7 @@ class Runner:
         self.log = ""
 
     def run(self, steps: list[tuple[str, str]]) -> list[dict]:
-        """Every step in order, like the job (the first failure stops it); returns build-cpu.json."""
+        """Every step in order, like the job (the first failure stops it); returns build-cpu-<arch>.json."""
         for name, script in steps:
             path = self.root.parent / "step.sh"
             path.write_text(script)
@@ -114,7 +114,7 @@ class Runner:
                                   text=True, timeout=1800, check=False)
             self.log += f"\n### {name}\n{ANSI.sub('', proc.stdout + proc.stderr)}"
             assert proc.returncode == 0, f"step {name!r} failed ({proc.returncode}):\n{self.log[-6000:]}"
-        return json.loads((self.root / "build-cpu.json").read_text())
+        return json.loads((self.root / f"build-cpu-{host_platform().split('/')[1]}.json").read_text())
 
     def published(self) -> dict:
         return json.loads((self.root / "dist" / "published.json").read_text())["cpu"]
