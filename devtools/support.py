@@ -159,11 +159,11 @@ def start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, sub
     return f"127.0.0.1:{port}", proc
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 10 s."""
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL after *timeout* seconds."""
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

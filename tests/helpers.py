@@ -56,3 +56,17 @@ def fake_target(name: str, platform: str | None = None, **fields: Any) -> Simple
     local = [fields["primary_ref"]] if "primary_ref" in fields else []
     return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform], local_refs=local,
                            arch=platform.split("/")[1], native=platform == host_platform(), **fields)
+
+
+def assert_golden(path: Path, text: str) -> None:
+    """*text* equals the golden file at *path*; with UPDATE_GOLDEN=1 it is rewritten and the test skipped.
+
+    Comparing with what was just written would pass whatever the output: compare on the next run.
+    """
+    import pytest
+
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+        pytest.skip(f"golden file {path.name} updated; review the diff and rerun without UPDATE_GOLDEN")
+    assert text == path.read_text()

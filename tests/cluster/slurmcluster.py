@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.support import free_port
+from devtools.support import free_port, stop
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "scancel", "sinfo")
 NODES = ("n1", "n2")
@@ -151,10 +150,5 @@ class SlurmCluster:
                 time.sleep(1)
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop(proc, timeout=20)
         self.procs.clear()

@@ -6,13 +6,13 @@ security and image choices per vendor.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers import assert_golden
 
 from builder.cli import cli
 from builder.cluster import k8s
@@ -63,12 +63,7 @@ def test_an_invalid_manifest_is_refused_by_the_validator(cluster_project) -> Non
 def test_golden_manifests(cluster_project, name: str, target: str, kw) -> None:
     """Exact YAML; regenerate with UPDATE_GOLDEN=1 and review the diff."""
     text = k8s.dump(k8s.manifests(cluster_project, target, **kw))
-    golden = GOLDEN / f"{name}.yaml"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.parent.mkdir(exist_ok=True)
-        golden.write_text(text)
-        pytest.skip(f"golden file {golden.name} updated; review the diff and rerun without UPDATE_GOLDEN")
-    assert text == golden.read_text()
+    assert_golden(GOLDEN / f"{name}.yaml", text)
 
 
 def test_one_node_is_a_plain_job(cluster_project) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import assert_golden
 
 from builder.cli import cli
 from builder.cluster import slurm
@@ -35,12 +36,7 @@ def script(project, target: str, command: list[str], **kw) -> str:
 def test_golden_script(cluster_project, name: str, target: str, kw) -> None:
     """Exact script per vendor; regenerate with UPDATE_GOLDEN=1 and review the diff."""
     text = script(cluster_project, target, ["/opt/examples/train.py", "--epochs", "20"], **kw)
-    golden = GOLDEN / f"{name}.sbatch"
-    if os.environ.get("UPDATE_GOLDEN"):
-        golden.parent.mkdir(exist_ok=True)
-        golden.write_text(text)
-        pytest.skip(f"golden file {golden.name} updated; review the diff and rerun without UPDATE_GOLDEN")
-    assert text == golden.read_text()
+    assert_golden(GOLDEN / f"{name}.sbatch", text)
     # bash parses it (the function, the heredoc-free quoting, the pyxis line).
     check = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True, check=False)
     assert check.returncode == 0, check.stderr
