@@ -36,9 +36,8 @@ def host_platform() -> str:
         >>> host_platform() in ("linux/amd64", "linux/arm64")
         True
     """
-    name = _platform.machine()
-    oci = {m: a for a, m in MACHINE.items()}.get(name, {"amd64": "amd64", "arm64": "arm64"}.get(name, name))
-    return f"linux/{oci}"
+    name = _platform.machine()  # x86_64/aarch64 on Linux; a name already in OCI's form maps to itself
+    return f"linux/{ {m: a for a, m in MACHINE.items()}.get(name, name) }"
 
 
 #: The CPU qemu emulates for a foreign platform's containers, where its default ('max') misleads
