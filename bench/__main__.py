@@ -51,7 +51,7 @@ from bench import (
 )
 from builder.config.platforms import host_platform
 from builder.config.project import Project, ResolvedTarget, load_project
-from builder.images import lockfile, locks, render, wheelhouse, wheelserver
+from builder.images import content, lockfile, locks, render, wheelhouse, wheelserver
 from builder.images.build import build_labels
 from builder.images.publish import push_ref
 from builder.oci.engine import connect
@@ -180,7 +180,8 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
         for t in targets:
             say(f"{t.name}: cold build, ours")
             ours["cold_build_s"][t.name], ours_id = timed(functools.partial(
-                engine_build, client, root, t.dockerfile, labels=build_labels(root), nocache=True,
+                engine_build, client, root, t.dockerfile, buildargs=content.build_args(project, t),
+                labels=build_labels(root), nocache=True,
                 extra_hosts={wheelserver.HOST: wheels_at}))
             made.ids.append(ours_id)
             say(f"{t.name}: cold build, baseline")

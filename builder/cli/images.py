@@ -59,8 +59,11 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     """Print the fully resolved configuration as JSON, without building (like bake --print).
 
     Each target's content_tags give, per platform, the tag its image gets once built and
-    smoke-tested: a digest of everything that goes into it (see builder/images/content.py).
+    smoke-tested: a digest of everything that goes into it (see builder/images/content.py); its
+    layers, per platform, the layer plan: each layer's locked wheels, in install order (an empty
+    list until the platform is locked; see builder/images/layers.py).
     """
+    from builder.images import layers
     from builder.images.content import content_tags
 
     data = project.resolved()
@@ -71,6 +74,8 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     tags = content_tags(project, [v for vs in views.values() for v in vs])
     for t in data["targets"]:
         t["content_tags"] = {v.platform: tags[v.unit] for v in views[t["name"]]}
+        t["layers"] = {v.platform: [{"name": layer.name, "wheels": [f"{p.name}=={p.version}" for p in layer.pins]}
+                                    for layer in layers.plan(project, v)] for v in views[t["name"]]}
     click.echo(json.dumps(data, indent=2))
 
 

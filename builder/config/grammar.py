@@ -43,6 +43,10 @@ LABEL_VALUE = re.compile(r"[^\"'\\$`\x00-\x1f\x7f]{0,256}")
 #: http(s) or file URLs for wheel indexes: no spaces, quotes, backslashes or shell metacharacters.
 URL = re.compile(r"(https?|file)://[A-Za-z0-9._~:/?#\[\]@!%+,;=-]+")
 #: The OCI platforms images are built for: Linux on x86_64 and on aarch64 (Grace Hopper/Blackwell).
+#: A layer of the layer plan: lowercase, becomes the build argument WHEELS_<NAME> (dashes -> _).
+LAYER_NAME = re.compile(r"[a-z][a-z0-9-]{0,31}")
+#: A wheel-name pattern of the layer plan: a canonical name with fnmatch's * and ?.
+WHEEL_PATTERN = re.compile(r"[a-z0-9*?][a-z0-9*?._-]{0,99}")
 PLATFORM = re.compile(r"linux/(amd64|arm64)")
 #: Debian suite and package names.
 DEB_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]*")

@@ -106,8 +106,41 @@ class Base(_Strict):
         return self
 
     @property
+    def source_date_epoch(self) -> int:
+        """The fixed file time of every layer the images add (the bootstrap's; 2025-01-01 for a given image)."""
+        return self.bootstrap.source_date_epoch if self.bootstrap else 1735689600
+
+    @property
     def debian_suite(self) -> str:
         return self.bootstrap.suite if self.bootstrap else str(self.suite)
+
+
+class Layer(_Strict):
+    """One layer of the layer plan: the locked wheels whose names match, installed in one ``RUN``.
+
+    Example (matrix.yaml):
+        layers:
+          - {name: cuda-dnn, match: ["nvidia-cudnn-*"], backends: [cuda]}
+    """
+
+    name: Annotated[str, _grammar(g.LAYER_NAME, "a layer name like cuda-dnn (lowercase, digits, '-')")] = Field(
+        description="The layer's name, as `builder print` and the Dockerfile show it."
+    )
+    match: list[Annotated[str, _grammar(g.WHEEL_PATTERN, "a wheel-name pattern like nvidia-cublas*")]] = Field(
+        min_length=1,
+        description="fnmatch patterns over canonical wheel names (lowercase, '-'); a wheel goes into the "
+        "first layer that matches it.",
+    )
+    backends: list[Backend] | None = Field(
+        None, description="The backends whose targets have this layer (default: every backend)."
+    )
+
+    def applies_to(self, backend: str) -> bool:
+        return self.backends is None or backend in self.backends
+
+
+#: The plan's last layer, implicit: every locked wheel no layer matched (torch_packages, a target's packages).
+PACKAGES_LAYER = "packages"
 
 
 class Target(_Strict):
@@ -180,6 +213,11 @@ class Matrix(_Strict):
         default_factory=lambda: ["torch"],
         description="Modules imported once at build time so their bytecode ships in the image (fast start).",
     )
+    layers: list[Layer] = Field(
+        default_factory=list,
+        description="The layer plan: each target's locked wheels are installed in these layers, in this "
+        "order, then the rest in a last layer, 'packages'. Empty: one layer for every wheel.",
+    )
     wheelhouse_port: int = Field(
         38611, ge=1024, le=65535, description="Loopback port of the build-time wheel server (fixed for cache)."
     )
@@ -210,6 +248,10 @@ class Matrix(_Strict):
                               *((f"targets.{t.name}.platforms", t.platforms) for t in self.targets)]:
             if listed and len(set(listed)) != len(listed):
                 problems.append(f"{where}: {listed} names a platform twice; list each once")
+        layer_names = [layer.name for layer in self.layers]
+        for name in sorted({n for n in layer_names if layer_names.count(n) > 1 or n == PACKAGES_LAYER}):
+            problems.append(f"layers: {name!r} is used twice or reserved ({PACKAGES_LAYER!r} is the implicit last "
+                            "layer); give each layer its own name")
         if not self.installer.startswith("uv=="):
             problems.append(f"installer: {self.installer!r} must pin uv exactly, e.g. uv==0.13.9")
         for group, members in self.groups.items():

@@ -24,7 +24,7 @@ from builder.config import platforms
 from builder.config.baselock import LOCK_NAME, read_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
-from builder.config.matrix import SUITE_GLIBC, Matrix
+from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix
 from builder.config.validation import format_errors
 from builder.config.wheelmap import BACKEND_VENDOR, RunFlags, WheelMapping, distributed_backend, index_for
 
@@ -55,6 +55,8 @@ class ResolvedTarget:
     platforms: list[str]
     #: The platform this view of the target builds: the host's when listed, else the first.
     platform: str
+    #: The layer plan's layers this target has (its backend's, then ``packages``), in install order.
+    layers: list[str] = field(default_factory=lambda: [PACKAGES_LAYER])
     #: The Kubernetes resource ``builder k8s`` asks for (matrix key k8s_resource; None: the vendor's default).
     k8s_resource: str | None = None
 
@@ -309,6 +311,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
                 dockerfile=f"images/{t.name}/Dockerfile",
                 platforms=list(listed),
                 platform=host if host in listed else listed[0],
+                layers=[*(layer.name for layer in matrix.layers if layer.applies_to(t.backend)), PACKAGES_LAYER],
                 k8s_resource=t.k8s_resource,
             )
         )

@@ -1,9 +1,9 @@
 """Content tags: one digest of everything that determines a target's image.
 
-The digest covers the rendered Dockerfile (which pins the base by digest), every file its
-``COPY`` lines take from the build context (the locks, ``runtime/``, ``examples/``: exactly
-what ``.dockerignore`` lets into the context, with their executable bits), the platform's base reference
-and the platform (each platform of a target has its own tag). Labels that change with every commit (revision, created) are applied at
+The digest covers the rendered Dockerfile, every file its ``COPY`` lines take from the build
+context (``runtime/``, ``examples/``: exactly what ``.dockerignore`` lets into the context,
+with their executable bits), the build arguments (the platform's base pin and every locked
+wheel, layer by layer: :mod:`builder.images.layers`) and the platform (each platform of a target has its own tag). Labels that change with every commit (revision, created) are applied at
 build time and are not part of it, so an unchanged target keeps its tag across commits.
 
 The tag ``<registry>:<target>-<12 hex>`` is applied and pushed only after the smoke test
@@ -53,13 +53,16 @@ def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[st
 
 
 def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
-    """The build arguments of a target view: its platform's base pin and architecture.
+    """The build arguments of a target view: its platform's base pin and each layer's wheels
+    from the platform's locks (:mod:`builder.images.layers`).
 
     Example:
-        >>> build_args(project, project.target("cpu"))["TARGETARCH"]
-        'amd64'
+        >>> build_args(project, project.target("cpu"))["WHEELS_TORCH"]  # doctest: +ELLIPSIS
+        'torch==2.13.0+cpu --hash=sha256:...'
     """
-    return {"BASE": project.base_for(target.platform), "TARGETARCH": target.arch}
+    from builder.images import layers
+
+    return {"BASE": project.base_for(target.platform), **layers.build_args(project, target)}
 
 
 def context_paths(root: Path) -> set[str]:
@@ -78,8 +81,8 @@ def content_tags(
     """{view's unit: ``<registry>:<target>-<12 hex>``} of this exact content, per target view (platform).
 
     The digest covers each target's Dockerfile (*rendered* in memory, else the one in images/),
-    the context files its COPY lines take for the view's platform (hash and executable bit), the
-    platform's base and the platform. The context is walked, and each file hashed, once for all.
+    the context files its COPY lines take (hash and executable bit), its build arguments (base pin,
+    locked wheels) and the platform. The context is walked, and each file hashed, once for all.
 
     Example:
         >>> content_tags(project, [project.target("cpu")])  # doctest: +ELLIPSIS
@@ -102,11 +105,12 @@ def content_tags(
     tags = {}
     for target in targets:
         dockerfile = rendered[root / target.dockerfile]
-        sources = copy_sources(dockerfile, build_args(project, target))
+        args = build_args(project, target)
+        sources = copy_sources(dockerfile, args)
         document = {
             "dockerfile": dockerfile,
             "files": [entry(p) for p in included if any(p == s or p.startswith(s + "/") for s in sources)],
-            "base": project.base_for(target.platform),
+            "args": args,  # the base pin and every locked wheel, layer by layer
             "platform": target.platform,
         }
         digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()

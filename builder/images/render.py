@@ -17,7 +17,7 @@ from builder.config import grammar as g
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
 from builder.config.project import Project, ResolvedTarget
-from builder.images import wheelserver
+from builder.images import layers, wheelserver
 
 #: Files under images/<target>/ that render owns; anything else there (locks) is left alone.
 RENDERED = ("Dockerfile",)
@@ -59,6 +59,8 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
         "base_refs": {p: project.base_for(p) for p in target.platforms},
         "wheels": wheelserver.url(project.matrix.wheelhouse_port),
         "wheels_host": wheelserver.HOST,
+        "epoch": project.matrix.base.source_date_epoch,
+        "arg_name": layers.arg_name,
         "startup_imports": ", ".join(project.matrix.startup_imports),
         "startup_packages": " ".join(dict.fromkeys(m.split(".")[0] for m in project.matrix.startup_imports)),
     }

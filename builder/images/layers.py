@@ -1,0 +1,94 @@
+"""The layer plan: a target's locked wheels installed in a few layers, by what changes together.
+
+``matrix.yaml``'s ``layers`` (documented in :class:`builder.config.matrix.Layer`) lists the
+layers in install order, each with fnmatch patterns over canonical wheel names; a wheel goes into
+the first layer of the target's backend that matches it, and every wheel no layer matches (torch's
+companions, the target's own ``packages``) into the last one, ``packages``. The plan is derived
+from the lock alone, so it is the same on every machine.
+
+Each layer's ``RUN`` gets its wheels (``name==version --hash=sha256:<hex>``) as the build
+argument ``WHEELS_<NAME>``: the build cache, and so the layer, depends on that layer's wheels and
+on the layers below, never on the rest of the lock. With fixed file times (the template's
+``reproducible`` macro), two targets that lock the same ``nvidia-*`` wheels get byte-identical
+library layers, which a registry and a node store once.
+
+Example:
+    >>> [(layer.name, len(layer.pins)) for layer in plan(project, project.target("nvidia-cu130"))]
+    [('cuda-dnn', 1), ('cuda-blas', 3), ('cuda-solvers', 3), ('cuda-runtime', 10), ('triton', 1), ('torch', 1), ('packages', 2)]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from packaging.utils import canonicalize_name
+
+from builder.config.matrix import PACKAGES_LAYER, Matrix
+from builder.config.project import Project, ResolvedTarget
+from builder.images.lockfile import Pin, ordered, read_lock
+
+
+@dataclass(frozen=True)
+class PlannedLayer:
+    """One layer of a target view's plan and the locked wheels it installs."""
+
+    name: str
+    pins: tuple[Pin, ...]
+
+    @property
+    def arg(self) -> str:
+        """The build argument that carries this layer's wheels.
+
+        Example:
+            >>> PlannedLayer("cuda-dnn", ()).arg
+            'WHEELS_CUDA_DNN'
+        """
+        return arg_name(self.name)
+
+    @property
+    def requirements(self) -> str:
+        """The argument's value: one ``name==version --hash=sha256:<hex>`` per wheel, space-separated
+        (the ``RUN`` writes them back one per line with ``printf '%s %s\\n'``)."""
+        return " ".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}" for p in self.pins)
+
+
+def arg_name(layer: str) -> str:
+    """``cuda-dnn`` -> ``WHEELS_CUDA_DNN``."""
+    return "WHEELS_" + layer.upper().replace("-", "_")
+
+
+def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
+    """The layer a wheel goes into on *backend*: the first whose patterns match its canonical name.
+
+    Example:
+        >>> layer_of(project.matrix, "cuda", "nvidia_cublas")
+        'cuda-blas'
+        >>> layer_of(project.matrix, "cpu", "accelerate")
+        'packages'
+    """
+    name = canonicalize_name(wheel)
+    for layer in matrix.layers:
+        if layer.applies_to(backend) and any(fnmatch.fnmatchcase(name, p) for p in layer.match):
+            return layer.name
+    return PACKAGES_LAYER
+
+
+def plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None) -> list[PlannedLayer]:
+    """Every layer of the target view's plan, in install order, with its wheels (from *pins*,
+    else the view's lock; a layer may be empty on one platform: its ``RUN`` then installs nothing)."""
+    locked = ordered(read_lock(project.root / target.lock)[1] if pins is None else pins)
+    return [
+        PlannedLayer(name, tuple(p for p in locked if layer_of(project.matrix, target.backend, p.name) == name))
+        for name in target.layers
+    ]
+
+
+def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
+    """{``WHEELS_<NAME>``: the layer's wheels} for every layer of the view's plan, and the
+    platform's shared locks: ``WHEELS_TOOLS`` (the installer) and ``WHEELS_COMMON``."""
+    from builder.images.locks import shared_lock_path
+
+    shared = {name: PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, target.platform))[1]))
+              for name in ("tools", "common")}
+    return {layer.arg: layer.requirements for layer in [*shared.values(), *plan(project, target)]}
