@@ -25,11 +25,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import docker
+import yaml
 
 from bench import (
     Layer,
@@ -55,7 +57,15 @@ from builder.images import content, lockfile, locks, render, wheelhouse, wheelse
 from builder.images.build import build_labels
 from builder.images.publish import push_ref
 from builder.oci.engine import connect
-from devtools.support import REPO, base_pin, copy_project, edit_matrix, free_port, retarget_base_lock
+from devtools.support import (
+    REPO,
+    base_pin,
+    copy_project,
+    edit_matrix,
+    free_port,
+    port_free,
+    retarget_base_lock,
+)
 
 REPEATS = 3
 #: Where target-specific input first enters each stack: the lock's COPY (ours), the wheels' COPY (baseline).
@@ -105,11 +115,17 @@ class Made:
             say(f"could not remove {len(left)} images: {', '.join(left)}")
 
 
-def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made) -> Project:
-    """Copy the project, point it at the private registry and a free wheel port, re-pin the base there."""
+def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made, repository: str = "ml-bench",
+                  **changes: Any) -> Project:
+    """Copy the project, point it at the private registry (and *changes* to matrix.yaml), re-pin the base there.
+
+    The wheel server keeps the project's port when it is free: the port is in every install step,
+    so another one would rebuild every layer the main engine already has in its cache.
+    """
     copy_project(root)
-    new_registry = f"{host}/ml-bench"
-    edit_matrix(root, registry=new_registry, wheelhouse_port=free_port())
+    new_registry = f"{host}/{repository}"
+    port = load_project(REPO / "matrix.yaml").matrix.wheelhouse_port
+    edit_matrix(root, registry=new_registry, wheelhouse_port=port if port_free(port) else free_port(), **changes)
     lock = base_pin(REPO)
     tag = f"{new_registry}/base:bench"
     client.api.tag(lock["image_id"], f"{new_registry}/base", "bench")
@@ -321,6 +337,84 @@ def avoidance(project: Project, targets: list[ResolvedTarget], tmp: Path, made: 
     return out
 
 
+def pushed_layers(ref: str, before: set[str]) -> tuple[int, int, list[int]]:
+    """(bytes of the manifest's layers that were not in the registry *before*, bytes of all its layers,
+    positions of the new ones), read from the registry."""
+    layers_ = registry_layers(ref)
+    new = [i for i, (digest, _) in enumerate(layers_) if digest not in before]
+    return sum(layers_[i][1] for i in new), sum(size for _, size in layers_), new
+
+
+def registry_layers(ref: str) -> list[tuple[str, int]]:
+    """(digest, compressed size) of each layer of the image manifest under *ref*, from the registry."""
+    repository, tag = ref.rsplit(":", 1)
+    host, name = repository.split("/", 1)
+    accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return [(layer["digest"], layer["size"]) for layer in json.loads(response.read())["layers"]]
+
+
+def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Path, made: Made) -> dict[str, Any]:
+    """nvidia-cu130 on a fresh node, the layer plan against today's single wheel layer (``layers: []``), same run.
+
+    Both layouts are built and pushed to the bench registry; then, REPEATS times and alternating
+    which goes first, an empty second dockerd pulls each (whole ``docker pull``), starts a container
+    that imports torch and accelerate, and runs the example training for one epoch (its first
+    step), each a whole ``docker run``. Then an extra package on the layered target: the bytes a
+    push uploads, read from the registry.
+    """
+    name, platform = "nvidia-cu130", host_platform()
+    single = setup_project(client, tmp / "single", host, made, repository="ml-bench-single", layers=[])
+    lock_and_render(single, [single.target(name).on(platform)])
+    refs: dict[str, str] = {}
+    for layout, root in (("layered", project.root), ("single", single.root)):
+        say(f"fresh node: build and push {name} ({layout})")
+        outcome = builder_build(root, name, "--push", "--platform", platform)[1]
+        made.refs.append(outcome["content_tag"])
+        made.ids.append(outcome["image_id"])
+        refs[layout] = outcome["content_tag"]
+    out: dict[str, Any] = {"target": name, "refs": refs, "layers": {}, "samples_s": {}}
+    for layout, ref in refs.items():
+        out["layers"][layout] = [size for _, size in registry_layers(ref)]
+    docker_cli = shutil.which("docker") or "docker"
+    # {figure: (docker verb, what follows the image)}
+    commands = {"pull": (["pull", "-q"], []), "import": (["run", "--rm"], ["python", "-c", "import torch, accelerate"]),
+                "first_step": (["run", "--rm"], ["python", "/opt/examples/train.py", "--epochs", "1"])}
+    samples: dict[str, dict[str, list[float]]] = {k: {"layered": [], "single": []} for k in commands}
+    for i in range(REPEATS):
+        for layout in (("layered", "single") if i % 2 == 0 else ("single", "layered")):
+            with second_engine(tmp / f"node-{layout}-{i}") as node:
+                for key, (verb, tail) in commands.items():
+                    argv = [docker_cli, "-H", node, *verb, refs[layout], *tail]
+                    seconds, _ = timed(functools.partial(run, argv, tmp))
+                    samples[key][layout].append(seconds)
+            say(f"fresh node {layout} #{i + 1}: " + ", ".join(f"{k} {samples[k][layout][-1]} s" for k in commands))
+    for key, by_layout in samples.items():
+        out["samples_s"][key] = by_layout
+        out[f"{key}_s"] = {layout: median(values) for layout, values in by_layout.items()}
+    out["pull_ratio"] = round(out["pull_s"]["layered"] / out["pull_s"]["single"], 3)
+
+    # An extra package on the layered target: only the packages layer may go to the registry.
+    repository = refs["layered"].rsplit(":", 1)[0]
+    before = {digest for ref in refs.values() for digest, _ in registry_layers(ref)}
+    doc = yaml.safe_load((project.root / "matrix.yaml").read_text())
+    for t in doc["targets"]:
+        if t["name"] == name:
+            t["packages"] = [*t.get("packages", []), "einops==0.8.1"]
+    edit_matrix(project.root, targets=doc["targets"])
+    changed = load_project(project.root / "matrix.yaml")
+    lock_and_render(changed, [changed.target(name).on(platform)])
+    outcome = builder_build(project.root, name, "--push", "--platform", platform)[1]
+    made.refs.append(outcome["content_tag"])
+    made.ids.append(outcome["image_id"])
+    new_bytes, all_bytes, positions = pushed_layers(outcome["content_tag"], before)
+    out["extra_package"] = {"pushed_bytes": new_bytes, "image_bytes": all_bytes, "new_layers": positions,
+                            "layers": len(registry_layers(outcome["content_tag"])), "repository": repository}
+    say(f"extra package: {new_bytes} of {all_bytes} bytes pushed, new layers at {positions}")
+    return out
+
+
 def emulated(client: docker.DockerClient, project: Project, made: Made) -> dict[str, Any]:
     """nvidia-cu130 on the foreign platform under qemu: one cold build (``--rebuild``) with the smoke
     test, as a user runs it, and its size against the essential bytes (base + installed wheels).
@@ -486,9 +580,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="cpu,nvidia-cu130", help="comma-separated targets (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="cpu only, for trying the bench out")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="output folder (default: bench/out)")
-    parser.add_argument("--only", choices=["avoidance", "emulated"],
+    parser.add_argument("--only", choices=["avoidance", "emulated", "fresh-node"],
                         help="only these rows (avoidance: the build-avoidance ones; emulated: nvidia-cu130 on the "
-                        "foreign platform under qemu); the other rows of --out are kept")
+                        "foreign platform under qemu; fresh-node: nvidia-cu130 pulled and started on an empty "
+                        "engine, layer plan vs one wheel layer); the other rows of --out are kept")
     args = parser.parse_args(argv)
     names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
     client = connect()
@@ -507,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
                     results["avoidance"] = avoidance(project, targets, tmp, made)
                 if args.only in (None, "emulated"):
                     results["emulated"] = emulated(client, project, made)
+                if args.only in (None, "fresh-node"):
+                    results["fresh_node"] = fresh_node(client, project, host, tmp, made)
         finally:
             made.close()
     out = Path(args.out)

@@ -100,9 +100,14 @@ def test_the_dockerfile_is_one_for_every_platform_and_names_each_pin(project):
     text = render.render(proj, [proj.target("nvidia-cu130")]).popitem()[1]
     for platform in ("linux/amd64", "linux/arm64"):
         assert f"#   {platform}  {proj.base_for(platform)}" in text
-    assert "ARG BASE\nFROM ${BASE} AS common\nARG TARGETARCH\n" in text
-    sources = content.copy_sources(text, content.build_args(proj, proj.target("nvidia-cu130").on("linux/arm64")))
-    assert "images/common.arm64.lock" in sources and "images/nvidia-cu130/requirements.arm64.lock" in sources
+    assert "ARG BASE\nFROM ${BASE} AS common\n" in text
+    # Each platform's wheels reach the build as arguments, from that platform's locks.
+    arm64 = content.build_args(proj, proj.target("nvidia-cu130").on("linux/arm64"))
+    amd64 = content.build_args(proj, proj.target("nvidia-cu130").on("linux/amd64"))
+    assert arm64["BASE"] == proj.base_for("linux/arm64") and amd64["BASE"] == proj.base_for("linux/amd64")
+    arm64_lock = (project / "images/nvidia-cu130/requirements.arm64.lock").read_text()
+    torch_hash = arm64["WHEELS_TORCH"].split("sha256:")[1]
+    assert torch_hash in arm64_lock and torch_hash not in amd64["WHEELS_TORCH"]
 
 
 def test_emulation_is_found_when_qemu_is_registered_with_the_f_flag(tmp_path):

@@ -2,66 +2,108 @@
 # Target cuda: backend cuda 11.8, torch 2.7.1+cu118
 #
 # Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
-# wheels) -> runtime (the in-image runtime, the layer that changes most). Wheels come from the
+# wheels, one layer per group of the layer plan) -> runtime (the in-image runtime, the layer that
+# changes most). Wheels come from the
 # builder's wheel server on loopback (the build runs with --network host), are checked against
 # the hash locks and never stay in a layer; no cache, CA bundle or credential does either.
 
 # The shared base, pinned by digest per platform in base.lock.json. `builder build` passes the
-# platform's pin as BASE and its architecture as TARGETARCH (BuildKit sets TARGETARCH itself):
+# platform's pin as BASE:
 #   linux/amd64  registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 #   linux/arm64  registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
 ARG BASE
 FROM ${BASE} AS common
-ARG TARGETARCH
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-RUN groupadd --gid 1001 app \
- && useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
+# Every RUN ends with fixed times: what it created or changed (found by ctime, which no tool
+# sets) gets the mtime 1735689600, so a layer's digest depends on its content alone, on any machine.
+RUN touch /tmp/.layer \
+ && SOURCE_DATE_EPOCH=1735689600 groupadd --gid 1001 app \
+ && SOURCE_DATE_EPOCH=1735689600 useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
  && python3 -m venv --without-pip /opt/venv \
- && install -d -o 1001 -g 1001 /workspace
+ && install -d -o 1001 -g 1001 /workspace \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
 WORKDIR /workspace
-COPY images/tools.${TARGETARCH}.lock images/common.${TARGETARCH}.lock /opt/locks/
-# uv (tools.lock) runs from /tmp/uv for this step only, bootstrapped by Debian's pip wheel; the
-# venv's own pip comes from common.lock, hash-checked like everything else.
-RUN set -- /usr/share/python-wheels/pip-*.whl \
+# Wheels come as build arguments, one per layer, from the platform's locks (`builder build` passes
+# them; `builder print` lists them): WHEELS_<LAYER>="name==version --hash=sha256:<hex> ...", written
+# back one per line for --require-hashes. uv (WHEELS_TOOLS, the installer) runs from /tmp/uv for
+# one step at a time, bootstrapped by Debian's pip wheel here, by the venv's pip (from the common
+# lock, hash-checked like everything else) above.
+ARG WHEELS_TOOLS
+ARG WHEELS_COMMON
+RUN touch /tmp/.layer \
+ && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_COMMON > /tmp/common.lock \
+ && set -- /usr/share/python-wheels/pip-*.whl \
  && python3 "$1/pip" install --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r "/opt/locks/tools.$TARGETARCH.lock" \
+      --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r "/opt/locks/common.$TARGETARCH.lock" \
- && rm -rf /tmp/uv
+      --find-links http://builder-wheelhouse:38611/ -r /tmp/common.lock \
+ && rm -rf /tmp/uv /tmp/tools.lock /tmp/common.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
 
 FROM common AS torch
-ARG TARGETARCH
+ARG WHEELS_TOOLS
 # The NVIDIA container runtime reads these to inject the host's driver libraries and nvidia-smi.
 ENV NVIDIA_VISIBLE_DEVICES="all" NVIDIA_DRIVER_CAPABILITIES="compute,utility"
-COPY images/cuda/requirements.${TARGETARCH}.lock /opt/locks/
-# Bytecode only for what start-up imports (the user cannot write it at run time): fast starts
-# without compiling every module of every package into the image. EMULATED is set when this
-# platform is built under qemu on another architecture: there importing torch crashes (its
-# aarch64 oneDNN reads the host's x86 CPU topology from /sys), so those packages are compiled
-# whole instead, without importing them: a larger image, the same fast start. Like pip, that
-# skips the files not meant for this Python (torch ships a few for 3.12).
-ARG EMULATED
-RUN pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
-      --target /tmp/uv -r "/opt/locks/tools.$TARGETARCH.lock" \
+# The layer plan (matrix.yaml's layers): one layer per group of the target's locked wheels, by what
+# changes together and about 1 GB at most, so a change to one group rebuilds, pushes and pulls that
+# layer and those above it, and the engine fetches the layers side by side.
+ARG WHEELS_CUDA_LIBS
+RUN if [ -n "$WHEELS_CUDA_LIBS" ]; then touch /tmp/.layer \
+ && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_CUDA_LIBS > /tmp/cuda-libs.lock \
+ && pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
+      --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r "/opt/locks/requirements.$TARGETARCH.lock" \
- && rm -rf /tmp/uv \
+      --find-links http://builder-wheelhouse:38611/ -r /tmp/cuda-libs.lock \
+ && rm -rf /tmp/uv /tmp/tools.lock /tmp/cuda-libs.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp; fi
+ARG WHEELS_TORCH
+RUN if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
+ && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
+ && pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
+      --target /tmp/uv -r /tmp/tools.lock \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+      --find-links http://builder-wheelhouse:38611/ -r /tmp/torch.lock \
+ && rm -rf /tmp/uv /tmp/tools.lock /tmp/torch.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp; fi
+# Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
+# its own above the wheels: fast starts without compiling every module of every package into
+# the image. EMULATED is set when this platform is built under qemu on another architecture:
+# there importing torch crashes (its aarch64 oneDNN reads the host's x86 CPU topology from /sys),
+# so those packages are compiled whole instead, without importing them: a larger image, the same
+# fast start. Like pip, that skips the files not meant for this Python (torch ships a few for 3.12).
+ARG EMULATED
+RUN touch /tmp/.layer \
  && if [ -z "$EMULATED" ]; then env -u PYTHONDONTWRITEBYTECODE python -c "import torch"; \
     else python -c "import compileall, importlib.util as u, sys; \
 [compileall.compile_dir(p, quiet=2, workers=0) for m in sys.argv[1:] \
-for p in u.find_spec(m).submodule_search_locations]" torch; fi
+for p in u.find_spec(m).submodule_search_locations]" torch; fi \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
 
 FROM torch AS runtime
 COPY runtime /tmp/runtime
-# pip byte-compiles what it installs: the runtime starts without compiling.
-RUN pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
- && rm -rf /tmp/runtime
+# pip byte-compiles what it installs, so the runtime starts without compiling; with
+# SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
+RUN touch /tmp/.layer \
+ && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
+ && rm -rf /tmp/runtime \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
 COPY examples /opt/examples
+# The target's own packages last: targets that differ only in them share every layer below.
+ARG WHEELS_TOOLS
+ARG WHEELS_PACKAGES
+RUN if [ -n "$WHEELS_PACKAGES" ]; then touch /tmp/.layer \
+ && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
+ && pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
+      --target /tmp/uv -r /tmp/tools.lock \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+      --find-links http://builder-wheelhouse:38611/ -r /tmp/packages.lock \
+ && rm -rf /tmp/uv /tmp/tools.lock /tmp/packages.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp; fi
 LABEL \
       org.opencontainers.image.title="ml-runtime cuda" \
       org.opencontainers.image.version="cuda-torch2.7.1" \

@@ -1,0 +1,96 @@
+"""The layer plan on the real engine and a real registry: wheel layers are reproducible, and two
+targets that differ only in ``packages:`` share every layer but the last, so a change to those
+packages pushes that one layer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+
+import pytest
+import yaml
+from helpers import run_builder
+
+from builder.config.project import load_project
+from builder.images import wheelhouse, wheelserver
+from builder.images.build import docker_build
+from devtools.support import edit_matrix, registry_of
+
+pytestmark = pytest.mark.engine
+
+MANIFEST = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+
+
+def _get(url: str) -> dict:
+    request = urllib.request.Request(url, headers={"Accept": MANIFEST})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def repo_layer_blobs(repository: str) -> set[str]:
+    """Every layer blob that some tag of the repository references, read from the registry itself."""
+    host, name = repository.split("/", 1)
+    tags = _get(f"http://{host}/v2/{name}/tags/list").get("tags") or []
+    return {layer["digest"] for tag in tags for layer in _get(f"http://{host}/v2/{name}/manifests/{tag}")["layers"]}
+
+
+def manifest_layers(ref: str) -> list[str]:
+    repository, tag = ref.rsplit(":", 1)
+    host, name = repository.split("/", 1)
+    return [layer["digest"] for layer in _get(f"http://{host}/v2/{name}/manifests/{tag}")["layers"]]
+
+
+def with_packages(root, packages: list[str]) -> None:
+    """Give root's matrix a target cpu-hf: cpu plus *packages*, nothing else different."""
+    doc = yaml.safe_load((root / "matrix.yaml").read_text())
+    cpu = next(t for t in doc["targets"] if t["name"] == "cpu")
+    others = [t for t in doc["targets"] if t["name"] != "cpu-hf"]
+    edit_matrix(root, targets=[*others, {**cpu, "name": "cpu-hf", "packages": packages}])
+
+
+def build(root, *args: str) -> dict:
+    proc = run_builder("build", "--json", "-q", "--push", *args, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    return {o["target"]: o for o in json.loads(proc.stdout)}
+
+
+def test_targets_differing_only_in_packages_share_all_but_the_last_layer(cpu_project, engine, tmp_path,
+                                                                         no_leftovers):
+    root = tmp_path / "project"
+    shutil.copytree(cpu_project, root, ignore=shutil.ignore_patterns("dist"))
+    with_packages(root, ["einops==0.8.0"])
+    out = build(root, "-t", "cpu", "-t", "cpu-hf")
+    cpu, hf = (engine.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"] for t in ("cpu", "cpu-hf"))
+    assert len(cpu) == len(hf) and cpu[:-1] == hf[:-1] and cpu[-1] != hf[-1]
+    assert "einops==0.8.0" in (root / "images" / "cpu-hf" / "requirements.amd64.lock").read_text() or \
+        "einops==0.8.0" in (root / "images" / "cpu-hf" / "requirements.arm64.lock").read_text()
+
+    # A change to cpu-hf's packages: the push uploads its last layer and nothing else.
+    repository = registry_of(root)
+    before = repo_layer_blobs(repository)
+    with_packages(root, ["einops==0.8.1"])
+    out = build(root, "-t", "cpu-hf")
+    assert out["cpu-hf"]["result"] == "built"
+    pushed = manifest_layers(f"{repository}:cpu-hf")
+    new = [d for d in pushed if d not in before]
+    assert new == [pushed[-1]], f"{len(new)} new layer blobs in the registry, expected only the packages layer"
+    rebuilt = engine.api.inspect_image(out["cpu-hf"]["image_id"])["RootFS"]["Layers"]
+    assert rebuilt[:-1] == cpu[:-1]
+
+
+def test_wheel_layers_are_reproducible_without_cache(cpu_project, engine, no_leftovers):
+    """A build from scratch (no cache) gives the same digest for every layer up to the bytecode layer:
+    the base, the common packages, torch, accelerate, the startup bytecode."""
+    project = load_project(cpu_project / "matrix.yaml")
+    cpu = project.target("cpu")
+    cached = engine.api.inspect_image(cpu.primary_ref)["RootFS"]["Layers"]
+    with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
+        image_id, _, from_cache = docker_build(engine, project, cpu, wheels_at=wheels_at, nocache=True)
+    try:
+        fresh = engine.api.inspect_image(image_id)["RootFS"]["Layers"]
+        assert from_cache == 0
+        # base, users, common, torch, accelerate, bytecode: the layers the plan makes reproducible.
+        assert fresh[:6] == cached[:6]
+    finally:
+        engine.api.remove_image(image_id, noprune=False)
