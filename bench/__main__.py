@@ -68,8 +68,8 @@ from devtools.support import (
 )
 
 REPEATS = 3
-#: Where target-specific input first enters each stack: the lock's COPY (ours), the wheels' COPY (baseline).
-MARKERS = {"ours": "/opt/locks/requirements.", "baseline": " in /wheels"}
+#: Where target-specific input first enters each stack: the first layer of the plan (ours), the wheels' COPY (baseline).
+MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": " in /wheels"}
 BASELINE_REPO = "ml-bench-baseline"
 
 
@@ -476,6 +476,19 @@ def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
         goal(f"`make images` nothing changed (TARGETS={names}) <= {limit:g} s", s <= limit, f"{s} s",
              figure="`make images`, nothing changed (whole command)", target=f"TARGETS={names}", seconds=s,
              samples=a["make_images_noop_samples_s"], want=f"<= {limit:g} s (1 s + 1 s per target)")
+    if (f := results.get("fresh_node")) is not None:
+        pull, start, step = f["pull_s"], f["import_s"], f["first_step_s"]
+        goal(f"fresh-node pull of {f['target']} <= 0.6 x one wheel layer", f["pull_ratio"] <= 0.6,
+             f"{pull['layered']} s vs {pull['single']} s ({f['pull_ratio']} x)")
+        goal("first `import torch, accelerate` in a new container no slower (within 5 %)",
+             start["layered"] <= 1.05 * start["single"], f"{start['layered']} s vs {start['single']} s")
+        goal("example training, first epoch, no slower (within 5 %)", step["layered"] <= 1.05 * step["single"],
+             f"{step['layered']} s vs {step['single']} s")
+        extra = f["extra_package"]
+        goal("extra package on a CUDA target: only the packages layer pushed",
+             extra["new_layers"] == [extra["layers"] - 1],
+             f"{extra['pushed_bytes']} of {extra['image_bytes']} bytes; new layers at {extra['new_layers']} "
+             f"of {extra['layers']}")
     if "baseline" not in results:
         return out
     base = results["baseline"]
@@ -524,6 +537,16 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
                  (f"| {e['seconds']} | {e['smoke']}{' ' + str(e['error']) if e['error'] else ''} | "
                  f"{e['image_bytes'] / 1e9:.3f} | {e['essential_bytes'] / 1e9:.3f} | {e['size_ratio_vs_essential']} | "
                  f"{'; '.join(e['notes'] or [])} |"), ""]
+    if (f := results.get("fresh_node")) is not None:
+        rows += [(f"{f['target']} on a fresh node (an empty second dockerd pulling from the local registry; whole "
+                  "commands, median of 3, layouts alternating):"), "",
+                 "| figure | layer plan (s) | one wheel layer (s) | samples: plan / one layer (s) |", "|---|---:|---:|---|"]
+        rows += [f"| {label} | {f[key + '_s']['layered']} | {f[key + '_s']['single']} | "
+                 f"{f['samples_s'][key]['layered']} / {f['samples_s'][key]['single']} |"
+                 for key, label in (("pull", "`docker pull`"), ("import", "`docker run` import torch, accelerate"),
+                                    ("first_step", "`docker run` example training, one epoch"))]
+        layers_mb = {k: [round(v / 1e6) for v in sizes] for k, sizes in f["layers"].items()}
+        rows += ["", f"Compressed layers (MB): plan {layers_mb['layered']}; one wheel layer {layers_mb['single']}.", ""]
     if "baseline" in results:
         rows += baseline_table(results, targets)
     rows += ["| goal | met | figures |", "|---|---|---|"]

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from builder.config.project import load_project
-from builder.images import bake
+from builder.images import bake, content
 from devtools.support import REPO
 
 
@@ -24,7 +24,8 @@ def test_bake_round_trips_the_matrix():
     for view in views:
         spec = definition["target"][bake.view_name(view)]
         assert spec["labels"]["io.ml-image-builder.target"] == view.name
-        assert spec["platforms"] == [view.platform] and spec["args"] == {"BASE": project.base_for(view.platform)}
+        assert spec["platforms"] == [view.platform] and spec["args"] == content.build_args(project, view)
+        assert spec["args"]["BASE"] == project.base_for(view.platform)
         assert spec["tags"] == (view.platform_refs or view.refs) and spec["dockerfile"] == view.dockerfile
         assert spec["labels"] == view.labels
         assert spec["cache-from"] == [f"type=registry,ref={view.primary_ref}"]

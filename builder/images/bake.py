@@ -1,7 +1,7 @@
 """The matrix as a ``docker-bake.json``, for users who build with ``docker buildx bake``.
 
 One bake target per matrix target and platform (same Dockerfile, context ".", the platform's
-base pin as the BASE argument, every tag, the static labels), the matrix's groups, registry
+base pin and each layer's wheels as build arguments, as ``builder build`` passes them, every tag, the static labels), the matrix's groups, registry
 cache in (the published image) and inline cache out. A target with several platforms gets one
 bake target per platform, ``<name>-<arch>``, tagged ``<tag>-<arch>`` (each platform starts FROM
 its own pinned base, which one multi-platform bake target cannot express); ``builder push``
@@ -21,7 +21,7 @@ import re
 from typing import Any
 
 from builder.config.project import Project, ResolvedTarget
-from builder.images import wheelserver
+from builder.images import content, wheelserver
 
 #: buildx rejects other characters in target and group names.
 BAKE_NAME = re.compile(r"[a-zA-Z0-9_-]+")
@@ -43,7 +43,7 @@ def bake_target(project: Project, target: ResolvedTarget) -> dict[str, Any]:
         "context": ".",
         "dockerfile": target.dockerfile,
         "platforms": [target.platform],
-        "args": {"BASE": project.base_for(target.platform)},  # BuildKit sets TARGETARCH itself
+        "args": content.build_args(project, target),  # the base pin, each layer's locked wheels
         "tags": target.platform_refs or list(target.refs),
         "labels": dict(target.labels),
         "cache-from": [f"type=registry,ref={target.primary_ref}"],
