@@ -282,14 +282,22 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
 
 
 def _signer(sign_key: str | None, push: bool) -> Any:
-    """The signer of --sign-key or $BUILDER_SIGNING_KEY (checked before anything is built), or None."""
-    from builder.supply.signing import SIGNING_ENV, load_signer
+    """The signer of --sign-key or $BUILDER_SIGNING_KEY (checked before anything is built), or None.
 
-    signer = load_signer(sign_key)
-    if push and signer is None:
-        click.echo(f"note: no signing key (--sign-key or {SIGNING_ENV}): pushed images get no signature, "
-                   "SBOM or provenance", err=True)
-    return signer
+    The signing modules are imported only when there is a key: a no-op build stays fast.
+    """
+    import os
+
+    if not sign_key and not os.environ.get("BUILDER_SIGNING_KEY"):
+        if push:
+            click.echo("note: no signing key (--sign-key or BUILDER_SIGNING_KEY): pushed images get no signature, "
+                       "SBOM or provenance", err=True)
+        return None
+    if not push:
+        click.echo("note: --sign-key signs what is pushed: add --push", err=True)
+    from builder.supply.signing import load_signer
+
+    return load_signer(sign_key)
 
 
 def _attest(project: Project, views: list[Any], outcomes: list[Any], signer: Any) -> None:
