@@ -19,6 +19,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from helpers import run_builder
+from securesystemslib.signer import CryptoSigner
 
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
@@ -261,15 +262,24 @@ def test_verify_passes_on_the_signed_image(published, keys):
 
 
 def test_verify_finds_attachments_through_the_referrers_api(published, monkeypatch):
-    """Where the registry lists referrers (OCI 1.1), verify takes them from there, not the tags."""
-    listed = [{"digest": d, "mediaType": artifacts.OCI_MANIFEST, "artifactType": attach.ARTIFACT_TYPES[k],
-               "annotations": {artifacts.KIND_ANNOTATION: k}} for k, d in published["attachments"].items()]
-    monkeypatch.setattr(artifacts, "referrers", lambda subject, creds=None: listed)
+    """Where the registry lists referrers (OCI 1.1), verify takes them from there, not the tags; an
+    older attachment signed by another key, listed first, does not hide the good one."""
     subject = f"{published['name']}@{published['digest']}"
-    found = artifacts.find(subject, "sbom", None, artifacts.referrers(subject))
-    assert found is not None and found.found_by == "referrers"
-    key = published["signer"].public_key
-    assert all(c.ok for c in verify.verify(subject, key))
+    stranger = CryptoSigner.generate_ecdsa()
+    stale = artifacts.attach(subject, "stale", signing.ENVELOPE_TYPE,
+                             signing.seal(attach.signature_payload(subject), attach.SIMPLE_SIGNING, stranger),
+                             artifact_type=attach.SIMPLE_SIGNING)
+    listed = [{"digest": stale, "mediaType": artifacts.OCI_MANIFEST, "annotations": {artifacts.KIND_ANNOTATION: "sig"}}]
+    listed += [{"digest": d, "mediaType": artifacts.OCI_MANIFEST, "artifactType": attach.ARTIFACT_TYPES[k],
+                "annotations": {artifacts.KIND_ANNOTATION: k}} for k, d in published["attachments"].items()]
+    monkeypatch.setattr(artifacts, "referrers", lambda subject, creds=None: listed)
+    found = artifacts.find_all(subject, "sig", None, artifacts.referrers(subject))
+    assert [(a.digest, a.found_by) for a in found] == [(stale, "referrers"), (published["attachments"]["sig"],
+                                                                              "referrers")]
+    checks = verify.verify(subject, published["signer"].public_key)
+    assert [c.line().split(":")[0] for c in checks] == ["PASS sig", "PASS sbom", "PASS att"]
+    only_stale = verify.verify(subject, stranger.public_key)
+    assert only_stale[0].ok and not only_stale[1].ok and not only_stale[2].ok
 
 
 def test_verify_fails_on_a_retag_to_another_digest(published, keys):

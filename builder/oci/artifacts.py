@@ -165,33 +165,40 @@ def referrers(subject: str, creds: dict[str, str] | None = None) -> list[dict[st
 
 def find(subject: str, kind: str, creds: dict[str, str] | None = None,
          listed: list[dict[str, Any]] | None = None) -> Attachment | None:
-    """The attachment of *kind* to *subject* (``host/repo@sha256:...``): through the referrers
-    descriptors *listed* (see :func:`referrers`) when given, else under its fallback tag; None if absent."""
+    """The first attachment of *kind* to *subject* (see :func:`find_all`), or None."""
+    found = find_all(subject, kind, creds, listed)
+    return found[0] if found else None
+
+
+def find_all(subject: str, kind: str, creds: dict[str, str] | None = None,
+             listed: list[dict[str, Any]] | None = None) -> list[Attachment]:
+    """The attachments of *kind* to *subject* (``host/repo@sha256:...``): those the referrers
+    descriptors *listed* name (see :func:`referrers`), then the one under the fallback tag.
+
+    A manifest under the tag that is no attachment (an OCI manifest with one layer) is a :class:`UserError`.
+    """
     r = Ref.parse(subject)
     if not r.digest:
         raise UserError(f"find: {subject} names no digest")
-    candidates: list[tuple[str, str]] = []
-    for d in listed or []:
-        if (d.get("annotations") or {}).get(KIND_ANNOTATION) == kind:
-            candidates.append((d["digest"], "referrers"))
     tag = fallback_tag(r.digest, kind)
-    candidates.append((tag, f"tag {tag}"))
+    candidates = [(f"{r.name}@{d['digest']}", "referrers") for d in listed or []
+                  if (d.get("annotations") or {}).get(KIND_ANNOTATION) == kind]
+    candidates.append((f"{r.name}:{tag}", f"tag {tag}"))
+    out: list[Attachment] = []
     for reference, how in candidates:
-        found = get_manifest(f"{r.name}@{reference}" if reference.startswith("sha256:") else f"{r.name}:{reference}",
-                             creds)
-        if found is None:
+        found = get_manifest(reference, creds)
+        if found is None or any(a.digest == found[2] for a in out):
             continue
         media, body, digest = found
         doc = json.loads(body)
         layers = doc.get("layers") or []
         if media != OCI_MANIFEST or len(layers) != 1:
-            raise UserError(f"{r.name}:{tag} is not an attachment (an OCI manifest with one layer)")
+            raise UserError(f"{reference} is no attachment (an OCI manifest with one layer) but a {media}")
         payload = get_blob(r.name, layers[0]["digest"], creds)
-        if payload is None:
-            continue
-        return Attachment(digest, kind, doc.get("artifactType", ""), (doc.get("subject") or {}).get("digest"),
-                          layers[0].get("mediaType", ""), payload, how)
-    return None
+        if payload is not None:
+            out.append(Attachment(digest, kind, doc.get("artifactType", ""), (doc.get("subject") or {}).get("digest"),
+                                  layers[0].get("mediaType", ""), payload, how))
+    return out
 
 
 def _header(headers: dict[str, str], name: str) -> str:

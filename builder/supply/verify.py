@@ -91,11 +91,24 @@ def _image(subject: str, key: SSlibKey, creds: dict[str, str] | None, kinds: tup
 
 def _check(subject: str, kind: str, key: SSlibKey, creds: dict[str, str] | None,
            listed: list[dict[str, Any]] | None) -> str:
+    """What holds for the first attachment of *kind* that passes every check; else :class:`_Failed`
+    with why the first one failed (a registry with referrers may list older attachments too)."""
     digest = registry.Ref.parse(subject).digest or ""
-    found = artifacts.find(subject, kind, creds, listed)
-    if found is None:
+    found = artifacts.find_all(subject, kind, creds, listed)
+    if not found:
         where = "the referrers API lists none; " if listed is not None else ""
         raise _Failed(f"no attachment for {subject} ({where}no tag {artifacts.fallback_tag(digest, kind)})")
+    failures = []
+    for attachment in found:
+        try:
+            return _check_one(subject, digest, attachment, key)
+        except _Failed as exc:
+            failures.append(exc)
+    raise failures[0]
+
+
+def _check_one(subject: str, digest: str, found: artifacts.Attachment, key: SSlibKey) -> str:
+    kind = found.kind
     if found.subject is not None and found.subject != digest:
         raise _Failed(f"the attachment under {found.found_by} is attached to {found.subject}, not {digest}")
     try:
