@@ -376,3 +376,14 @@ def test_verify_usage_errors_exit_2_in_one_line(published, tmp_path):
     nokey = run_builder("verify", f"{published['name']}:cpu", cwd=published["root"], timeout=60,
                         env={"BUILDER_VERIFY_KEY": ""})
     assert nokey.returncode == 2 and "no public key: pass --key PUB" in nokey.stderr
+
+
+def test_pushing_a_signed_image_again_keeps_its_attachments(published):
+    """A reused image pushed again (same digest) keeps the documents made when it was first pushed."""
+    project, name, digest = published["project"], published["name"], published["digest"]
+    said: list[str] = []
+    assert attach.attest_published(project, [(project.target("cpu"), digest, None)], published["signer"],
+                                   said.append) == {}
+    assert said == [f"cpu: {name}@{digest} already carries sig, sbom, att signed by this key"]
+    assert attach.already_attested(f"{name}@{digest}", published["signer"]) == published["attachments"]
+    assert attach.already_attested(f"{name}@{digest}", CryptoSigner.generate_ecdsa()) == {}

@@ -358,7 +358,8 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
 
     signer = _signer(sign_key, True)
     client = connect()
-    records, failed, indexed, pushed = [], False, [], []
+    records, failed, indexed = [], False, []
+    pushed: list[tuple[Any, str, str | None]] = []
     for view in project.views(targets, platforms):
         ref = view.local_refs[0]
         try:
@@ -384,8 +385,11 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
             click.echo(f"{name}: {exc}", err=True)
             failed = True
     if signer is not None and pushed:
+        from builder.images.content import content_tags
         from builder.supply.attach import attest_published
 
+        tags = content_tags(project, [view for view, _, _ in pushed])
+        pushed = [(view, digest, tags[view.unit]) for view, digest, _ in pushed]
         for unit, error in attest_published(project, pushed, signer, click.echo).items():
             click.echo(f"{unit}: {error}", err=True)
             failed = True

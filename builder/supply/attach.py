@@ -80,6 +80,18 @@ def sign_index(index: str, signer: CryptoSigner, creds: dict[str, str] | None = 
     return {"sig": _put(index, "sig", seal(signature_payload(index), SIMPLE_SIGNING, signer), creds)}
 
 
+def already_attested(image: str, signer: CryptoSigner, creds: dict[str, str] | None = None) -> dict[str, str]:
+    """{kind: attachment digest} when *image* already carries every attachment, valid and signed by
+    *signer*'s key (a reused image pushed again keeps the documents made when it was first pushed); else {}."""
+    from builder.supply.verify import verify
+
+    checks = verify(image, signer.public_key, creds)
+    if not checks or not all(c.ok for c in checks):
+        return {}
+    found = {kind: artifacts.find(image, kind, creds) for kind in IMAGE_KINDS}
+    return {kind: a.digest for kind, a in found.items() if a is not None} if all(found.values()) else {}
+
+
 def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, str, str | None]], signer: CryptoSigner,
                      say: Callable[[str], object]) -> dict[str, str]:
     """Attach to every pushed ``(target view, manifest digest, content tag)``, and sign the index of each
@@ -93,14 +105,18 @@ def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, st
     failed: dict[str, str] = {}
     for target, digest, content_tag in pushed:
         image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
+        creds = registry.credentials(registry.Ref.parse(image).host)
         try:
-            done = attest(project, target, image, content_tag, signer,
-                          registry.credentials(registry.Ref.parse(image).host))
+            done = already_attested(image, signer, creds)
+            if done:
+                say(f"{target.unit}: {image} already carries {', '.join(done)} signed by this key")
+            else:
+                done = attest(project, target, image, content_tag, signer, creds)
+                say(f"{target.unit}: signed and attached {', '.join(done)} to {image}")
         except (UserError, TargetFailed) as exc:
             failed[target.unit] = f"attaching the SBOM, provenance and signature failed: {exc}"
             continue
         amend(project.root, target.unit, {"attachments": done})
-        say(f"{target.unit}: signed and attached {', '.join(done)} to {image}")
     for name in dict.fromkeys(t.name for t, _, _ in pushed if len(t.platforms) > 1):
         ref = project.target(name).primary_ref
         creds = registry.credentials(registry.Ref.parse(ref).host)
