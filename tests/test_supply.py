@@ -72,11 +72,13 @@ def test_sbom_from_the_real_locks_is_valid_cyclonedx_and_exact(repo_project):
     torch = by_ref["pypi:torch"]
     locked = next(line for line in (REPO / "images/cpu/requirements.amd64.lock").read_text().splitlines()
                   if line.startswith("torch=="))
-    assert torch["version"] == locked.split("==")[1].split()[0] == "2.13.0+cpu"
-    assert torch["purl"] == "pkg:pypi/torch@2.13.0%2Bcpu"
+    assert torch["version"] == locked.split("==")[1].split()[0] == cpu.torch_pin  # e.g. 2.13.0+cpu
+    assert torch["purl"] == f"pkg:pypi/torch@{cpu.torch_pin.replace('+', '%2B')}"
     assert torch["hashes"] == [{"alg": "SHA-256", "content": locked.split("sha256:")[1].split()[0]}]
-    assert by_ref["deb:bsdutils"]["purl"] == "pkg:deb/debian/bsdutils@1:2.38.1-5%2Bdeb12u3?arch=amd64&distro=bookworm"
     base = json.loads((REPO / "base.lock.json").read_text())["platforms"]["linux/amd64"]
+    bsdutils = base["packages"]["bsdutils"]  # e.g. 1:2.38.1-5+deb12u3: the epoch stays, + is quoted
+    assert by_ref["deb:bsdutils"]["purl"] == \
+        f"pkg:deb/debian/bsdutils@{bsdutils.replace('+', '%2B')}?arch=amd64&distro=bookworm"
     assert by_ref["base"]["version"] == base["reference"].split("@")[1]
     assert by_ref["pypi:ml-runtime"]["version"] == "0.1.0"
     assert doc["metadata"]["component"]["version"] == DIGEST
@@ -120,7 +122,7 @@ def test_provenance_names_the_build(repo_project):
     assert st["subject"] == [{"name": "localhost:5000/ml-runtime", "digest": {"sha256": "ab" * 32}}]
     build = st["predicate"]["buildDefinition"]
     params = build["externalParameters"]
-    assert params["matrix_entry"]["name"] == "cpu" and params["matrix_entry"]["torch_pin"] == "2.13.0+cpu"
+    assert params["matrix_entry"]["name"] == "cpu" and params["matrix_entry"]["torch_pin"] == cpu.torch_pin
     assert params["platform"] == "linux/amd64"
     assert params["content_tag"] == "localhost:5000/ml-runtime:cpu-0123456789ab"
     deps = {d["name"]: d for d in build["resolvedDependencies"]}
@@ -255,7 +257,8 @@ def test_verify_passes_on_the_signed_image(published, keys):
     lines = run.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["PASS sig", "PASS sbom", "PASS att"]
     assert all(line.endswith(f"names {name}@{digest}") for line in lines)
-    assert "CycloneDX 1.6, 154 components" in lines[1]
+    count = len(json.loads(sbom.sbom_json(published["project"], published["project"].target("cpu")))["components"])
+    assert f"CycloneDX 1.6, {count} components" in lines[1]
     assert "SLSA provenance v1: target cpu (linux/amd64)" in lines[2]
     by_digest = _verify(f"{name}@{digest}", keys["public"], published["root"])
     assert by_digest.returncode == 0, by_digest.stdout + by_digest.stderr
@@ -387,3 +390,22 @@ def test_pushing_a_signed_image_again_keeps_its_attachments(published):
     assert said == [f"cpu: {name}@{digest} already carries sig, sbom, att signed by this key"]
     assert attach.already_attested(f"{name}@{digest}", published["signer"]) == published["attachments"]
     assert attach.already_attested(f"{name}@{digest}", CryptoSigner.generate_ecdsa()) == {}
+
+
+def test_build_attaches_to_each_pushed_outcome_and_fails_the_target_it_cannot(published):
+    """What ``builder build --push --sign-key`` does after the build: every outcome with a pushed
+    digest gets its attachments; one the registry lacks fails that target, in one line."""
+    from builder.cli.images import _attest
+    from builder.images.outcome import Outcome
+
+    project, name, signer = published["project"], published["name"], published["signer"]
+    digest = push_tiny_image(name, "cpu-built", "a freshly built image")
+    cpu = project.target("cpu")
+    good = Outcome("cpu", cpu.platform, digest=digest, content_tag=f"{name}:cpu-0123456789ab")
+    _attest(project, [cpu], [good], signer)
+    assert good.error is None
+    assert attach.already_attested(f"{name}@{digest}", signer)
+    gone = Outcome("cpu", cpu.platform, digest="sha256:" + "0" * 64)
+    _attest(project, [cpu], [gone], signer)
+    assert gone.error == (f"attaching the SBOM, provenance and signature failed: registry {name.split('/')[0]} "
+                          f"has no {name}@sha256:{'0' * 64} to attach a sig to")
