@@ -6,10 +6,13 @@ BUILDER := $(VENV)/bin/builder
 TARGETS ?=
 PLATFORMS ?=
 PUSH ?=
+SIGN_KEY ?=
+REF ?=
+KEY ?=
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render check lint images push test test-quick test-emulated golden bench gpu-check clean
+.PHONY: help host install render check lint images push verify test test-quick test-emulated golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -35,11 +38,14 @@ check: install ## Check images/ is current, every Dockerfile passes hadolint, th
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy builder bench runtime/ml_runtime
 
-images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish)
-	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push)
+images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish, SIGN_KEY=cosign.key to sign and attach SBOM + provenance)
+	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push) $(if $(SIGN_KEY),--sign-key $(SIGN_KEY))
 
-push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset)
-	$(BUILDER) push $(TARGET_FLAGS)
+push: install ## Push built targets to the matrix's registry (TARGETS=... for a subset, SIGN_KEY=cosign.key to sign)
+	$(BUILDER) push $(TARGET_FLAGS) $(if $(SIGN_KEY),--sign-key $(SIGN_KEY))
+
+verify: install ## Check a pushed image's signature, SBOM and provenance (REF=localhost:5000/ml-runtime:cpu KEY=cosign.pub)
+	$(BUILDER) verify $(REF) $(if $(KEY),--key $(KEY))
 
 test: install host ## Run the whole test suite: unit tests + real end-to-end builds, the NVIDIA image included
 	$(PY) -m pytest -q -m 'not emulated'

@@ -148,10 +148,12 @@ def wait_http(url: str, timeout: float = 15) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+def start_registry(folder: Path, htpasswd: Path | None = None,
+                   delete: bool = False) -> tuple[str, subprocess.Popen[bytes]]:
     """Start Debian's docker-registry on a free loopback port; return (host:port, process).
 
-    Raises FileNotFoundError when docker-registry is not installed.
+    ``delete`` lets clients delete manifests (a test removes an attachment). Raises
+    FileNotFoundError when docker-registry is not installed.
     """
     binary = shutil.which("docker-registry")
     if binary is None:
@@ -161,6 +163,7 @@ def start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, sub
     auth = f"auth:\n  htpasswd:\n    realm: test\n    path: {htpasswd}\n" if htpasswd else ""
     (folder / "config.yml").write_text(
         f"version: 0.1\nlog: {{level: error}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
+        f"  delete: {{enabled: {'true' if delete else 'false'}}}\n"
         f"http: {{addr: '127.0.0.1:{port}'}}\n{auth}"
     )
     with open(folder / "log", "wb") as log:

@@ -1,10 +1,10 @@
 """The ``builder`` command line: the ``builder`` group and its entry point, :func:`main`.
 
 The commands live beside it: ``cli/images.py`` (render, print, matrix, lint, base, lock, build,
-smoke, push, bake), ``cli/host.py`` (doctor, run) and ``cli/cluster.py`` (slurm, k8s); ``cli/options.py`` holds the options they
+smoke, push, bake), ``cli/host.py`` (doctor, run), ``cli/cluster.py`` (slurm, k8s) and ``cli/supply.py`` (verify); ``cli/options.py`` holds the options they
 share. A new command goes into the module of its kind, as a ``@click.command`` added to the group
-below; it stays a thin layer over a module of :mod:`builder.images`, :mod:`builder.cluster` or
-:mod:`builder.host`. Only
+below; it stays a thin layer over a module of :mod:`builder.images`, :mod:`builder.cluster`,
+:mod:`builder.supply` or :mod:`builder.host`. Only
 this package imports click.
 
 User errors (``UserError``) print one line per problem and exit 2; a failing target exits 1.
@@ -31,6 +31,7 @@ from builder.cli.images import (
     render_cmd,
     smoke_cmd,
 )
+from builder.cli.supply import verify_cmd
 from builder.config.errors import UserError
 
 
@@ -41,7 +42,7 @@ def cli() -> None:
 
 
 for _command in (render_cmd, print_cmd, matrix_cmd, lint_cmd, base_cmd, lock_cmd, build_cmd, smoke_cmd, push_cmd,
-                 doctor_cmd, run_cmd, bake_cmd, slurm_cmd, k8s_cmd):
+                 doctor_cmd, run_cmd, bake_cmd, slurm_cmd, k8s_cmd, verify_cmd):
     cli.add_command(_command)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from builder.cli.options import platform_option, project_options, target_option
+from builder.cli.options import platform_option, project_options, sign_key_option, target_option
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 
@@ -246,21 +246,24 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
 @click.option("--update-base", is_flag=True,
               help="When the base must be bootstrapped and the Debian mirror moved, re-pin it (builder base --update).")
 @platform_option
+@sign_key_option
 def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
               jobs: int, no_smoke: bool, quiet: bool, rebuild: bool, pull: bool, update_base: bool,
-              platforms: tuple[str, ...]) -> None:
+              platforms: tuple[str, ...], sign_key: str | None) -> None:
     """Build, smoke-test, tag (and push) targets with docker-py.
 
     A target whose content tag (<registry>:<target>-<12 hex>, a digest of everything that goes
     into its image) exists locally or in the registry was built and tested already: only its
     tags move. --json says per target and platform: built, reused-local or reused-registry.
     Each platform a target lists is built (a foreign one under qemu emulation); with --push, a
-    target with several platforms gets one index under each of its tags.
+    target with several platforms gets one index under each of its tags, and with a signing key
+    every pushed image gets its signature, SBOM and provenance attached (see builder verify).
     """
     from builder.images.build import build_all
     from builder.images.progress import Progress
     from builder.oci.engine import connect
 
+    signer = _signer(sign_key, push)
     client = connect()
     views = project.views(targets, platforms)
     project = _pinned_base(client, project, list(dict.fromkeys(v.platform for v in views)), update_base)
@@ -273,7 +276,43 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     with Progress(verbose=not quiet) as ui:
         outcomes = build_all(client, project, views, ui, push=push, smoke=not no_smoke,
                              keep_going=keep_going, jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base)
+    if push and signer is not None:
+        _attest(project, views, outcomes, signer)
     _report(outcomes, as_json)
+
+
+def _signer(sign_key: str | None, push: bool) -> Any:
+    """The signer of --sign-key or $BUILDER_SIGNING_KEY (checked before anything is built), or None.
+
+    The signing modules are imported only when there is a key: a no-op build stays fast.
+    """
+    import os
+
+    if not sign_key and not os.environ.get("BUILDER_SIGNING_KEY"):
+        if push:
+            click.echo("note: no signing key (--sign-key or BUILDER_SIGNING_KEY): pushed images get no signature, "
+                       "SBOM or provenance", err=True)
+        return None
+    if not push:
+        click.echo("note: --sign-key signs what is pushed: add --push", err=True)
+    from builder.supply.signing import load_signer
+
+    return load_signer(sign_key)
+
+
+def _attest(project: Project, views: list[Any], outcomes: list[Any], signer: Any) -> None:
+    """Attach the signature, SBOM and provenance to every image this build pushed; a failure fails its target."""
+    from builder.supply.attach import attest_published
+
+    by_unit = {(v.name, v.platform): v for v in views}
+    pushed = [(by_unit[(o.target, o.platform)], o.digest, o.content_tag) for o in outcomes
+              if o.digest and not o.error and (o.target, o.platform) in by_unit]
+    failed = attest_published(project, pushed, signer, lambda line: click.echo(line, err=True))
+    for o in outcomes:
+        unit = by_unit[(o.target, o.platform)].unit if (o.target, o.platform) in by_unit else o.target
+        error = failed.get(unit) or failed.get(o.target)
+        if error and not o.error:
+            o.error = error
 
 
 @click.command("smoke")
@@ -308,20 +347,25 @@ def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, 
 @project_options
 @target_option
 @platform_option
-def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...]) -> None:
+@sign_key_option
+def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], sign_key: str | None) -> None:
     """Push already-built targets (versioned tags first, then latest-<vendor>); a target with
-    several platforms pushes each platform's image, then one index under each of its tags."""
+    several platforms pushes each platform's image, then one index under each of its tags.
+    With a signing key, each pushed image gets its signature, SBOM and provenance attached."""
     from builder.config.errors import TargetFailed
     from builder.images import build, publish
     from builder.oci.engine import connect
 
+    signer = _signer(sign_key, True)
     client = connect()
     records, failed, indexed = [], False, []
+    pushed: list[tuple[Any, str, str | None]] = []
     for view in project.views(targets, platforms):
         ref = view.local_refs[0]
         try:
             image_id = client.api.inspect_image(ref)["Id"]
             records.append(publish.push_target(client, view, image_id, publish.image_refs(view)))
+            pushed.append((view, records[-1]["digest"], None))
             click.echo(f"{view.unit}: pushed {records[-1]['reference']}")
             if len(view.platforms) > 1 and view.name not in indexed:
                 indexed.append(view.name)
@@ -339,6 +383,15 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
                 "org.opencontainers.image.revision"]))
         except TargetFailed as exc:
             click.echo(f"{name}: {exc}", err=True)
+            failed = True
+    if signer is not None and pushed:
+        from builder.images.content import content_tags
+        from builder.supply.attach import attest_published
+
+        tags = content_tags(project, [view for view, _, _ in pushed])
+        pushed = [(view, digest, tags[view.unit]) for view, digest, _ in pushed]
+        for unit, error in attest_published(project, pushed, signer, click.echo).items():
+            click.echo(f"{unit}: {error}", err=True)
             failed = True
     sys.exit(1 if failed else 0)
 

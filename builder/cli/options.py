@@ -64,3 +64,10 @@ platform_option = click.option(
     "--platform", "platforms", multiple=True, metavar="OS/ARCH", type=click.Choice(["linux/amd64", "linux/arm64"]),
     help="Only this platform of each target (repeatable); default: every platform the target lists.",
 )
+
+sign_key_option = click.option(
+    "--sign-key", default=None, metavar="PATH", type=click.Path(dir_okay=False),
+    help="PEM private key (ECDSA, Ed25519, RSA) that signs each pushed image, its SBOM and its provenance, "
+    "attached to its digest (default: the PEM text in $BUILDER_SIGNING_KEY; passphrase: "
+    "$BUILDER_SIGNING_KEY_PASSWORD). Never printed, never passed to the engine. Without one, nothing is attached.",
+)

@@ -456,7 +456,13 @@ def build_all(
     if push:
         for name in dict.fromkeys(t.name for t in targets if len(t.platforms) > 1):
             if any(o.target == name and not o.error for o in outcomes):
-                ui.say(publish.push_index(project, project.target(name), _current_revision(project)))
+                try:
+                    ui.say(publish.push_index(project, project.target(name), _current_revision(project)))
+                except TargetFailed as exc:  # its platform images are in; its own tags are not moved
+                    why = " (content tags are pushed after a passed smoke test only: drop --no-smoke)" if not smoke else ""
+                    for o in outcomes:
+                        if o.target == name and not o.error:
+                            o.error = f"no index written under its tags: {exc}{why}"
     return outcomes
 
 

@@ -1,0 +1,113 @@
+"""Provenance of a pushed image: an in-toto Statement v1 with a SLSA provenance v1 predicate.
+
+It names the image (subject: repository and manifest digest) and how it was made:
+``externalParameters`` hold the target's resolved matrix entry for the platform (what
+``builder print`` shows) and its content tag; ``resolvedDependencies`` the git revision (with
+whether the tree was dirty), the base by digest, each lock the image installs and the
+Dockerfile, each with its SHA-256; ``runDetails.builder`` the builder and its version.
+
+Example:
+    >>> st = statement(project, project.target("cpu"), "localhost:5000/ml-runtime@sha256:ab...", content_tag)
+    >>> st["predicateType"], st["subject"][0]["digest"]
+    ('https://slsa.dev/provenance/v1', {'sha256': 'ab...'})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from builder.config.errors import UserError
+from builder.config.project import Project, ResolvedTarget
+from builder.oci.registry import Ref
+from builder.supply.sbom import builder_version, contents
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+#: What the build type URI names: a build of one target view of matrix.yaml by ``builder build``.
+BUILD_TYPE = "https://github.com/example/ml-image-builder/buildtypes/target/v1"
+BUILDER_ID = "https://github.com/example/ml-image-builder"
+
+
+def subject(image: str) -> list[dict[str, Any]]:
+    """The in-toto subject of a pushed image ``host/repo@sha256:<hex>``.
+
+    Example:
+        >>> subject("localhost:5000/ml-runtime@sha256:ab")
+        [{'name': 'localhost:5000/ml-runtime', 'digest': {'sha256': 'ab'}}]
+    """
+    r = Ref.parse(image)
+    if not r.digest or not r.digest.startswith("sha256:"):
+        raise UserError(f"{image} names no sha256 digest (host/repo@sha256:<hex>)")
+    return [{"name": r.name, "digest": {"sha256": r.digest.removeprefix("sha256:")}}]
+
+
+def git_state(root: Path) -> tuple[str, bool]:
+    """(HEAD's commit, whether tracked files differ from it) of the checkout at *root*; ("unknown", False) outside git."""
+
+    def git(*args: str) -> tuple[int, str]:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        return proc.returncode, proc.stdout.strip()
+
+    code, revision = git("rev-parse", "HEAD")
+    if code != 0 or not revision:
+        return "unknown", False
+    return revision, bool(git("status", "--porcelain", "--untracked-files=no")[1])
+
+
+def _file(root: Path, rel: str) -> dict[str, Any]:
+    path = root / rel
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UserError(f"{rel}: cannot read it for the provenance ({exc.strerror}); run 'builder render'") from None
+    return {"name": rel, "uri": f"file:{rel}", "digest": {"sha256": digest}}
+
+
+def statement(project: Project, target: ResolvedTarget, image: str, content_tag: str | None,
+              started: str | None = None) -> dict[str, Any]:
+    """The provenance statement of *target*'s image *image* (``host/repo@sha256:<hex>``).
+
+    Example:
+        >>> statement(project, cpu, image, tag)["predicate"]["buildDefinition"]["externalParameters"]["target"]
+        'cpu'
+    """
+    c = contents(project, target)
+    revision, dirty = git_state(project.root)
+    entry = {**asdict(target), "lock": target.lock, "arch": target.arch}
+    base = Ref.parse(c.base)
+    dependencies: list[dict[str, Any]] = [
+        {"name": "source", "uri": f"git+file://{project.root}", "digest": {"gitCommit": revision},
+         "annotations": {"dirty": dirty}},
+    ]
+    if base.digest:
+        dependencies.append({"name": "base", "uri": f"oci://{base.name}@{base.digest}",
+                             "digest": {"sha256": base.digest.removeprefix("sha256:")}})
+    dependencies += [_file(project.root, rel) for rel, _ in c.locks]
+    dependencies.append(_file(project.root, target.dockerfile))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subject(image),
+        "predicateType": SLSA_PROVENANCE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {"target": target.name, "platform": target.platform,
+                                       "matrix_entry": entry, "content_tag": content_tag},
+                "internalParameters": {"builder_version": builder_version(), "registry": project.matrix.registry,
+                                       "python": project.matrix.python, "installer": project.matrix.installer},
+                "resolvedDependencies": dependencies,
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER_ID, "version": {"ml-image-builder": builder_version()}},
+                "metadata": {"invocationId": f"{target.unit}@{revision}{'-dirty' if dirty else ''}",
+                             "startedOn": started or now, "finishedOn": now},
+                "byproducts": [{"name": "content-tag", "uri": f"oci://{content_tag}"}] if content_tag else [],
+            },
+        },
+    }
