@@ -370,7 +370,7 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     refs: dict[str, str] = {}
     for layout, root in (("layered", project.root), ("single", single.root)):
         say(f"fresh node: build and push {name} ({layout})")
-        outcome = builder_build(root, name, "--push", "--platform", platform)[1]
+        outcome = builder_build(root, name, "--push", "--platform", platform, smoke=True)[1]
         made.refs.append(outcome["content_tag"])
         made.ids.append(outcome["image_id"])
         refs[layout] = outcome["content_tag"]
@@ -405,7 +405,7 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     edit_matrix(project.root, targets=doc["targets"])
     changed = load_project(project.root / "matrix.yaml")
     lock_and_render(changed, [changed.target(name).on(platform)])
-    outcome = builder_build(project.root, name, "--push", "--platform", platform)[1]
+    outcome = builder_build(project.root, name, "--push", "--platform", platform, smoke=True)[1]
     made.refs.append(outcome["content_tag"])
     made.ids.append(outcome["image_id"])
     new_bytes, all_bytes, positions = pushed_layers(outcome["content_tag"], before)
