@@ -2,19 +2,20 @@
 
 ``matrix.yaml``'s ``layers`` (documented in :class:`builder.config.matrix.Layer`) lists the
 layers in install order, each with fnmatch patterns over canonical wheel names; a wheel goes into
-the first layer of the target's backend that matches it, and every wheel no layer matches (torch's
-companions, the target's own ``packages``) into the last one, ``packages``. The plan is derived
-from the lock alone, so it is the same on every machine.
+the first layer of the target's backend that matches it, and every wheel no layer matches (the
+target's own ``packages``) into the last one, ``packages``, which the template puts above the
+in-image runtime. The plan is derived from the lock alone, so it is the same on every machine.
 
 Each layer's ``RUN`` gets its wheels (``name==version --hash=sha256:<hex>``) as the build
 argument ``WHEELS_<NAME>``: the build cache, and so the layer, depends on that layer's wheels and
 on the layers below, never on the rest of the lock. With fixed file times (the template's
-``reproducible`` macro), two targets that lock the same ``nvidia-*`` wheels get byte-identical
+``fixed_times`` macro), two targets that lock the same ``nvidia-*`` wheels get byte-identical
 library layers, which a registry and a node store once.
 
 Example:
     >>> [(layer.name, len(layer.pins)) for layer in plan(project, project.target("nvidia-cu130"))]
-    [('cuda-dnn', 1), ('cuda-blas', 3), ('cuda-solvers', 3), ('cuda-runtime', 10), ('triton', 1), ('torch', 1), ('packages', 2)]
+    [('cuda-dnn', 1), ('cuda-blas', 3), ('cuda-solvers', 3), ('cuda-runtime', 12), ('triton', 1), ('torch', 1),
+     ('accelerate', 1), ('packages', 0)]
 """
 
 from __future__ import annotations
