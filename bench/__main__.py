@@ -356,7 +356,7 @@ def registry_layers(ref: str) -> list[tuple[str, int]]:
 
 
 def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Path, made: Made) -> dict[str, Any]:
-    """nvidia-cu130 on a fresh node, the layer plan against today's single wheel layer (``layers: []``), same run.
+    """nvidia-cu130 on a fresh node: the layer plan against today's layout (one layer for every wheel), same run.
 
     Both layouts are built and pushed to the bench registry; then, REPEATS times and alternating
     which goes first, an empty second dockerd pulls each (whole ``docker pull``), starts a container
@@ -365,7 +365,8 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     push uploads, read from the registry.
     """
     name, platform = "nvidia-cu130", host_platform()
-    single = setup_project(client, tmp / "single", host, made, repository="ml-bench-single", layers=[])
+    single = setup_project(client, tmp / "single", host, made, repository="ml-bench-single",
+                           layers=[{"name": "wheels", "match": ["*"]}])  # today: every wheel in one layer
     lock_and_render(single, [single.target(name).on(platform)])
     refs: dict[str, str] = {}
     for layout, root in (("layered", project.root), ("single", single.root)):

@@ -4,6 +4,7 @@ the rendered steps, and bad plans refused with one line."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from helpers import run_builder
 
 from builder.config.project import load_project
@@ -83,11 +84,21 @@ def test_content_tag_follows_one_layers_wheels(project):
     assert content.content_tags(proj, [cpu])["cpu"] != before
 
 
-def test_empty_plan_puts_every_wheel_in_one_layer(project):
-    edit_matrix(project, layers=[])
+def test_default_plan_puts_every_wheel_in_one_layer(project):
+    doc = edit_matrix(project)
+    doc.pop("layers")
+    (project / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proj = load_project(project / "matrix.yaml")
     plan = layers.plan(proj, proj.target("nvidia-cu130").on("linux/amd64"))
-    assert [layer.name for layer in plan] == ["packages"] and len(plan[0].pins) == 22
+    assert [(layer.name, len(layer.pins)) for layer in plan] == [("wheels", 22), ("packages", 0)]
+
+
+def test_a_startup_import_left_for_the_last_layer_is_refused(project):
+    """The packages layer is above the bytecode step that imports torch: torch may not land there."""
+    edit_matrix(project, layers=[{"name": "cuda", "match": ["nvidia-*"]}])
+    proc = run_builder("print", "-t", "cpu", cwd=project)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "accelerate, torch (cpu) matches no layer" in proc.stderr and "add a layer that matches it" in proc.stderr
 
 
 def test_plan_from_given_pins_keeps_lock_order(project):
@@ -105,6 +116,7 @@ def test_plan_from_given_pins_keeps_lock_order(project):
     ([{"name": "Bad_Name", "match": ["x"]}], "a layer name like cuda-dnn"),
     ([{"name": "a", "match": ["x y"]}], "a wheel-name pattern like nvidia-cublas*"),
     ([{"name": "a", "match": []}], "layers"),
+    ([], "layers"),
     ([{"name": "a", "match": ["x"], "backends": ["tpu"]}], "layers"),
 ])
 def test_bad_plan_is_one_line_and_exit_2(project, plan, message):

@@ -214,9 +214,10 @@ class Matrix(_Strict):
         description="Modules imported once at build time so their bytecode ships in the image (fast start).",
     )
     layers: list[Layer] = Field(
-        default_factory=list,
+        default_factory=lambda: [Layer(name="wheels", match=["*"])], min_length=1,
         description="The layer plan: each target's locked wheels are installed in these layers, in this "
-        "order, then the rest in a last layer, 'packages'. Empty: one layer for every wheel.",
+        "order; what none matches goes into a last layer, 'packages', above the in-image runtime (so it "
+        "must not hold what startup_imports needs). Default: one layer, 'wheels', for every wheel.",
     )
     wheelhouse_port: int = Field(
         38611, ge=1024, le=65535, description="Loopback port of the build-time wheel server (fixed for cache)."

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
 
+from builder.config.errors import UserError
 from builder.config.matrix import PACKAGES_LAYER, Matrix
 from builder.config.project import Project, ResolvedTarget
 from builder.images.lockfile import Pin, ordered, read_lock
@@ -77,12 +78,24 @@ def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
 
 def plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None) -> list[PlannedLayer]:
     """Every layer of the target view's plan, in install order, with its wheels (from *pins*,
-    else the view's lock; a layer may be empty on one platform: its ``RUN`` then installs nothing)."""
+    else the view's lock; a layer may be empty on one platform: its ``RUN`` then installs nothing).
+
+    The last layer, ``packages``, is installed above the runtime, after the start-up bytecode
+    step: a wheel that ``startup_imports`` names may not land there.
+    """
     locked = ordered(read_lock(project.root / target.lock)[1] if pins is None else pins)
-    return [
+    layers = [
         PlannedLayer(name, tuple(p for p in locked if layer_of(project.matrix, target.backend, p.name) == name))
         for name in target.layers
     ]
+    startup = {canonicalize_name(m.split(".")[0]) for m in project.matrix.startup_imports}
+    late = sorted(canonicalize_name(p.name) for p in layers[-1].pins if canonicalize_name(p.name) in startup)
+    if late:
+        raise UserError(
+            f"matrix.yaml layers: {', '.join(late)} ({target.unit}) matches no layer, so it would go into the last "
+            f"one, {PACKAGES_LAYER!r}, above the start-up bytecode step that imports it; add a layer that matches it"
+        )
+    return layers
 
 
 def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
