@@ -30,13 +30,13 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
         cpu, extra = (engine.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"]
                       for t in ("cpu", "cpu-extra"))
         base = engine.api.inspect_image(lock["image_id"])["RootFS"]["Layers"]
-        # The base, then the common stage (user/venv, locks, common packages): the same objects in both
-        # targets, so more than the base is shared.
-        shared = len(base) + 3
+        # The base, the common stage (users/venv, common packages), then the wheel layers of the
+        # plan (torch, accelerate) and the start-up bytecode: reproducible, so built side by side
+        # they are still the same objects; the last layer (cpu-extra's packages) differs.
+        shared = len(base) + 5
         assert cpu[:len(base)] == base
-        assert cpu[:shared] == extra[:shared], "the common stage's layers differ between the targets"
-        assert cpu[shared:] and extra[shared:] and cpu[shared] != extra[shared], \
-            "different torch locks, different torch layers"
+        assert cpu[:shared] == extra[:shared], "the common stage's or the wheel layers differ between the targets"
+        assert cpu[-1] != extra[-1], "different packages, different last layers"
         arch = host_platform().split("/")[1]
         assert "six" in (root / f"images/cpu-extra/requirements.{arch}.lock").read_text()
     finally:
