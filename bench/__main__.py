@@ -355,13 +355,28 @@ def registry_layers(ref: str) -> list[tuple[str, int]]:
         return [(layer["digest"], layer["size"]) for layer in json.loads(response.read())["layers"]]
 
 
+def first_epoch(argv: list[str]) -> float:
+    """Seconds from starting *argv* (a ``docker run`` of the example training) to its first epoch's
+    line: a new container's start, imports, data, one epoch. The command must then succeed."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    seconds = None
+    for line in proc.stdout:
+        if seconds is None and line.lstrip().startswith("epoch"):
+            seconds = round(time.monotonic() - start, 2)
+    if proc.wait() != 0 or seconds is None:
+        raise RuntimeError(f"bench: {' '.join(argv)} exited {proc.returncode} (first epoch seen: {seconds is not None})")
+    return seconds
+
+
 def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Path, made: Made) -> dict[str, Any]:
     """nvidia-cu130 on a fresh node: the layer plan against today's layout (one layer for every wheel), same run.
 
     Both layouts are built and pushed to the bench registry; then, REPEATS times and alternating
     which goes first, an empty second dockerd pulls each (whole ``docker pull``), starts a container
-    that imports torch and accelerate, and runs the example training for one epoch (its first
-    step), each a whole ``docker run``. Then an extra package on the layered target: the bytes a
+    that imports torch and accelerate (a whole ``docker run``), and runs the example training
+    (``docker run`` until its first epoch is printed). Then an extra package on the layered target: the bytes a
     push uploads, read from the registry.
     """
     name, platform = "nvidia-cu130", host_platform()
@@ -379,18 +394,22 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     for layout, ref in refs.items():
         out["layers"][layout] = [size for _, size in registry_layers(ref)]
     docker_cli = shutil.which("docker") or "docker"
-    # {figure: (docker verb, what follows the image)}
-    commands = {"pull": (["pull", "-q"], []), "import": (["run", "--rm"], ["python", "-c", "import torch, accelerate"]),
-                "first_step": (["run", "--rm"], ["python", "/opt/examples/train.py", "--epochs", "1"])}
-    samples: dict[str, dict[str, list[float]]] = {k: {"layered": [], "single": []} for k in commands}
+    samples: dict[str, dict[str, list[float]]] = {k: {"layered": [], "single": []}
+                                                  for k in ("pull", "import", "first_step")}
     for i in range(REPEATS):
         for layout in (("layered", "single") if i % 2 == 0 else ("single", "layered")):
             with second_engine(tmp / f"node-{layout}-{i}") as node:
-                for key, (verb, tail) in commands.items():
-                    argv = [docker_cli, "-H", node, *verb, refs[layout], *tail]
-                    seconds, _ = timed(functools.partial(run, argv, tmp))
-                    samples[key][layout].append(seconds)
-            say(f"fresh node {layout} #{i + 1}: " + ", ".join(f"{k} {samples[k][layout][-1]} s" for k in commands))
+                docker_ = [docker_cli, "-H", node]
+                figures = {
+                    "pull": timed(functools.partial(run, [*docker_, "pull", "-q", refs[layout]], tmp))[0],
+                    "import": timed(functools.partial(run, [*docker_, "run", "--rm", refs[layout], "python", "-c",
+                                                            "import torch, accelerate"], tmp))[0],
+                    "first_step": first_epoch([*docker_, "run", "--rm", refs[layout], "python",
+                                               "/opt/examples/train.py", "--epochs", "2"]),
+                }
+            for key, seconds in figures.items():
+                samples[key][layout].append(seconds)
+            say(f"fresh node {layout} #{i + 1}: " + ", ".join(f"{k} {v} s" for k, v in figures.items()))
     for key, by_layout in samples.items():
         out["samples_s"][key] = by_layout
         out[f"{key}_s"] = {layout: median(values) for layout, values in by_layout.items()}
@@ -483,7 +502,7 @@ def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
              f"{pull['layered']} s vs {pull['single']} s ({f['pull_ratio']} x)")
         goal("first `import torch, accelerate` in a new container no slower (within 5 %)",
              start["layered"] <= 1.05 * start["single"], f"{start['layered']} s vs {start['single']} s")
-        goal("example training, first epoch, no slower (within 5 %)", step["layered"] <= 1.05 * step["single"],
+        goal("example training: new container to its first epoch, no slower (within 5 %)", step["layered"] <= 1.05 * step["single"],
              f"{step['layered']} s vs {step['single']} s")
         extra = f["extra_package"]
         goal("extra package on a CUDA target: only the packages layer pushed",
@@ -545,7 +564,7 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
         rows += [f"| {label} | {f[key + '_s']['layered']} | {f[key + '_s']['single']} | "
                  f"{f['samples_s'][key]['layered']} / {f['samples_s'][key]['single']} |"
                  for key, label in (("pull", "`docker pull`"), ("import", "`docker run` import torch, accelerate"),
-                                    ("first_step", "`docker run` example training, one epoch"))]
+                                    ("first_step", "`docker run` example training, to its first epoch"))]
         layers_mb = {k: [round(v / 1e6) for v in sizes] for k, sizes in f["layers"].items()}
         rows += ["", f"Compressed layers (MB): plan {layers_mb['layered']}; one wheel layer {layers_mb['single']}.", ""]
     if "baseline" in results:
