@@ -43,6 +43,7 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
     monkeypatch.setattr(build, "reuse", lambda *a, **k: None)  # nothing built before: build everything
     monkeypatch.setattr(build.content, "content_tags", lambda project, targets, *a: {t.unit: "" for t in targets})
+    monkeypatch.setattr(build.content, "build_args", lambda project, target: {})  # no locks: no layer arguments
     monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
     monkeypatch.setattr(build.render, "render", lambda *a: {})
     monkeypatch.setattr(build.render, "write", lambda *a: None)
