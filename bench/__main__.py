@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,6 +63,7 @@ from devtools.support import (
     edit_matrix,
     free_port,
     port_free,
+    registry_layers,
     retarget_base_lock,
 )
 
@@ -343,16 +343,6 @@ def pushed_layers(ref: str, before: set[str]) -> tuple[int, int, list[int]]:
     layers_ = registry_layers(ref)
     new = [i for i, (digest, _) in enumerate(layers_) if digest not in before]
     return sum(layers_[i][1] for i in new), sum(size for _, size in layers_), new
-
-
-def registry_layers(ref: str) -> list[tuple[str, int]]:
-    """(digest, compressed size) of each layer of the image manifest under *ref*, from the registry."""
-    repository, tag = ref.rsplit(":", 1)
-    host, name = repository.split("/", 1)
-    accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
-    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return [(layer["digest"], layer["size"]) for layer in json.loads(response.read())["layers"]]
 
 
 def first_epoch(argv: list[str]) -> float:

@@ -15,16 +15,14 @@ from helpers import run_builder
 from builder.config.project import load_project
 from builder.images import wheelhouse, wheelserver
 from builder.images.build import docker_build
-from devtools.support import edit_matrix, host_platform, registry_of
+from devtools.support import edit_matrix, host_platform, registry_layers, registry_of
 
 pytestmark = pytest.mark.engine
 
-MANIFEST = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
 
 def _get(url: str) -> dict:
-    request = urllib.request.Request(url, headers={"Accept": MANIFEST})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(url, timeout=30) as response:
         return json.loads(response.read())
 
 
@@ -32,13 +30,11 @@ def repo_layer_blobs(repository: str) -> set[str]:
     """Every layer blob that some tag of the repository references, read from the registry itself."""
     host, name = repository.split("/", 1)
     tags = _get(f"http://{host}/v2/{name}/tags/list").get("tags") or []
-    return {layer["digest"] for tag in tags for layer in _get(f"http://{host}/v2/{name}/manifests/{tag}")["layers"]}
+    return {digest for tag in tags for digest in manifest_layers(f"{repository}:{tag}")}
 
 
 def manifest_layers(ref: str) -> list[str]:
-    repository, tag = ref.rsplit(":", 1)
-    host, name = repository.split("/", 1)
-    return [layer["digest"] for layer in _get(f"http://{host}/v2/{name}/manifests/{tag}")["layers"]]
+    return [digest for digest, _ in registry_layers(ref)]
 
 
 def with_packages(root, packages: list[str]) -> None:
