@@ -82,7 +82,7 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
         unreachable = index_reachable(target.index_url)
         try:
             pins = resolve(project, requirements, target.platform,
-                           extra_index=None if unreachable else target.index_url, constraints=common)
+                           vendor_index=None if unreachable else target.index_url, constraints=common)
         except TargetFailed as exc:
             where = f"the index {target.index_url} ({target.entry})"
             how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"

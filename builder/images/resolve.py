@@ -1,23 +1,31 @@
-"""pip on the host, resolving for the image: platform tags, index probes, wheels fetched by hash.
+"""Resolving on the host for the image: uv resolves, pip downloads by hash; index probes.
 
-pip runs with the host's own configuration (proxies, CA bundle, find-links, extra indexes),
-for the image's Python and every manylinux tag its glibc allows, and downloads into the
-wheelhouse (:mod:`builder.images.wheelhouse`).
+uv resolves with the host's pip sources (index, extra indexes, find-links, CA bundle,
+constraints; :func:`pip_sources`) behind the target's vendor index, with uv's ``first-index``
+strategy: a name the vendor index has never comes from another source. pip downloads exactly
+the resolved files by sha256, for the image's Python and every manylinux tag its glibc allows,
+into the wheelhouse (:mod:`builder.images.wheelhouse`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
 import tempfile
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from uv import find_uv_bin
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed
@@ -67,61 +75,166 @@ def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip().startswith("ERROR")]
     return " ".join(lines)[:400] or proc.stderr.strip()[-400:]
 
+@dataclass(frozen=True)
+class PipSources:
+    """The host's package sources, from its pip configuration (files and PIP_* variables)."""
+
+    index_url: str = "https://pypi.org/simple"
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    cert: str | None = None
+    constraints: tuple[str, ...] = ()
+
+
+def pip_sources() -> PipSources:
+    """What ``pip config list`` says (later lines override earlier ones, as pip's precedence)."""
+    proc = _pip(["config", "list"])
+    values: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        key, sep, raw = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if sep and section in ("global", "install", "download", ":env:"):
+            values[name] = raw.strip().strip("'\"")
+    split = lambda k: tuple(values.get(k, "").split())
+    return PipSources(values.get("index-url") or PipSources.index_url, split("extra-index-url"),
+                      split("find-links"), values.get("cert") or None, split("constraint"))
+
+
+def _source_url(value: str) -> str | None:
+    """A source as uv takes it; None for a local one that does not exist (pip skips those too)."""
+    if "://" not in value:
+        path = Path(value).expanduser()
+        return path.resolve().as_uri() if path.exists() else None
+    if value.startswith("file://") and not Path(urllib.parse.urlparse(value).path).exists():
+        return None
+    return value
+
+
+def public(url: str) -> str:
+    """*url* without credentials (what a lock may record)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def uv_config(sources: PipSources, vendor_index: str | None) -> str:
+    """uv.toml: the vendor index first, ``first-index``: a name it has comes only from it.
+
+    uv's ``first-index`` strategy takes each name from the first source that has it, so a
+    higher version on a later (default) index cannot shadow the vendor's (dependency confusion).
+    """
+    entries = [(vendor_index, "simple")] if vendor_index else []
+    entries += [(u, "simple") for u in map(_source_url, sources.extra_index_urls) if u]
+    entries += [(u, "flat") for u in map(_source_url, sources.find_links) if u]
+    lines = ['index-strategy = "first-index"']
+    for url, kind in entries:
+        lines += ["[[index]]", f"url = {json.dumps(url)}", f'format = "{kind}"']
+    lines += ["[[index]]", f"url = {json.dumps(sources.index_url)}", "default = true"]
+    return "\n".join(lines) + "\n"
+
+
+def _uv(args: list[str], cert: str | None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, UV_NO_PROGRESS="1")
+    if cert:
+        env["SSL_CERT_FILE"] = cert
+    return subprocess.run([find_uv_bin(), *args], capture_output=True, text=True, check=False, env=env)
+
+
+def _uv_error(proc: subprocess.CompletedProcess[str]) -> str:
+    text = " ".join(ln.strip() for ln in proc.stderr.splitlines() if ln.strip())
+    return text[:400]
+
+
+_ANNOTATED = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==(?P<version>\S+)\n(?:\s+#.*\n)*?\s+# from (?P<index>\S+)",
+                        re.MULTILINE)
+
+
 def resolve(
-    project: Project, requirements: list[str], platform: str, *, extra_index: str | None = None,
+    project: Project, requirements: list[str], platform: str, *, vendor_index: str | None = None,
     constraints: Sequence[Pin] = (),
 ) -> list[Pin]:
-    """Resolve *requirements* for the image's *platform* and fetch the wheels into the wheelhouse.
+    """Resolve *requirements* for the image's *platform* with uv and fetch the wheels into the wheelhouse.
 
-    Raises ``TargetFailed`` with pip's error when nothing satisfies them.
+    Every name *vendor_index* has comes from it, never from the host's other sources; each pin
+    records the index it came from. Raises ``TargetFailed`` with the resolver's error.
     """
     house = wheelhouse.location()
+    sources = pip_sources()
+    major, minor = project.glibc
     with tempfile.TemporaryDirectory(prefix="builder-resolve-") as tmp:
-        report = Path(tmp) / "report.json"
-        options = platform_args(project, platform)
-        if extra_index:
-            options += ["--extra-index-url", extra_index]
+        work = Path(tmp)
+        (work / "uv.toml").write_text(uv_config(sources, vendor_index))
+        (work / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
+        options = ["pip", "compile", "--config-file", str(work / "uv.toml"), "--no-header", "--quiet",
+                   str(work / "requirements.in"), "--python-version", project.matrix.python,
+                   "--python-platform", f"{platforms.machine(platform)}-manylinux_{major}_{minor}",
+                   "--only-binary", ":all:"]
         if constraints:
-            cfile = Path(tmp) / "constraints.txt"
-            cfile.write_text("".join(f"{p.name}=={p.version}\n" for p in constraints))
-            options += ["-c", str(cfile)]
-        proc = _pip(["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-                     "--target", str(Path(tmp) / "t"), *options, *requirements])
+            (work / "constraints.txt").write_text("".join(f"{p.name}=={p.version}\n" for p in constraints))
+            options += ["-c", str(work / "constraints.txt")]
+        for extra in sources.constraints:
+            options += ["-c", extra]
+        proc = _uv([*options, "-o", str(work / "pylock.toml")], sources.cert)
+        if proc.returncode == 0:  # the same resolution (cached), with the index of each pin
+            proc = _uv([*options, "--emit-index-annotation", "-o", str(work / "annotated.txt")], sources.cert)
         if proc.returncode != 0:
-            raise TargetFailed(_pip_error(proc))
-        items = json.loads(report.read_text())["install"]
+            raise TargetFailed(_uv_error(proc))
+        indexes = {canonicalize_name(m["name"]): m["index"]
+                   for m in _ANNOTATED.finditer((work / "annotated.txt").read_text())}
         wanted = []
-        for item in items:
-            name, version = item["metadata"]["name"], item["metadata"]["version"]
-            filename = urllib.parse.unquote(item["download_info"]["url"].rsplit("/", 1)[-1].split("#")[0])
-            wanted.append((name, version, filename, item["download_info"].get("archive_info", {})))
-        missing = [f"{n}=={v}" for n, v, f, _ in wanted if not (house / f).exists()]
+        for package in tomllib.loads((work / "pylock.toml").read_text())["packages"]:
+            wheel = package["wheels"][0]
+            filename = urllib.parse.unquote(urllib.parse.urlsplit(wheel["url"]).path.rsplit("/", 1)[-1])
+            index = indexes.get(canonicalize_name(package["name"]))
+            wanted.append((Pin(package["name"], package["version"], wheel["hashes"]["sha256"], filename,
+                               public(index) if index else None), wheel["url"]))
+        missing = [f"{pin.name} @ {url} --hash=sha256:{pin.sha256}\n" for pin, url in wanted
+                   if not (house / pin.filename).exists()]
         if missing:
-            proc = _pip(["download", "--no-deps", "--quiet", "-d", str(house), *options, *missing])
+            (work / "download.txt").write_text("".join(missing))
+            proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house),
+                         *platform_args(project, platform), "-r", str(work / "download.txt")])
             if proc.returncode != 0:
                 raise TargetFailed(_pip_error(proc))
     pins = []
-    for name, version, filename, archive in wanted:
-        path = house / filename
+    for pin, _url in wanted:
+        path = house / pin.filename
         if not path.exists():
-            raise TargetFailed(f"pip resolved {filename} but did not download it into {house}")
+            raise TargetFailed(f"uv resolved {pin.filename} but pip did not download it into {house}")
         sha = wheelhouse.sha256_file(path)
-        expected = (archive.get("hashes") or {}).get("sha256")
-        if expected and expected != sha:
+        if sha != pin.sha256:
             path.unlink()
-            raise TargetFailed(f"{filename}: sha256 {sha} does not match the index's {expected}; removed, retry")
-        pins.append(Pin(name, version, sha, filename))
+            raise TargetFailed(f"{pin.filename}: sha256 {sha} does not match the index's {pin.sha256}; removed, retry")
+        pins.append(pin)
     wheelhouse.remember(house, {p.filename: wheelhouse.stamp(house / p.filename, p.sha256) for p in pins})
     return pins
 
+def _index_args(index: str) -> list[str]:
+    """pip options that ask *index* first: a simple index, or a flat folder of wheels (find-links)."""
+    if index.startswith("file://") and not any(p.is_dir() for p in Path(urllib.parse.urlparse(index).path).glob("*")):
+        return ["--find-links", index]
+    return ["--index-url", index]
+
+
 def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None, platform: str) -> None:
-    """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's)."""
+    """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's).
+
+    Each from the index its lock line records (else the target's index beside the host's sources);
+    the sha256 pins the file whatever serves it.
+    """
     house = wheelhouse.location()
-    with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
-        req = Path(tmp) / "req.txt"
-        req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in missing))
-        proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
-                     *platform_args(project, platform)] + (["--extra-index-url", index] if index else []))
-    if proc.returncode != 0 or wheelhouse.missing(missing):
-        raise TargetFailed(f"fetching the wheels pinned in {lock.name} failed: {_pip_error(proc)}; "
+    groups: dict[str | None, list[Pin]] = {}
+    for pin in missing:
+        groups.setdefault(pin.index, []).append(pin)
+    errors = []
+    for recorded, pins in groups.items():
+        where = _index_args(recorded) if recorded else (["--extra-index-url", index] if index else [])
+        with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
+            req = Path(tmp) / "req.txt"
+            req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins))
+            proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
+                         *platform_args(project, platform), *where])
+        if proc.returncode != 0:
+            errors.append(_pip_error(proc))
+    if errors or wheelhouse.missing(missing):
+        raise TargetFailed(f"fetching the wheels pinned in {lock.name} failed: {' '.join(errors)}; "
                            f"delete {lock} to re-resolve")

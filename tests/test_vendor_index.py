@@ -1,0 +1,121 @@
+"""Dependency confusion: a name the vendor index has never comes from the default index.
+
+Two PEP 503 indexes on loopback, with tiny wheels built here: the vendor's ``foo==1.0``, the
+default's ``foo==99`` (and ``bar``, which only the default has).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+import zipfile
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from builder.config.project import load_project
+from builder.images import lockfile, resolve, wheelhouse
+
+
+def _wheel(root: Path, name: str, version: str) -> None:
+    """A pure wheel of *name*==*version* on the simple index at *root* (its project page too)."""
+    filename = f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+
+    def digest(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+    files[f"{info}/RECORD"] = "".join(f"{k},sha256={digest(v)},{len(v)}\n" for k, v in files.items()) + \
+        f"{info}/RECORD,,\n"
+    page = root / name
+    page.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(page / filename, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    sha = hashlib.sha256((page / filename).read_bytes()).hexdigest()
+    links = "".join(f'<a href="{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n'
+                    for w in sorted(page.glob("*.whl")))
+    (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    assert sha
+
+
+def _serve(folder: Path) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0),
+                                 partial(SimpleHTTPRequestHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def indexes(tmp_path, monkeypatch) -> Iterator[tuple[str, str]]:
+    """(vendor, default) index URLs; the host's pip sources are only the default one."""
+    _wheel(tmp_path / "vendor" / "simple", "foo", "1.0")
+    _wheel(tmp_path / "default" / "simple", "foo", "99")
+    _wheel(tmp_path / "default" / "simple", "bar", "2.0")
+    for var in ("PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_CERT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # no config file: only the variables below
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    vendor_server, default_server = _serve(tmp_path / "vendor"), _serve(tmp_path / "default")
+    vendor, default = next(vendor_server), next(default_server)
+    monkeypatch.setenv("PIP_INDEX_URL", default)
+    yield vendor, default
+    for server in (vendor_server, default_server):
+        server.close()
+
+
+def test_a_name_the_vendor_index_has_never_comes_from_the_default_index(project, indexes, tmp_path):
+    vendor, default = indexes
+    proj = load_project(project / "matrix.yaml")
+    pins = {p.name: p for p in resolve.resolve(proj, ["foo", "bar"], "linux/amd64", vendor_index=vendor)}
+    assert (pins["foo"].version, pins["foo"].index) == ("1.0", vendor)
+    assert (pins["bar"].version, pins["bar"].index) == ("2.0", default)
+    assert (wheelhouse.location() / pins["foo"].filename).exists()
+    # The lock records each pin's index, and reads it back.
+    lock = tmp_path / "requirements.lock"
+    lockfile.write_lock(lock, "target t", "sha256:x", list(pins.values()))
+    assert f"# foo-1.0-py3-none-any.whl  from {vendor}" in lock.read_text()
+    assert set(lockfile.read_lock(lock)[1]) == set(pins.values())
+
+
+def test_a_locked_wheel_is_fetched_from_its_recorded_index(project, indexes, tmp_path):
+    vendor, _default = indexes
+    proj = load_project(project / "matrix.yaml")
+    (foo,) = [p for p in resolve.resolve(proj, ["foo"], "linux/amd64", vendor_index=vendor)]
+    (wheelhouse.location() / foo.filename).unlink()
+    resolve.fetch_locked(proj, [foo], tmp_path / "x.lock", None, "linux/amd64")
+    assert wheelhouse.sha256_file(wheelhouse.location() / foo.filename) == foo.sha256
+
+
+def test_without_the_vendor_index_the_default_one_serves(project, indexes):
+    """The control: the default index's foo==99 is there, so the first test would see it if it leaked."""
+    proj = load_project(project / "matrix.yaml")
+    (foo,) = resolve.resolve(proj, ["foo"], "linux/amd64")
+    assert foo.version == "99"
+
+
+def test_the_host_pip_sources_are_read_from_its_configuration(monkeypatch):
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://a.example/simple https://b.example/simple")
+    monkeypatch.setenv("PIP_FIND_LINKS", "/nonexistent/wheels")
+    sources = resolve.pip_sources()
+    assert sources.index_url == "https://mirror.example/simple"
+    assert sources.extra_index_urls == ("https://a.example/simple", "https://b.example/simple")
+    config = resolve.uv_config(sources, "https://vendor.example/whl")
+    assert config.index("vendor.example") < config.index("a.example") < config.index("mirror.example")
+    assert 'index-strategy = "first-index"' in config and "/nonexistent" not in config
+    assert resolve.public("https://u:secret@vendor.example/whl") == "https://vendor.example/whl"
