@@ -54,13 +54,16 @@ def test_record_keeps_every_process_s_record(tmp_path, slow_writes):
     assert sorted(json.loads((tmp_path / "dist/published.json").read_text())) == sorted(names)
 
 
-def _build_all(monkeypatch, tmp_path: Path, *, jobs: int, keep_going: bool) -> tuple[list[str], list[Outcome]]:
-    """build_all over six fake targets: t0 fails after 0.1 s, the others take 0.3 s each."""
+def _build_all(monkeypatch, tmp_path: Path, *, jobs: int, keep_going: bool,
+               raises: BaseException | None = None) -> tuple[list[str], list[Outcome]]:
+    """build_all over six fake targets: t0 fails after 0.1 s (or raises *raises*), the others take 0.3 s each."""
     started: list[str] = []
 
     def process(client, project, target, ui, **kwargs) -> Outcome:
         started.append(target.name)
         time.sleep(0.1 if target.name == "t0" else 0.3)
+        if raises is not None and target.name == "t0":
+            raise raises
         return Outcome(target.name, error="boom" if target.name == "t0" else None)
 
     monkeypatch.setattr(build, "process", process)
@@ -108,3 +111,15 @@ def test_a_foreign_platform_without_emulation_fails_with_the_fix(monkeypatch, tm
     failed = next(o for o in outcomes if o.target == "foreign")
     assert failed.error == "linux/other needs emulation: FIX" and failed.platform == "linux/other"
     assert built == (["native"] if keep_going else [])
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_an_exception_in_one_build_is_its_outcome_and_the_others_finish(monkeypatch, tmp_path, jobs):
+    """The engine's transport error in one build (-j N: re-raised from f.result()) is one line in its outcome."""
+    import requests.exceptions
+
+    _started, outcomes = _build_all(monkeypatch, tmp_path, jobs=jobs, keep_going=True,
+                                    raises=requests.exceptions.ReadTimeout("read timed out"))
+    assert [o.target for o in outcomes] == [f"t{i}" for i in range(6)]
+    assert "Docker engine at" in (outcomes[0].error or "") and "ReadTimeout" in (outcomes[0].error or "")
+    assert all(o.error is None for o in outcomes[1:])

@@ -7,12 +7,14 @@ below; it stays a thin layer over a module of :mod:`builder.images`, :mod:`build
 :mod:`builder.supply` or :mod:`builder.host`. Only
 this package imports click.
 
-User errors (``UserError``) print one line per problem and exit 2; a failing target exits 1.
+User errors (``UserError``) print one line per problem and exit 2; a failing target exits 1; the
+engine's and registries' faults one line and 3 or 4 (:mod:`builder.oci.faults`); never a traceback.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import click
@@ -32,7 +34,8 @@ from builder.cli.images import (
     smoke_cmd,
 )
 from builder.cli.supply import verify_cmd
-from builder.config.errors import UserError
+from builder.config.errors import TargetFailed, UserError
+from builder.oci import faults
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,4 +76,13 @@ def _run() -> int:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return 130
+    except TargetFailed as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except Exception as exc:  # the engine, a registry, or our own fault: one line, its class's code
+        if os.environ.get("BUILDER_TRACEBACK"):
+            raise
+        fault = faults.describe(exc)
+        click.echo(f"error: {fault.line}", err=True)
+        return fault.code
     return code if isinstance(code, int) else 0

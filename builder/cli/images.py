@@ -352,8 +352,11 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     """Push already-built targets (versioned tags first, then latest-<vendor>); a target with
     several platforms pushes each platform's image, then one index under each of its tags.
     With a signing key, each pushed image gets its signature, SBOM and provenance attached."""
+    import docker.errors
+
     from builder.config.errors import TargetFailed
     from builder.images import build, publish
+    from builder.oci import faults
     from builder.oci.engine import connect
 
     signer = _signer(sign_key, True)
@@ -372,8 +375,11 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
         except TargetFailed as exc:
             click.echo(f"{view.unit}: {exc}", err=True)
             failed = True
-        except Exception as exc:  # noqa: BLE001 - ImageNotFound / APIError
-            click.echo(f"{view.unit}: no local image {ref} ({exc.__class__.__name__}); build it first", err=True)
+        except docker.errors.ImageNotFound:
+            click.echo(f"{view.unit}: no local image {ref}; build it first", err=True)
+            failed = True
+        except faults.KNOWN as exc:  # the engine or the registry failed: name it
+            click.echo(f"{view.unit}: {faults.describe(exc).line}", err=True)
             failed = True
     if records:
         click.echo(f"published manifest: {publish.record(project.root, records)}")

@@ -27,7 +27,7 @@ from builder.config.project import Project, ResolvedTarget
 from builder.images import content, locks, publish, render, wheelhouse, wheelserver
 from builder.images.outcome import Outcome
 from builder.images.progress import Progress
-from builder.oci import registry
+from builder.oci import faults, registry
 
 # smoke (and the host modules it needs) and base are imported where a target is really built, so
 # that a no-op build (every target reused) stays well under a second as a whole process.
@@ -265,8 +265,8 @@ def process(
         out.error = str(exc)
     except UserError as exc:
         out.error = str(exc)
-    except docker.errors.DockerException as exc:
-        out.error = f"engine error: {exc}"
+    except faults.KNOWN as exc:
+        out.error = faults.describe(exc).line
     out.seconds = round(time.monotonic() - start, 2)
     ui.done(target.unit, out)
     return out
@@ -288,8 +288,8 @@ def reuse(
             return None
     except (UserError, TargetFailed) as exc:  # e.g. the registry refused the push of the moved tags
         out.error = str(exc)
-    except docker.errors.DockerException as exc:
-        out.error = f"engine error: {exc}"
+    except faults.KNOWN as exc:
+        out.error = faults.describe(exc).line
     out.seconds = round(time.monotonic() - start, 2)
     ui.start(target.unit)
     ui.done(target.unit, out)
@@ -405,9 +405,20 @@ def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[
     try:
         client.api.pull(*ref.rsplit(":", 1), platform=target.platform,
                         auth_config=registry.credentials(registry.Ref.parse(ref).host))
-    except docker.errors.DockerException:
-        return []  # never published yet: build cold
+    except docker.errors.DockerException as exc:
+        if never_published(exc):
+            return []  # build cold
+        raise TargetFailed(f"pulling the cache source {ref} failed, not for want of it: "
+                           f"{faults.describe(exc).line}") from None
     return [ref]
+
+
+def never_published(exc: docker.errors.DockerException) -> bool:
+    """A pull failed because the registry has no such image; not auth, disk or a rate limit."""
+    if isinstance(exc, docker.errors.NotFound):
+        return True
+    text = str(getattr(exc, "explanation", None) or exc).lower()
+    return "manifest unknown" in text or ("not found" in text and "unauthorized" not in text)
 
 
 def ensure_base_present(
@@ -513,8 +524,11 @@ def _reuse_or_build(
         def one(t: ResolvedTarget, cache_also: list[str]) -> Outcome | None:
             if cancel.is_set() or halt.is_set():
                 return None  # not started: interrupted, or a target failed without --keep-going
-            outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
-                              cache_also=cache_also, nocache=rebuild, content_tag=tags[t.unit])
+            try:
+                outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
+                                  cache_also=cache_also, nocache=rebuild, content_tag=tags[t.unit])
+            except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
+                outcome = Outcome(t.name, t.platform, content_tag=tags[t.unit], error=faults.describe(exc).line)
             if outcome.error and not keep_going:
                 halt.set()
             return outcome

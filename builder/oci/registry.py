@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import docker.auth
 
 from builder.config.errors import UserError
+from builder.oci.faults import RegistryFault
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -101,6 +102,19 @@ def _bearer(challenge: str, creds: dict[str, str] | None) -> str | None:
     return body.get("token") or body.get("access_token")
 
 
+def _token(host: str, challenge: str, creds: dict[str, str] | None) -> str | None:
+    """:func:`_bearer`, its failures as one line naming the registry and its token endpoint."""
+    try:
+        return _bearer(challenge, creds)
+    except urllib.error.HTTPError as exc:
+        fix = ("log in again (docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD): the login "
+               "is wrong or expired") if exc.code in (401, 403) else "retry later, or check the token service"
+        raise RegistryFault(f"registry {host}: its token endpoint {exc.url} answered HTTP {exc.code}; {fix}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise RegistryFault(f"registry {host}: its token endpoint is unreachable or answered no token ({exc}); "
+                            "retry, or check the registry's auth service") from None
+
+
 def _basic(creds: dict[str, str]) -> str:
     return base64.b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
 
@@ -122,7 +136,7 @@ def _request(
                 return 404, {}, b""
             challenge = exc.headers.get("WWW-Authenticate", "")
             if exc.code == 401 and challenge.lower().startswith("bearer") and not (auth or "").startswith("Bearer"):
-                token = _bearer(challenge, creds)
+                token = _token(host, challenge, creds)
                 auth = f"Bearer {token}" if token else auth
                 continue
             raise UserError(f"registry {host} answered {exc.code} for {url.split('/v2/', 1)[-1]}: check credentials "
