@@ -185,7 +185,12 @@ def render_script(job: SlurmJob, script_name: str = "job.sbatch") -> str:
     launch_line = shell_words(argv[:-script]) + " \\\n      " + shell_words(argv[-script:])
     quote = shlex.quote
     env_names = ["MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", *job.env]
-    inner = f'export NODE_RANK="$SLURM_NODEID" RANK="$SLURM_PROCID"; exec {shell_words(argv)}'
+    # As run_node does for docker: record a failure of this rank's own (not srun stopping it).
+    inner = (f'export NODE_RANK="$SLURM_NODEID" RANK="$SLURM_PROCID"; t=0; '
+             f'trap \'t=1; kill -TERM "$p" 2>/dev/null\' TERM INT; {shell_words(argv)} & p=$!; s=0; '
+             'wait "$p" || s=$?; while kill -0 "$p" 2>/dev/null; do s=0; wait "$p" || s=$?; done; '
+             'if [ "$s" != 0 ] && [ "$t" = 0 ]; then echo "$(date +%s%N) $SLURM_NODEID $s" '
+             '> "/workspace/.builder-slurm-$SLURM_JOB_ID/$SLURM_NODEID"; fi; exit "$s"')
     return _environment().get_template("sbatch.sh.j2").render(
         target=job.target, nodes=job.nodes, image=job.image, image_q=quote(job.image), image_source=job.image_source,
         command_line=shlex.join(job.command), runtime=job.runtime, launcher=job.launcher,

@@ -65,8 +65,10 @@ class SmokeResult:
 
 def run_container(
     client: docker.DockerClient, image: str, command: list[str], *, timeout: int = 900, **kwargs: Any
-) -> tuple[int, str]:
-    """Run a container to completion; return (exit status, output). Always removes it.
+) -> tuple[int, str, str]:
+    """Run a container to completion; return (exit status, stdout and stderr merged, stdout). Always removes it.
+
+    Parse stdout only: a warning on stderr can land inside the lines of a JSON document.
 
     The label's value is this process's ID: an interrupted ``builder build`` removes its own.
     A container still running after *timeout* seconds fails the target (TargetFailed).
@@ -96,7 +98,8 @@ def run_container(
                 f"smoke container '{shown}' still running after the {timeout} s timeout (removed); "
                 f"run it by hand to see where it hangs: docker run --rm -it {ref} {shown}"
             ) from None
-        return status, container.logs(stdout=True, stderr=True).decode(errors="replace")
+        merged = container.logs(stdout=True, stderr=True).decode(errors="replace")
+        return status, merged, container.logs(stdout=True, stderr=False).decode(errors="replace")
     finally:
         container.remove(force=True)
 
@@ -131,8 +134,8 @@ def smoke_test(
     # it. The environment fits the container to qemu (platforms.emulated_env says why).
     masked: dict[str, Any] = {"tmpfs": {"/sys/devices/system/cpu": "ro"},
                               "environment": platforms.emulated_env(target.platform)} if emulated else {}
-    status, out = run_container(client, image, PROBE, **options, **masked)
-    probe = _json_after_checks(out)
+    status, out, stdout = run_container(client, image, PROBE, **options, **masked)
+    probe = _json_after_checks(stdout)
     if status != 0 or probe is None:
         result.add("container", False, f"exit {status}: {out.strip()[-400:]}")
         return result
@@ -157,8 +160,8 @@ def smoke_test(
     distributed = probe.get("distributed", {})
     result.add("torch.distributed", distributed.get("available") is True,
                f"{distributed.get('available')} ({distributed.get('backend')})")
-    status, out = run_container(client, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
-    left = out.split()
+    status, out, found = run_container(client, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
+    left = found.split()
     result.add("no wheels or caches left", status == 0 and not left,
                ", ".join(left[:5]) or "none" if status == 0 else f"find exited {status}: {out[-200:]}")
     if options:
@@ -169,7 +172,7 @@ def smoke_test(
         result.skipped.append(f"accelerate 2-process training skipped: {emulated} (minutes per step)")
         log(result.skipped[-1])
     elif train:
-        status, out = run_container(client, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
+        status, out, _ = run_container(client, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
         m = FINAL.search(out)
         ok = status == 0 and m is not None and float(m[2]) < float(m[1]) and "processes=2" in out
         detail = f"first {m[1]} -> last {m[2]}" if m else f"exit {status}: {out.strip()[-300:]}"

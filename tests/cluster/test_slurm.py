@@ -51,7 +51,7 @@ def test_rendezvous_and_ranks(cluster_project) -> None:
     assert '--num_machines 3 --num_processes 3 --machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" ' \
            '--main_process_port "$MASTER_PORT"' in text
     assert "--env ACCELERATE_USE_CPU" in text and "export ACCELERATE_USE_CPU=true" in text
-    assert "exec srun --label --kill-on-bad-exit=1 bash -c run_node" in text
+    assert "srun --label --kill-on-bad-exit=1 bash -c run_node && status=0 || status=$?" in text
 
 
 def test_master_port_search_finds_a_free_port(cluster_project, tmp_path: Path) -> None:
@@ -120,16 +120,19 @@ def test_pyxis_arguments(cluster_project) -> None:
     """The NVIDIA-cluster variant, checked by its arguments only (no pyxis here)."""
     text = script(cluster_project, "nvidia-cu130", ["train.py", "--lr", "0.1"], nodes=2, gpus_per_node=8,
                   runtime="pyxis")
-    line = text[text.index("exec srun"):].replace("\\\n", " ")
+    line = text[text.index("\nsrun ") + 1:text.index(" && status=0")].replace("\\\n", " ")
     argv = shlex.split(line.replace('"$SLURM_SUBMIT_DIR', '"/submit'))
-    assert argv[:5] == ["exec", "srun", "--label", "--kill-on-bad-exit=1",
+    assert argv[:4] == ["srun", "--label", "--kill-on-bad-exit=1",
                         "--container-image=localhost:5000#ml-runtime:nvidia-cu130"]
     assert "--container-entrypoint" in argv and "--no-container-mount-home" in argv
     assert "--container-mounts=/submit:/workspace" in argv and "--container-workdir=/workspace" in argv
     assert argv[-3:-1] == ["sh", "-c"]
     inner = argv[-1]
-    assert inner.startswith('export NODE_RANK="$SLURM_NODEID" RANK="$SLURM_PROCID"; exec accelerate launch ')
-    assert shlex.split(inner.split("; exec ", 1)[1])[-3:] == ["train.py", "--lr", "0.1"]
+    assert inner.startswith('export NODE_RANK="$SLURM_NODEID" RANK="$SLURM_PROCID"; t=0; ')
+    launch = inner[inner.index("accelerate launch "):inner.index(" & p=$!")]
+    assert shlex.split(launch)[-3:] == ["train.py", "--lr", "0.1"]
+    assert '> "/workspace/.builder-slurm-$SLURM_JOB_ID/$SLURM_NODEID"' in inner
+    assert subprocess.run(["sh", "-n", "-c", inner], check=False).returncode == 0
     assert "docker" not in text
 
 
@@ -189,3 +192,48 @@ def test_cli_bad_input_is_one_line_exit_2(cluster_project, tmp_path: Path) -> No
     assert result.returncode == 2
     assert result.stderr == "error: --time 'soon': not allowed in an #SBATCH line; use something like 2:00:00 " \
                             "or 1-12:00:00\n"
+
+
+_FAKE_SRUN = r"""#!/bin/bash
+# Three tasks, as srun --kill-on-bad-exit: the first to fail stops the others (SIGTERM); then
+# exits with a stopped rank's 143, as real srun may.
+while [[ $1 == --* ]]; do shift; done
+pids=()
+for n in 0 1 2; do SLURM_NODEID=$n SLURM_PROCID=$n "$@" & pids+=($!); done
+while true; do
+  wait -n; rc=$?
+  if [ "$rc" != 0 ]; then break; fi
+done
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+wait
+exit 143
+"""
+_FAKE_DOCKER = r"""#!/bin/bash
+# docker run: node 1's training fails (exit 1) after 0.3 s; the others train until stopped.
+case $1 in
+  run) while [ "$1" != --name ]; do shift; done
+       echo $$ > "$FAKE/$2.pid"
+       if [ "$SLURM_NODEID" = 1 ]; then sleep 0.3; exit 1; fi
+       trap 'kill $sleeper; exit 143' TERM; sleep 30 & sleeper=$!; wait;;
+  stop) kill -TERM "$(cat "$FAKE/${@: -1}.pid")";;
+esac
+exit 0
+"""
+
+
+def test_a_failed_job_exits_with_the_first_failing_rank_s_status(cluster_project, tmp_path: Path) -> None:
+    """srun exits 143 (a rank it stopped); the job must exit 1, the failing training's status."""
+    text = script(cluster_project, "cpu", ["train.py"], nodes=3)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"srun": _FAKE_SRUN, "docker": _FAKE_DOCKER,
+                       "scontrol": "#!/bin/sh\n[ \"$2\" = hostnames ] && echo node0 || echo NodeAddr=127.0.0.1\n"}.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(text)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(tmp_path), "SLURM_JOB_ID": "9",
+           "SLURM_JOB_NODELIST": "node[0-2]", "SLURM_JOB_NUM_NODES": "3", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    run = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert not (tmp_path / ".builder-slurm-9").exists()
