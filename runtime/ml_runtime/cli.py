@@ -293,7 +293,13 @@ def _checked(
     from ml_runtime.selection import select_devices
 
     # Isolated: this process is about to exec the command and must not hold an accelerator context.
-    probe = probe_host(isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features)
+    # torch is imported (once, in the child) only when a check needs more than versions.
+    needs_torch = bool(spec.features) or config is not None or any(
+        d.full_distribution or d.vendor_agnostic_wheel for d in spec.dependencies
+    )
+    probe = probe_host(
+        isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features, torch_needed=needs_torch
+    )
     selection = select_devices(config, probe) if config else None
     devices = selection.devices if selection and selection.devices else probe.devices
     results = run_checks(spec, probe, devices)

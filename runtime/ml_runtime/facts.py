@@ -34,7 +34,42 @@ from typing import Any
 _DIST_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
 # Prefix of the one stdout line the isolated child prints its facts on.
 _MARKER = "ML_RUNTIME_FACTS "
-ISOLATED_TIMEOUT_S = 600.0
+#: How long the isolated probe may take (a wedged GPU driver must not stall every container
+#: start); ``RUNTIME_PROBE_TIMEOUT`` (seconds) overrides it.
+ISOLATED_TIMEOUT_S = 10.0
+TIMEOUT_ENV = "RUNTIME_PROBE_TIMEOUT"
+
+
+def probe_timeout() -> float:
+    """``$RUNTIME_PROBE_TIMEOUT`` seconds if a positive number, else :data:`ISOLATED_TIMEOUT_S`.
+
+    Example:
+        >>> probe_timeout() > 0
+        True
+    """
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return ISOLATED_TIMEOUT_S
+    return value if value > 0 else ISOLATED_TIMEOUT_S
+
+
+def metadata_torch_facts() -> TorchFacts:
+    """torch's version from its package metadata, without importing it (milliseconds, not seconds).
+
+    Enough for a contract that asks only for versions; devices and distributed are not read.
+
+    Example:
+        >>> metadata_torch_facts().devices
+        []
+    """
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return TorchFacts(torch_version=None, import_error="No module named 'torch'")
+    return TorchFacts(torch_version=version, xpu_build=version.endswith("+xpu"))
 
 
 @dataclass
@@ -156,7 +191,7 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
 
 
 def gather_torch_facts_isolated(
-    measure_bandwidth: bool = False, timeout: float = ISOLATED_TIMEOUT_S
+    measure_bandwidth: bool = False, timeout: float | None = None
 ) -> TorchFacts:
     """:func:`gather_torch_facts` in a child Python; never raises.
 
@@ -172,6 +207,7 @@ def gather_torch_facts_isolated(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-m", "ml_runtime.facts", *(["--bandwidth"] if measure_bandwidth else [])]
+    timeout = probe_timeout() if timeout is None else timeout
     try:
         proc = subprocess.run(
             argv,
@@ -182,7 +218,13 @@ def gather_torch_facts_isolated(
             stdin=subprocess.DEVNULL,
             check=False,
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return TorchFacts(
+            torch_version=None,
+            import_error=f"the torch/GPU probe timed out after {timeout:g} s (a wedged GPU driver?); "
+            f"check the driver (nvidia-smi, rocm-smi), or wait longer with {TIMEOUT_ENV}=SECONDS",
+        )
+    except OSError as exc:
         return TorchFacts(
             torch_version=None, import_error=f"probe process failed: {type(exc).__name__}: {exc}"
         )

@@ -29,7 +29,13 @@ from ml_runtime.capability import (
     intel_capability,
     nvidia_capability,
 )
-from ml_runtime.facts import DeviceFacts, TorchFacts, gather_torch_facts, gather_torch_facts_isolated
+from ml_runtime.facts import (
+    DeviceFacts,
+    TorchFacts,
+    gather_torch_facts,
+    gather_torch_facts_isolated,
+    metadata_torch_facts,
+)
 from ml_runtime.host import HostFacts, gather_host_facts
 
 BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu", "none": "cpu"}
@@ -306,17 +312,22 @@ def _mismatch_notes(facts: TorchFacts, vendor: str, host: HostFacts) -> list[str
     return notes
 
 
-def probe_host(isolated: bool = False, measure_bandwidth: bool = False) -> ProbeResult:
+def probe_host(
+    isolated: bool = False, measure_bandwidth: bool = False, torch_needed: bool = True
+) -> ProbeResult:
     """Probe this machine with the real torch and tools.
 
     ``isolated`` gathers the torch facts in a child process (used before
-    ``exec``); ``measure_bandwidth`` adds a copy-bandwidth figure per device.
+    ``exec``); ``measure_bandwidth`` adds a copy-bandwidth figure per device;
+    without ``torch_needed`` torch's version comes from its metadata and torch is not imported.
 
     Example:
         >>> probe_host().backend in ("cuda", "rocm", "xpu", "cpu")
         True
     """
-    if isolated:
+    if not torch_needed:  # versions only: package metadata, torch never imported
+        facts = metadata_torch_facts()
+    elif isolated:
         facts = gather_torch_facts_isolated(measure_bandwidth)
     else:
         facts = gather_torch_facts(measure_bandwidth)
