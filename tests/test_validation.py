@@ -113,6 +113,27 @@ MATRIX_CASES = [
     ("empty-file", "", ["top level must be a mapping", "not empty"]),
     ("deep-nesting", "a: " + "[" * 5000 + "]" * 5000 + "\n", ["matrix.yaml"]),
     ("binary-file", b"\xff\xfe\x00bad", ["not UTF-8"]),
+    # Silent overrides: a value the builder would override, contradict or ignore.
+    ("label-the-builder-sets", _set("targets[0].labels", {"org.opencontainers.image.version": "v9"}),
+     ["targets[0].labels.org.opencontainers.image.version: the builder sets this label itself"]),
+    ("label-of-the-builder-prefix", _set("targets[0].labels", {"io.ml-image-builder.torch": "2.0"}),
+     ["targets[0].labels.io.ml-image-builder.torch: the builder sets this label itself"]),
+    ("tag-generated-anyway", _set("targets[0].tags", ["cpu-torch2.13.0"]),
+     ["targets[0].tags: 'cpu-torch2.13.0' is a generated tag of this target already"]),
+    ("torch-in-target-packages", _set("targets[0].packages", ["torch==2.5.0"]),
+     ["targets[0].packages[0]: 'torch==2.5.0': torch comes from the target's 'torch' key"]),
+    ("torch-in-torch-packages", _set("torch_packages", ["accelerate>=1.0", "torch"]),
+     ["torch_packages[1]: 'torch'"]),
+    ("common-package-in-target", _set("targets[0].packages", ["numpy==2.1"]),
+     ["targets[0].packages[0]: 'numpy==2.1' is in common_packages too"]),
+    ("empty-group", _set("groups", {"gpu": []}), ["groups.gpu: an empty group selects no target"]),
+    ("group-named-like-a-target", _set("groups", {"cpu": ["cpu"]}), ["groups.cpu: a target has this name too"]),
+    ("group-lists-twice", _set("groups", {"g": ["cpu", "cpu"]}), ["groups.g: ['cpu', 'cpu'] names a target twice"]),
+    ("layer-shadowed", lambda d: d["layers"].insert(4, {"name": "nccl", "match": ["nvidia-nccl*"],
+                                                        "backends": ["cuda"]}),
+     ["layers[4] (nccl): nvidia-nccl* always match(es) an earlier layer first"]),
+    ("layer-no-backend", lambda d: d["layers"].append({"name": "extra", "match": ["foo"], "backends": []}),
+     ["backends: [] applies to no target"]),
 ]
 
 
@@ -155,6 +176,8 @@ MAPPING_CASES = [
     ("mapping-env-name", lambda m: m["vendors"]["nvidia"]["env"].update({"A B": "x"}), ["vendors.nvidia.env.A B (key)"]),
     ("mapping-device-path", lambda m: m["vendors"]["amd"]["run"].update(devices=["/etc/shadow"]),
      ["vendors.amd.run.devices[0]", "not a /dev path"]),
+    ("mapping-torch-in-packages", lambda m: m["entries"]["cu118"].update(packages=["torch==2.0.1"]),
+     ["entries.cu118.packages[0]: 'torch==2.0.1': torch comes from"]),
     ("mapping-duplicate-pair", lambda m: m["entries"].update(cu118b=dict(m["entries"]["cu118"])),
      ["same backend and version as entries.cu118"]),
 ]
@@ -223,3 +246,17 @@ def test_edited_lock_cannot_inject(project, capsys, monkeypatch):
     (project / "base.lock.json").write_text(json.dumps(lock))
     code, output = run_cli(["render", "--matrix", str(project / "matrix.yaml")], capsys, monkeypatch)
     assert code == 2 and "base.lock.json: platforms.linux/amd64.reference" in output
+
+
+def test_valid_inputs_keep_working_extras_crlf_bom(project, valid_doc):
+    """The refusals above must not catch valid input: extras, CRLF line ends, a UTF-8 BOM."""
+    from builder.config.project import load_project
+
+    doc = copy.deepcopy(valid_doc)
+    doc["torch_packages"] = ["accelerate[testing]>=1.0"]
+    text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).replace("\n", "\r\n")
+    (project / "matrix.yaml").write_bytes("\ufeff".encode() + text.encode())
+    mapping = project / "wheel-mapping.json"
+    mapping.write_bytes("\ufeff".encode() + mapping.read_text().replace("\n", "\r\n").encode())
+    proj = load_project(project / "matrix.yaml")
+    assert proj.matrix.torch_packages == ["accelerate[testing]>=1.0"] and proj.targets

@@ -49,7 +49,7 @@ def _read(path: Path) -> str:
     if size > MAX_BYTES:
         raise UserError(f"{path}: {size} bytes is larger than the {MAX_BYTES}-byte limit for a config file")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is not content
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 

@@ -6,9 +6,11 @@ Validation errors are turned into one line per problem by ``builder.config.valid
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from typing import Annotated, Literal
 
+from packaging.requirements import Requirement as PipRequirement
 from packaging.utils import canonicalize_name
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -259,6 +261,14 @@ class Matrix(_Strict):
             unknown = [m for m in members if m not in names]
             if unknown:
                 problems.append(f"groups.{group}: unknown target(s) {', '.join(unknown)} (known: {', '.join(names)})")
+            if not members:
+                problems.append(f"groups.{group}: an empty group selects no target; list its targets or remove it")
+            if len(set(members)) != len(members):
+                problems.append(f"groups.{group}: {members} names a target twice; list each once")
+            if group in names:
+                problems.append(f"groups.{group}: a target has this name too (-t {group} means the target); "
+                                "rename the group")
+        problems += _torch_elsewhere(self) + _dead_layers(self.layers)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -270,3 +280,51 @@ class Matrix(_Strict):
         if name in ("all", "default"):
             return [t.name for t in self.targets]
         raise KeyError(name)
+
+
+def _req_name(requirement: str) -> str:
+    return canonicalize_name(PipRequirement(requirement).name)
+
+
+def _torch_elsewhere(m: Matrix) -> list[str]:
+    """torch set by a package list beside ``targets[].torch`` (and the wheel mapping's suffix), or a
+    target's package also in common_packages (the common pin silently wins)."""
+    problems = []
+    common = {_req_name(r): r for r in m.common_packages}
+    lists = [("common_packages", m.common_packages), ("torch_packages", m.torch_packages),
+             *((f"targets[{i}].packages", t.packages) for i, t in enumerate(m.targets))]
+    for where, requirements in lists:
+        for j, r in enumerate(requirements):
+            if _req_name(r) == "torch":
+                problems.append(f"{where}[{j}]: {r!r}: torch comes from the target's 'torch' key and the wheel "
+                                "mapping; remove it here and set targets[].torch")
+            elif where.startswith("targets") and _req_name(r) in common:
+                problems.append(f"{where}[{j}]: {r!r} is in common_packages too ({common[_req_name(r)]!r}), whose "
+                                "pin every target shares; keep it in one of the two")
+    return problems
+
+
+def _covers(earlier: str, pattern: str) -> bool:
+    """Every name *pattern* matches, *earlier* matches too (for the forms used: exact, prefix*)."""
+    if earlier == "*" or earlier == pattern:
+        return True
+    if earlier.endswith("*") and not any(c in earlier[:-1] for c in "*?["):
+        return pattern.startswith(earlier[:-1])
+    return not any(c in pattern for c in "*?[") and fnmatch.fnmatchcase(pattern, earlier)
+
+
+def _dead_layers(layers: list[Layer]) -> list[str]:
+    """Layers that can never receive a wheel: no backend, or every pattern taken by an earlier layer."""
+    problems = []
+    for i, layer in enumerate(layers):
+        if layer.backends == []:
+            problems.append(f"layers[{i}] ({layer.name}): backends: [] applies to no target; list backends or "
+                            "leave the key out (every backend)")
+            continue
+        before = [e for e in layers[:i]
+                  if e.backends is None or (layer.backends is not None and set(layer.backends) <= set(e.backends))]
+        dead = [p for p in layer.match if any(_covers(q, p) for e in before for q in e.match)]
+        if dead and len(dead) == len(layer.match):
+            problems.append(f"layers[{i}] ({layer.name}): {', '.join(dead)} always match(es) an earlier layer "
+                            "first (a wheel goes into the first layer that matches it); move this layer up")
+    return problems

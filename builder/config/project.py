@@ -29,6 +29,9 @@ from builder.config.validation import format_errors
 from builder.config.wheelmap import BACKEND_VENDOR, RunFlags, WheelMapping, distributed_backend, index_for
 
 LABEL_PREFIX = "io.ml-image-builder"
+#: OCI labels the builder writes on every image (project.py, build.py): not a target's to set.
+BUILDER_LABELS = frozenset(f"org.opencontainers.image.{k}" for k in ("title", "version", "source", "revision",
+                                                                     "created"))
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,14 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
         tags = [t.name, f"{t.name}-torch{t.torch}"]
         if alias.get(vendor) == t.name:
             tags.append(f"latest-{vendor}")
+        for x in t.tags:
+            if x in tags:  # generated anyway: the entry would be ignored
+                problems.append(f"{where}.tags: {x!r} is a generated tag of this target already; remove it")
         tags += [x for x in t.tags if x not in tags]
+        for label in t.labels:
+            if label in BUILDER_LABELS or label.startswith(LABEL_PREFIX + "."):
+                problems.append(f"{where}.labels.{label}: the builder sets this label itself (it would be "
+                                f"overridden or would falsify the image's record); use a key of your own")
         for tag in tags:
             if not g.TAG.fullmatch(tag):
                 problems.append(f"{where}.name: generated tag {tag!r} is not a valid Docker tag; shorten the name")

@@ -13,7 +13,9 @@ import os
 import re
 from typing import Annotated, Literal
 
+from packaging.requirements import Requirement as PipRequirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -107,6 +109,11 @@ class WheelMapping(_Strict):
             if pair in seen:
                 raise ValueError(f"entries.{key}: same backend and version as entries.{seen[pair]}")
             seen[pair] = key
+        for key, entry in self.entries.items():
+            for j, r in enumerate(entry.packages):
+                if canonicalize_name(PipRequirement(r).name) == "torch":
+                    raise ValueError(f"entries.{key}.packages[{j}]: {r!r}: torch comes from the target's 'torch' "
+                                     "and this entry's local_version; remove it")
         missing = {BACKEND_VENDOR[e.backend] for e in self.entries.values()} - set(self.vendors)
         if missing:
             raise ValueError(f"vendors: missing {', '.join(sorted(missing))}")
