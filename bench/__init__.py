@@ -27,7 +27,7 @@ from typing import Any
 import docker
 
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
-from devtools.support import start_registry, stop
+from devtools.support import host_platform, start_registry, stop
 
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
 
@@ -96,25 +96,14 @@ def engine_build(
     dockerfile: str,
     *,
     buildargs: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-    extra_hosts: dict[str, str] | None = None,
     nocache: bool = False,
 ) -> str:
-    """One classic-builder build through docker-py, as ``builder build`` runs it; return the image ID.
+    """The baseline's build through BuildKit, as a user runs ``docker buildx build`` today; return the image ID."""
+    from builder.oci import buildkit, engine
 
-    The same call serves both sides of the comparison, so only the Dockerfile and context differ.
-    """
-    image_id = None
-    stream = client.api.build(path=str(context), dockerfile=dockerfile, rm=True, forcerm=True, pull=False,
-                              nocache=nocache, network_mode="host", extra_hosts=extra_hosts, buildargs=buildargs,
-                              labels=labels, decode=True)
-    for event in stream:
-        if "error" in event:
-            raise RuntimeError(f"bench: building {context}/{dockerfile} failed: {event['error'].strip()}")
-        image_id = (event.get("aux") or {}).get("ID", image_id)
-    if image_id is None:
-        raise RuntimeError(f"bench: building {context}/{dockerfile} gave no image ID")
-    return image_id
+    request = buildkit.BuildRequest(dockerfile=str(context / dockerfile), context=str(context),
+                                    platform=host_platform(), build_args=buildargs or {}, no_cache=nocache)
+    return engine.image_id(client, buildkit.run(request).ids)
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -52,8 +52,8 @@ from bench import (
 )
 from builder.config.platforms import host_platform
 from builder.config.project import Project, ResolvedTarget, load_project
-from builder.images import content, lockfile, locks, render, wheelhouse, wheelserver
-from builder.images.build import build_labels
+from builder.images import build as builds
+from builder.images import lockfile, locks, render, wheelhouse
 from builder.images.publish import push_ref
 from builder.oci.engine import connect
 from devtools.support import (
@@ -61,8 +61,6 @@ from devtools.support import (
     base_pin,
     copy_project,
     edit_matrix,
-    free_port,
-    port_free,
     registry_layers,
     retarget_base_lock,
 )
@@ -117,18 +115,13 @@ class Made:
 
 def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made, repository: str = "ml-bench",
                   **changes: Any) -> Project:
-    """Copy the project, point it at the private registry (and *changes* to matrix.yaml), re-pin the base there.
-
-    The wheel server keeps the project's port when it is free: the port is in every install step,
-    so another one would rebuild every layer the main engine already has in its cache.
-    """
+    """Copy the project, point it at the private registry (and *changes* to matrix.yaml), re-pin the base there."""
     copy_project(root)
     new_registry = f"{host}/{repository}"
-    port = load_project(REPO / "matrix.yaml").matrix.wheelhouse_port
-    edit_matrix(root, registry=new_registry, wheelhouse_port=port if port_free(port) else free_port(), **changes)
+    edit_matrix(root, registry=new_registry, **changes)
     lock = base_pin(REPO)
     tag = f"{new_registry}/base:bench"
-    client.api.tag(lock["image_id"], f"{new_registry}/base", "bench")
+    client.api.tag(lock["reference"], f"{new_registry}/base", "bench")
     made.borrowed.append(tag)
     digest = push_ref(client, tag)  # same layers, same config: same digest, so the pin stays exact
     retarget_base_lock(REPO, root, new_registry, digest)
@@ -154,10 +147,10 @@ def builder_build(root: Path, target: str, *flags: str, smoke: bool = False,
 
 
 def docker_cli_build(context: Path, base: str, backend: str, tag: str) -> tuple[float, str]:
-    """Wall seconds of the baseline's ``docker build`` (classic builder, as a user runs it) and the image ID."""
-    argv = [shutil.which("docker") or "docker", "build", "-q", "--network", "host", "--build-arg", f"BASE={base}",
-            "--build-arg", f"GPU_BACKEND={backend}", "-t", tag, str(context)]
-    seconds, proc = timed(lambda: run(argv, cwd=context, env={"DOCKER_BUILDKIT": "0"}))
+    """Wall seconds of the baseline's ``docker buildx build`` (as a user runs it) and the image ID."""
+    argv = [shutil.which("docker") or "docker", "buildx", "build", "-q", "--provenance=false",
+            "--build-arg", f"BASE={base}", "--build-arg", f"GPU_BACKEND={backend}", "-t", tag, str(context)]
+    seconds, proc = timed(lambda: run(argv, cwd=context))
     return seconds, proc.stdout.strip().splitlines()[-1]
 
 
@@ -192,19 +185,16 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
     stacks: dict[str, dict[str, list[Layer]]] = {"ours": {}, "baseline": {}}
 
     # Cold: nocache, interleaved (ours, baseline, ours, ...) so both see the same load on the engine.
-    with wheelserver.serve(house, project.matrix.wheelhouse_port) as wheels_at:
-        for t in targets:
-            say(f"{t.name}: cold build, ours")
-            ours["cold_build_s"][t.name], ours_id = timed(functools.partial(
-                engine_build, client, root, t.dockerfile, buildargs=content.build_args(project, t),
-                labels=build_labels(root), nocache=True,
-                extra_hosts={wheelserver.HOST: wheels_at}))
-            made.ids.append(ours_id)
-            say(f"{t.name}: cold build, baseline")
-            args = {"BASE": base, "GPU_BACKEND": t.backend}
-            theirs["cold_build_s"][t.name], base_id = timed(functools.partial(
-                engine_build, client, contexts[t.name], "Dockerfile", buildargs=args, nocache=True))
-            made.ids.append(base_id)
+    for t in targets:
+        say(f"{t.name}: cold build, ours")
+        ours["cold_build_s"][t.name], ours_id = timed(functools.partial(
+            lambda t=t: builds.docker_build(client, project, t, nocache=True)[0]))
+        made.ids.append(ours_id)
+        say(f"{t.name}: cold build, baseline")
+        args = {"BASE": base, "GPU_BACKEND": t.backend}
+        theirs["cold_build_s"][t.name], base_id = timed(functools.partial(
+            engine_build, client, contexts[t.name], "Dockerfile", buildargs=args, nocache=True))
+        made.ids.append(base_id)
 
     # Settle: one ordinary build each, as users run them (cached, tagged). Sizes and sharing are
     # measured on these: nocache rebuilt the shared stage per target, so its images share nothing.
@@ -438,7 +428,7 @@ def emulated(client: docker.DockerClient, project: Project, made: Made) -> dict[
     base = project.base_for(foreign)
     pinned = base_pin(project.root, foreign)
     try:
-        client.api.tag(pinned["image_id"], base.split("@")[0], "bench-" + view.arch)
+        client.api.tag(pinned["reference"], base.split("@")[0], "bench-" + view.arch)
         made.borrowed.append(f"{base.split('@')[0]}:bench-{view.arch}")
         push_ref(client, made.borrowed[-1])
     except docker.errors.ImageNotFound:

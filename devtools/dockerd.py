@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -58,10 +59,11 @@ def _answers(host: str) -> bool:
 
 
 @contextlib.contextmanager
-def extra_dockerd(folder: Path, label: str) -> Iterator[str]:
+def extra_dockerd(folder: Path, label: str, store: str = "classic") -> Iterator[str]:
     """Start an empty dockerd (data under *folder*); yield its DOCKER_HOST; remove every trace after.
 
-    *label* (a few letters) tells concurrent ones apart in names that have length limits.
+    *label* (a few letters) tells concurrent ones apart in names that have length limits;
+    *store* is its image store: ``classic`` (overlay2) or ``containerd`` (the snapshotter).
     """
     binary = shutil.which("dockerd") or next(
         (p for p in ("/usr/sbin/dockerd", "/usr/bin/dockerd") if Path(p).is_file()), None)
@@ -72,7 +74,8 @@ def extra_dockerd(folder: Path, label: str) -> Iterator[str]:
     data.mkdir(parents=True, exist_ok=True)
     short = Path(tempfile.mkdtemp(prefix=f"mlb-{label}-", dir="/tmp"))  # socket paths: at most 108 bytes
     sock, pidfile = short / "docker.sock", short / "docker.pid"
-    (short / "daemon.json").write_text("{}\n")  # not the host's /etc/docker/daemon.json
+    features = {"containerd-snapshotter": store == "containerd"}
+    (short / "daemon.json").write_text(json.dumps({"features": features}) + "\n")  # not the host's daemon.json
     bridge = f"mlb{label}{os.getpid() % 100000}"[:15]  # interface names: at most 15 bytes
     namespace = f"mlb-{label}-{os.getpid()}"  # never containerd's "moby" namespace of the main engine
     subprocess.run([*sudo, "ip", "link", "add", bridge, "type", "bridge"], check=True)

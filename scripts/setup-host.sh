@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Make this host ready for `make images` and `make test`: the Debian packages they need, and a
-# Docker engine that answers. Run by the Makefile before both commands and by .ci/run; safe to
-# run again (it only acts on what is missing).
+# Make this host ready for `make images` and `make test`: the Debian packages they need, a current
+# Docker engine (26.1 or newer, with BuildKit) that answers. Run by the Makefile before both
+# commands and by .ci/run; safe to run again (it only acts on what is missing).
 #
 #   scripts/setup-host.sh            install what is missing (root: apt-get; else print the line)
 #                                    and start dockerd when no engine answers (root only)
 #   SETUP_HOST_PIDFILE=F ...         write the PID of a dockerd this script started to F
+#   CI=true ...                      also upgrade an engine older than 26 in place (CI machines are
+#                                    reused); on a user's machine that is only ever printed
 #
 # Exit 0 when the host is ready, 1 with one line naming the fix when it is not.
 set -euo pipefail
 
-# Every Debian package a build or a test uses:
-#   docker.io        the engine (Debian's 20.10 on bookworm) and its client
+# The engine and the verifiers. Debian 12 (bookworm) ships Docker 20.10 (end-of-life), so there
+# they come from Debian 13 (trixie), whose builds need only libc >= 2.34; an apt pin keeps every
+# other package on bookworm (runc, tini, iptables stay bookworm's: trixie's runc needs glibc 2.38).
+#   docker.io        dockerd 26.1 and its client; containerd 1.7 (the image store and runtime)
+#   docker-buildx    BuildKit's client (docker buildx build / bake)
+#   cosign oras      the standard verifiers the tests run against the registry (cosign verify,
+#                    oras discover)
+#   pigz             the engine unpacks gzip layers with unpigz (faster pulls)
+ENGINE_PACKAGES=(docker.io containerd docker-buildx cosign oras pigz)
+# The rest, from the host's own suite:
 #   mmdebstrap       bootstraps the shared base image
 #   arch-test        lets mmdebstrap bootstrap a foreign architecture's base (under qemu)
 #   docker-registry  the local registry images are pushed to, and the tests' registries
@@ -21,24 +31,87 @@ set -euo pipefail
 #   skopeo           reads the published image indexes back in the tests
 #   slurm-wlm munge  a real Slurm cluster on loopback for the `builder slurm` tests (slurmctld, two
 #                    slurmd, munged: started and stopped by the tests, never as services)
-PACKAGES=(docker.io mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo slurm-wlm munge)
+PACKAGES=(mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo slurm-wlm munge)
+MIN_ENGINE=26
 
 say() { printf 'setup-host: %s\n' "$*" >&2; }
+root() { [ "$(id -u)" = 0 ]; }
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'ok installed'; }
+major() { printf '%s' "${1%%.*}" | tr -cd 0-9; }
+codename=$(. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}")
+
+TRIXIE_SOURCES=/etc/apt/sources.list.d/ml-image-builder-trixie.sources
+TRIXIE_PIN=/etc/apt/preferences.d/ml-image-builder-trixie
+# Debian 12 only: Debian 13's suite at priority 100 (never chosen on its own), the engine's
+# packages at 500 (the newer version wins, so they come from trixie and stay current there).
+trixie_suite() {
+  [ "$codename" = bookworm ] || return 0
+  [ -f "$TRIXIE_SOURCES" ] && [ -f "$TRIXIE_PIN" ] && return 0
+  say "Debian 12 ships Docker 20.10: adding Debian 13's suite to apt ($TRIXIE_SOURCES), pinned ($TRIXIE_PIN)"
+  say "  so that only ${ENGINE_PACKAGES[*]} come from it; everything else stays on bookworm"
+  cat >"$TRIXIE_SOURCES" <<'EOF'
+# Added by ml-image-builder's scripts/setup-host.sh: Docker 26 and cosign/oras from Debian 13.
+# The pin beside it (/etc/apt/preferences.d/ml-image-builder-trixie) keeps the rest on bookworm.
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  cat >"$TRIXIE_PIN" <<EOF
+# Added by ml-image-builder's scripts/setup-host.sh: only the engine's packages from trixie.
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+
+Package: ${ENGINE_PACKAGES[*]}
+Pin: release n=trixie
+Pin-Priority: 500
+EOF
+}
+
+# The engine that answers, and the one installed (major versions; empty when none).
+answering=$(docker version --format '{{.Server.Version}}' 2>/dev/null || true)
+packaged=$(dpkg-query -W -f='${Version}' docker.io 2>/dev/null || true)
+upgrade=
+if [ -n "$packaged" ] && [ "$(major "$packaged")" -lt "$MIN_ENGINE" ]; then
+  if [ "${CI:-}" = true ]; then
+    upgrade=1
+    say "CI: Docker $packaged is installed (needs >= $MIN_ENGINE): upgrading it in place"
+  elif [ -n "$answering" ] || [ "$codename" = bookworm ]; then
+    say "Docker $packaged is installed; this project needs Docker >= $MIN_ENGINE.0 with BuildKit. It is not replaced"
+    say "  behind your back: upgrade it with: sudo CI=true $0"
+    exit 1
+  fi
+fi
 
 missing=()
-for package in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' || missing+=("$package")
+for package in "${PACKAGES[@]}"; do installed "$package" || missing+=("$package"); done
+for package in "${ENGINE_PACKAGES[@]}"; do
+  installed "$package" && [ -z "$upgrade" ] || missing+=("$package")
 done
 
+new_engine=
 if ((${#missing[@]})); then
-  if [ "$(id -u)" != 0 ]; then
+  if ! root; then
+    [ "$codename" = bookworm ] && [ ! -f "$TRIXIE_PIN" ] && say "run 'sudo $0' (it adds Debian 13's suite for Docker 26, pinned)"
     say "missing Debian packages; run: sudo apt-get install -y --no-install-recommends ${missing[*]}"
     exit 1
   fi
+  trixie_suite
   say "installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null
+  [[ " ${missing[*]} " == *" docker.io "* ]] && new_engine=1
+fi
+
+# A new install gets the containerd image store, as Engine 29 and Docker Desktop do for new
+# installs. An existing daemon.json is the user's: never changed (switching stores hides images).
+if [ -n "$new_engine" ] && [ ! -s /etc/docker/daemon.json ]; then
+  mkdir -p /etc/docker
+  printf '{\n  "features": {"containerd-snapshotter": true}\n}\n' >/etc/docker/daemon.json
+  say "wrote /etc/docker/daemon.json: the containerd image store (Engine 29's default for new installs)"
 fi
 
 # Emulation of the other architecture: qemu's handler registered with binfmt_misc, with the F
@@ -51,7 +124,7 @@ case "$(uname -m)" in
 esac
 binfmt=/proc/sys/fs/binfmt_misc
 if [ -n "$foreign" ] && [ ! -e "$binfmt/qemu-$foreign" ]; then
-  if [ "$(id -u)" != 0 ]; then
+  if ! root; then
     say "no qemu-$foreign handler in binfmt_misc (foreign-platform builds fail); run: sudo $0"
   else
     [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
@@ -64,21 +137,39 @@ if [ -n "$foreign" ] && [ ! -e "$binfmt/qemu-$foreign" ]; then
   fi
 fi
 
-if docker info >/dev/null 2>&1 || docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
+log=/var/log/ml-image-builder-dockerd.log
+if [ -n "$answering" ]; then
+  if [ "$(major "$answering")" -ge "$MIN_ENGINE" ]; then
+    exit 0
+  fi
+  # The package was upgraded above (CI), but the old daemon still runs: restart it, if it is ours.
+  if [ -n "$upgrade" ] && root; then
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ] && systemctl restart docker 2>/dev/null; then
+      say "restarted the docker service on Docker $(dpkg-query -W -f='${Version}' docker.io)"
+    elif pid=$(pidof dockerd); then
+      say "CI: stopping the old dockerd $answering (pid $pid) to start the upgraded one"
+      kill $pid
+      for _ in $(seq 30); do pidof dockerd >/dev/null || break; sleep 1; done
+    fi
+  elif [ -z "${DOCKER_HOST:-}" ]; then
+    say "the engine that answers is Docker $answering; this project needs Docker >= $MIN_ENGINE.0 (BuildKit, zstd, the containerd store)"
+    exit 1
+  fi
+fi
+if docker version --format '{{.Server.Version}}' >/dev/null 2>&1; then
   exit 0
 fi
 if [ -n "${DOCKER_HOST:-}" ]; then
   say "DOCKER_HOST=$DOCKER_HOST does not answer; start that engine or unset DOCKER_HOST"
   exit 1
 fi
-if [ "$(id -u)" != 0 ]; then
+if ! root; then
   say "no Docker engine answers; run: sudo systemctl start docker (or sudo dockerd &), and add yourself to the docker group"
   exit 1
 fi
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then
   say "started the docker service (systemctl)"
 else
-  log=/var/log/ml-image-builder-dockerd.log
   # setsid: the engine outlives this script and make, and a Ctrl-C in the terminal doesn't reach it.
   setsid dockerd >"$log" 2>&1 </dev/null &
   pid=$!
@@ -90,5 +181,5 @@ for _ in $(seq 60); do
   sleep 1
 done
 say "dockerd did not answer within 60 s; its log:"
-tail -20 /var/log/ml-image-builder-dockerd.log >&2 2>/dev/null || true
+tail -20 "$log" >&2 2>/dev/null || true
 exit 1

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from devtools.support import free_port, host_platform, retarget_base_lock
+from devtools.support import base_pin, host_platform, retarget_base_lock
 
 
 def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 1800):
@@ -26,8 +26,9 @@ def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeou
 
 def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[str, Any]:
     """Pin src's base in dest as ``<registry>/base@...`` and push it there (same layers: same digest)."""
+    source = base_pin(src)["reference"]  # the engine's own ID for it differs by image store
     lock = retarget_base_lock(src, dest, registry)
-    engine.api.tag(lock["image_id"], registry + "/base", "bookworm")
+    engine.api.tag(source, registry + "/base", "bookworm")
     engine.api.push(registry + "/base", "bookworm")
     return lock
 
@@ -35,7 +36,8 @@ def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[s
 def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     """Stub what ``build_all`` does before building (base, locks, render; wheelhouse: *folder*).
 
-    Returns the least project ``build_all`` needs: its root (*folder*) and a free wheel-server port.
+    Returns the least project ``build_all`` needs: its root (*folder*); the build context ``wheels``
+    is *folder*/wheels.
     """
     from builder.images import build
 
@@ -45,9 +47,11 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     monkeypatch.setattr(build.content, "content_tags", lambda project, targets, *a: {t.unit: "" for t in targets})
     monkeypatch.setattr(build.content, "build_args", lambda project, target: {})  # no locks: no layer arguments
     monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
+    (folder / "wheels").mkdir(exist_ok=True)
+    monkeypatch.setattr(build, "wheels_context", lambda project, target: folder / "wheels")
     monkeypatch.setattr(build.render, "render", lambda *a: {})
     monkeypatch.setattr(build.render, "write", lambda *a: None)
-    return SimpleNamespace(root=folder, matrix=SimpleNamespace(wheelhouse_port=free_port()),
+    return SimpleNamespace(root=folder, matrix=SimpleNamespace(),
                            base_refs={host_platform(): "base@sha256:0"}, base_for=lambda platform: "base@sha256:0")
 
 

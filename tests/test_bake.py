@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from builder.config.project import load_project
-from builder.images import bake, content
+from builder.images import bake, content, layers
 from devtools.support import REPO
 
 
@@ -39,11 +40,12 @@ def test_bake_definition_has_the_shape_bake_accepts():
     """What `docker buildx bake --print` checks: names, references, and each field's type."""
     project = _project()
     definition = bake.bake_definition(project, project.targets)
-    strings = {"context", "dockerfile", "network"}
+    strings = {"context", "dockerfile"}
     string_lists = {"tags", "cache-from", "cache-to", "platforms"}
     for name, spec in definition["target"].items():
         assert bake.BAKE_NAME.fullmatch(name), name
-        assert set(spec) <= strings | string_lists | {"labels", "extra-hosts", "args"}, set(spec)
+        assert set(spec) <= strings | string_lists | {"labels", "contexts", "args"}, set(spec)
+        assert "network" not in spec and "extra-hosts" not in spec, "builds reach no network and no host"
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec["args"].items())
         assert all(isinstance(spec[k], str) for k in strings & set(spec))
         assert all(isinstance(v, str) for k in string_lists & set(spec) for v in spec[k])
@@ -58,7 +60,7 @@ def test_bake_definition_has_the_shape_bake_accepts():
         assert set(group["targets"]) <= set(definition["target"]), (name, group)
     assert "default" in definition["group"]
     for spec in definition["target"].values():
-        assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec["extra-hosts"].items())
+        assert set(spec["contexts"]) == {"wheels"} and all(isinstance(v, str) for v in spec["contexts"].values())
 
 
 def test_bake_subset_keeps_groups_consistent():
@@ -76,6 +78,11 @@ def test_bake_command_prints_and_writes(tmp_path):
     assert printed.exit_code == 0, printed.output
     assert list(json.loads(printed.output)["target"]) == ["cpu"]
     out = tmp_path / "bake.json"
-    written = runner.invoke(bake_cmd, ["--matrix", str(REPO / "matrix.yaml"), "-o", str(out)])
+    written = runner.invoke(bake_cmd, ["--matrix", str(REPO / "matrix.yaml"), "-o", str(out), "-t", "cpu"])
     assert written.exit_code == 0, written.output
-    assert json.loads(out.read_text()) == bake.bake_definition(_project(), _project().select([], group="all"))
+    assert json.loads(out.read_text()) == bake.bake_definition(_project(), _project().select(["cpu"]))
+    # The wheels the file points at are staged, one folder per layer, exactly the locked files.
+    cpu = _project().target("cpu")
+    folder = Path(json.loads(out.read_text())["target"]["cpu"]["contexts"]["wheels"])
+    for layer, pins in layers.context_layers(_project(), cpu).items():
+        assert sorted(p.name for p in (folder / layer).iterdir()) == sorted(p.filename for p in pins), layer

@@ -91,11 +91,6 @@ def test_keep_going_runs_every_target(monkeypatch, tmp_path, jobs):
     assert [o.target for o in outcomes] == [f"t{i}" for i in range(6)]
 
 
-def test_run_commands_match_what_the_classic_builder_runs():
-    text = 'FROM x\nRUN a \\\n  # a note\n\n && b\nrun ["sh", "-c", "echo  x"]\nENV A=1 \\\n    B=2\n'
-    assert build.run_commands(text) == {"a && b", "echo x"}
-
-
 @pytest.mark.parametrize("keep_going", [False, True])
 def test_a_foreign_platform_without_emulation_fails_with_the_fix(monkeypatch, tmp_path, keep_going):
     """The emulation check runs before any wheel is fetched; the native targets build only with -k."""

@@ -36,7 +36,7 @@ class _DroppingEngine(socketserver.StreamRequestHandler):
             if path.endswith("/_ping"):
                 body, kind = b"OK", "text/plain"
             elif path.endswith("/version"):
-                body, kind = json.dumps({"ApiVersion": "1.41", "Version": "20.10.0"}).encode(), "application/json"
+                body, kind = json.dumps({"ApiVersion": "1.45", "Version": "26.1.5"}).encode(), "application/json"
             else:
                 return  # the engine went away
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
@@ -125,12 +125,29 @@ def test_a_token_endpoint_that_refuses_is_one_line_naming_the_registry(status, f
     assert f"registry {host}: its token endpoint" in fault.line and f"HTTP {status}" in fault.line and fix in fault.line
 
 
-def test_a_pull_refused_for_auth_is_not_taken_for_never_published():
+@pytest.mark.parametrize("status", [401, 500])
+def test_a_refused_cache_source_is_its_cause_not_never_published(status):
+    from builder.config.errors import TargetFailed
     from builder.images import build
 
-    denied = docker.errors.APIError("500", explanation="Get https://r/v2/x/manifests/y: unauthorized: authentication required")
-    assert build.never_published(docker.errors.NotFound("404", explanation="manifest unknown"))
-    assert not build.never_published(denied)
-    assert not build.never_published(docker.errors.APIError("500", explanation="toomanyrequests: rate limit"))
-    assert not build.never_published(docker.errors.APIError("500", explanation="no space left on device"))
+    handler = type("H", (_Registry,), {"token_status": status})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(TargetFailed, match=rf"cache source {host}/ml-runtime:cpu failed.*HTTP {status}"):
+            build.registry_cache_source(f"{host}/ml-runtime:cpu")
+    finally:
+        server.shutdown()
+        server.server_close()
 
+
+def test_a_cache_source_never_published_builds_cold(tmp_path):
+    from builder.images import build
+    from devtools.support import start_registry, stop
+
+    host, proc = start_registry(tmp_path / "registry")
+    try:
+        assert build.registry_cache_source(f"{host}/ml-runtime:cpu") == []
+    finally:
+        stop(proc)

@@ -69,7 +69,13 @@ def test_rendered_dockerfile_has_one_step_per_layer_in_plan_order(project):
                      "WHEELS_CUDA_SOLVERS", "WHEELS_CUDA_RUNTIME", "WHEELS_TRITON", "WHEELS_TORCH",
                      "WHEELS_ACCELERATE", "WHEELS_TOOLS", "WHEELS_PACKAGES"]
     # The packages layer comes after the runtime: targets differing only in packages share the rest.
-    assert text.index("COPY examples") < text.index('RUN if [ -n "$WHEELS_PACKAGES" ]')
+    assert text.index("target=/tmp/examples") < text.index('if [ -n "$WHEELS_PACKAGES" ]')
+    # Each layer's RUN mounts its own wheels' folder of the context `wheels`, and no other layer's.
+    for layer in ("cuda-dnn", "torch", "packages"):
+        run = next(block for block in text.split("\nRUN ") if f'"$WHEELS_{layer.upper().replace("-", "_")}"' in block)
+        mounts = [m for m in run.split() if m.startswith("--mount=type=bind,from=wheels")]
+        assert mounts == ["--mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools",
+                          f"--mount=type=bind,from=wheels,source={layer},target=/tmp/wheels/{layer}"], mounts
     # No lock file is copied in: a layer's cache key is its own wheels (and those below), nothing else.
     assert ".lock /opt/" not in text
 

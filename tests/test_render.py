@@ -46,7 +46,10 @@ def test_dockerfile_contract(golden_project):
     text = render.render(golden_project, [golden_project.target("cuda")]).popitem()[1]
     assert "USER 1001:1001" in text
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]' in text
-    assert "@sha256:" in text.split("AS common")[0]
+    assert "ARG BASE\nFROM ${BASE} AS common" in text  # the digest-pinned base, as a build argument
+    # No step reaches a network, and every RUN has /tmp on a tmpfs (nothing of a step's stays there).
+    runs = [line for line in text.splitlines() if line.startswith("RUN ")]
+    assert runs and all(line.startswith("RUN --network=none --mount=type=tmpfs,target=/tmp ") for line in runs), runs
     assert 'NVIDIA_VISIBLE_DEVICES="all"' in text and 'NVIDIA_DRIVER_CAPABILITIES="compute,utility"' in text
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     for forbidden in ("cuda-toolkit", "nvidia-driver", "apt-get", "PIP_CERT", "ca-certificates.crt", "--cert"):

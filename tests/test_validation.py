@@ -99,7 +99,7 @@ MATRIX_CASES = [
      ["groups.default: unknown target(s) nvidia-cu999"]),
     ("torch-with-local-suffix", _set("targets[0].torch", "2.13.0+cpu"), ["targets[0]", "without a local suffix"]),
     ("no-targets", _set("targets", []), ["targets", "at least 1 item"]),
-    ("port-out-of-range", _set("wheelhouse_port", 80), ["wheelhouse_port", "greater than or equal to 1024"]),
+    ("retired-key", _set("wheelhouse_port", 38611), ["wheelhouse_port", "unknown key"]),
     ("installer-not-uv", _set("installer", "pip==24.0"), ["installer: 'pip==24.0' must pin uv exactly"]),
     ("target-is-string", _set("targets[0]", "cpu"), ["targets[0]", "valid dictionary"]),
     ("missing-torch", lambda d: d["targets"][0].pop("torch"), ["targets[0].torch: required key is missing"]),

@@ -19,7 +19,7 @@ import click
 
 from builder.cli.options import platform_option, project_options, sign_key_option, target_option
 from builder.config.errors import UserError
-from builder.config.project import Project, load_project
+from builder.config.project import Project
 
 #: The GitHub-hosted runner of each platform: every platform builds natively on CI.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
@@ -141,7 +141,7 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
     import tempfile
 
     from builder.config.baselock import read_lock
-    from builder.images import base, render
+    from builder.images import base
 
     spec = project.matrix.base.bootstrap
     wanted = list(platforms) or list(project.base_refs)
@@ -173,10 +173,6 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
     for platform in wanted:
         pinned = base.ensure_base(client, project, platform, update=update, say=click.echo)
         click.echo(f"base {platform}: {pinned.reference} (image {pinned.image_id})")
-    fresh = load_project(project.matrix_path, project.mapping_path)
-    changed = render.write(render.render(fresh, fresh.targets))
-    if changed:
-        click.echo(f"re-rendered {len(changed)} Dockerfiles for the new base pins")
 
 
 @click.command("lock")
@@ -411,15 +407,18 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
 def bake_cmd(project: Project, targets: tuple[str, ...], output: str | None, to_stdout: bool) -> None:
     """Write the matrix as a docker-bake.json (targets, tags, labels, groups, registry cache)."""
     from builder.config.files import atomic_write
-    from builder.images import wheelserver
-    from builder.images.bake import bake_definition
+    from builder.images.bake import bake_definition, stage_contexts
 
-    text = json.dumps(bake_definition(project, project.select(targets, group="all")), indent=2) + "\n"
+    selected = project.select(targets, group="all")
+    text = json.dumps(bake_definition(project, selected), indent=2) + "\n"
     if to_stdout:
         click.echo(text, nl=False)
         return
+    failed = stage_contexts(project, selected, click.echo)
     path = Path(output) if output else project.root / "docker-bake.json"
     atomic_write(path, text)
-    port = project.matrix.wheelhouse_port
-    click.echo(f"wrote {path}; before 'docker buildx bake -f {path.name}', run 'builder lock' and serve the "
-               f"wheelhouse on 127.0.0.1:{port} (the Dockerfiles install from {wheelserver.url(port)})")
+    click.echo(f"wrote {path}; build with: docker buildx bake -f {path.name} <target>")
+    for unit, error in failed.items():
+        click.echo(f"{unit}: its wheels are not staged, so bake can't build it: {error}", err=True)
+    if failed:
+        sys.exit(1)

@@ -221,9 +221,6 @@ class Matrix(_Strict):
         "order; what none matches goes into a last layer, 'packages', above the in-image runtime (so it "
         "must not hold what startup_imports needs). Default: one layer, 'wheels', for every wheel.",
     )
-    wheelhouse_port: int = Field(
-        38611, ge=1024, le=65535, description="Loopback port of the build-time wheel server (fixed for cache)."
-    )
     platforms: list[Platform] | None = Field(
         None, min_length=1,
         description="Platforms every target is built for unless it names its own; default: this host's "

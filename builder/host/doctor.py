@@ -22,21 +22,18 @@ from typing import Any, Literal
 
 import docker
 from docker.errors import DockerException
-from packaging.version import Version
 from requests.exceptions import RequestException
 
 from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import devices, hardware
-from builder.oci import registry
+from builder.oci import engine, registry
 from builder.oci.engine import engine_address
 
 Status = Literal["ok", "warn", "fail"]
 #: A CUDA or ROCm image with its build cache needs tens of GiB.
 MIN_FREE_GIB = 30
-#: DeviceRequests (``--gpus``) need API 1.40 (Docker 19.03).
-MIN_API_FOR_GPUS = "1.40"
 DAEMON_FIX = "systemctl start docker (or: dockerd &), or point DOCKER_HOST at a running engine"
 TOOLKIT_FIX = (
     "apt-get install nvidia-container-toolkit && nvidia-ctk runtime configure --runtime=docker "
@@ -79,8 +76,15 @@ class Context:
     cdi_dirs: tuple[str, ...] = hardware.CDI_DIRS
 
 
+#: What each image store means for the user.
+STORE_NOTE = {
+    "containerd": " (image IDs are manifest digests; zstd layers kept as pushed)",
+    "classic": " (overlay2; BuildKit's compression setting is not kept when it stores images)",
+}
+
+
 def check_daemon(ctx: Context) -> list[Check]:
-    """Docker daemon reachable, its version and API version."""
+    """Docker daemon reachable, its version and API version, its image store."""
     try:
         client = docker.from_env(timeout=15)
         version = client.version()
@@ -92,17 +96,26 @@ def check_daemon(ctx: Context) -> list[Check]:
         ]
     ctx.client = client
     api = version.get("ApiVersion", "?")
-    found = f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}"
-    if api != "?" and Version(api) < Version(MIN_API_FOR_GPUS):
-        return [
-            Check(
-                "warn",
-                "docker daemon",
-                f"{found}; GPUs need API >= {MIN_API_FOR_GPUS}",
-                "upgrade Docker to 19.03 or newer",
-            )
-        ]
+    store = engine.image_store(client)
+    found = (f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}, "
+             f"{store} image store{STORE_NOTE[store]}")
+    if engine.engine_version(str(version.get("Version", ""))) < engine.MIN_ENGINE:
+        need = ".".join(map(str, engine.MIN_ENGINE))
+        return [Check("fail", "docker daemon", f"{found}; builder needs Docker >= {need}",
+                      "upgrade the engine: scripts/setup-host.sh prints the command (Debian 12: docker.io from "
+                      "Debian 13, pinned)")]
     return [Check("ok", "docker daemon", found)]
+
+
+def check_buildkit(ctx: Context) -> list[Check]:
+    """docker buildx (BuildKit's client): every build goes through it."""
+    from builder.oci import buildkit
+
+    problem = buildkit.available()
+    if problem is not None:
+        return [Check("fail", "buildx", problem, "apt-get install docker.io docker-buildx (scripts/setup-host.sh)")]
+    builder = os.environ.get("BUILDX_BUILDER") or "the engine's own (docker driver)"
+    return [Check("ok", "buildx", f"{buildkit.version()}; builder: {builder}")]
 
 
 def check_gpus(ctx: Context) -> list[Check]:
@@ -354,6 +367,7 @@ def check_config(ctx: Context) -> list[Check]:
 
 CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
     check_daemon,
+    check_buildkit,
     check_gpus,
     check_nvidia,
     check_amd_intel,

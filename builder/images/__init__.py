@@ -3,10 +3,11 @@
 - ``render.py`` (``templates/`` -> ``images/<target>/Dockerfile``), ``lint.py`` (hadolint).
 - Locks: ``locks.py`` (``builder lock``: reuse or re-resolve each lock), ``lockfile.py`` (the
   lock format), ``resolve.py`` (pip on the host for the image's platform, index probes),
-  ``wheelhouse.py`` (where wheels live, which were verified); ``wheelserver.py`` serves them
-  to builds on loopback.
+  ``wheelhouse.py`` (where wheels live, which were verified, and the per-layer folders a build
+  mounts as its named context ``wheels``).
 - ``base.py``: the reproducible, pinned base (mmdebstrap).
-- ``build.py`` (build -> smoke -> tag -> push per target), ``outcome.py`` (its result),
+- ``build.py`` (build -> smoke -> tag -> push per target; the build itself runs through
+  BuildKit, :mod:`builder.oci.buildkit`), ``outcome.py`` (its result),
   ``progress.py`` (the progress view), ``smoke.py`` (checks in the built image),
   ``publish.py`` (push, digests, ``dist/published.json``), ``bake.py`` (``docker-bake.json``).
 

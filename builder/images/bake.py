@@ -1,8 +1,11 @@
 """The matrix as a ``docker-bake.json``, for users who build with ``docker buildx bake``.
 
-One bake target per matrix target and platform (same Dockerfile, context ".", the platform's
-base pin and each layer's wheels as build arguments, as ``builder build`` passes them, every tag, the static labels), the matrix's groups, registry
-cache in (the published image) and inline cache out. A target with several platforms gets one
+One bake target per matrix target and platform: the build ``builder build`` runs
+(:func:`builder.images.build.build_request`: Dockerfile, context ".", the platform's base pin and
+each layer's wheels as build arguments, the wheels as the named context ``wheels``), every tag,
+the static labels, registry cache in (the published image) and inline cache out; and the
+matrix's groups. ``builder bake`` stages the wheels' folders, so that plain
+``docker buildx bake -f docker-bake.json <target>`` builds with no builder process running. A target with several platforms gets one
 bake target per platform, ``<name>-<arch>``, tagged ``<tag>-<arch>`` (each platform starts FROM
 its own pinned base, which one multi-platform bake target cannot express); ``builder push``
 then writes the index under the target's own tags.
@@ -18,10 +21,10 @@ Example:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from builder.config.project import Project, ResolvedTarget
-from builder.images import content, wheelserver
 
 #: buildx rejects other characters in target and group names.
 BAKE_NAME = re.compile(r"[a-zA-Z0-9_-]+")
@@ -38,18 +41,22 @@ def bake_name(name: str) -> str:
 
 
 def bake_target(project: Project, target: ResolvedTarget) -> dict[str, Any]:
-    """One bake target for a target view: what ``builder build`` passes to the engine, in bake's vocabulary."""
+    """One bake target for a target view: the build ``builder build`` runs, in bake's vocabulary."""
+    from builder.images import layers, wheelhouse
+    from builder.images.build import build_request
+
+    folder = wheelhouse.context_folder(layers.context_layers(project, target))
+    request = build_request(project, target, cache_from=[target.primary_ref], contexts={"wheels": str(folder)})
     return {
-        "context": ".",
-        "dockerfile": target.dockerfile,
-        "platforms": [target.platform],
-        "args": content.build_args(project, target),  # the base pin, each layer's locked wheels
+        "context": request.context,
+        "dockerfile": request.dockerfile,
+        "platforms": [request.platform],
+        "args": {k: v for k, v in request.build_args.items() if k != "EMULATED"},  # bake's host may differ
+        "contexts": request.contexts,  # the wheels, one folder per layer (`builder bake` stages them)
         "tags": target.platform_refs or list(target.refs),
         "labels": dict(target.labels),
-        "cache-from": [f"type=registry,ref={target.primary_ref}"],
-        "cache-to": ["type=inline"],
-        "network": "host",  # the loopback wheel server...
-        "extra-hosts": {wheelserver.HOST: "127.0.0.1"},  # ...under the name the Dockerfiles use
+        "cache-from": list(request.cache_from),
+        "cache-to": list(request.cache_to),
     }
 
 
@@ -77,3 +84,16 @@ def view_name(target: ResolvedTarget) -> str:
         'nvidia-cu130-arm64'
     """
     return bake_name(target.name + (f"-{target.arch}" if len(target.platforms) > 1 else ""))
+
+
+def stage_contexts(project: Project, targets: list[ResolvedTarget], say: Callable[[str], object]) -> dict[str, str]:
+    """Fetch (by hash) and stage every view's wheels where its bake target's ``contexts`` points;
+    return {view's unit: why not} for those whose wheels could not be had."""
+    from builder.images import layers, locks, wheelhouse
+
+    views = [v for t in targets for v in t.views()]
+    failed = locks.lock_all(project, views, say)
+    for view in views:
+        if view.unit not in failed:
+            wheelhouse.build_context(layers.context_layers(project, view))
+    return failed

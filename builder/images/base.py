@@ -140,17 +140,29 @@ def base_tag(project: Project, platform: str) -> str:
 
 
 def make_image(client: docker.DockerClient, project: Project, workdir: Path, platform: str) -> tuple[str, Rootfs]:
-    """Bootstrap and load a platform's base; return its image ID (reproducible) and the root fs."""
+    """Bootstrap and load a platform's base; return its config digest (reproducible) and the root fs.
+
+    The engine's own ID for it differs by image store (the config digest in the classic store,
+    the manifest digest in the containerd store), so the load is checked by what both report:
+    the layer's diff ID, the architecture and the creation time.
+    """
     spec = project.matrix.base.bootstrap
     assert spec is not None
     rootfs = bootstrap(spec, workdir, platform)
     tag = base_tag(project, platform)
-    image_id = write_archive(rootfs, image_config(rootfs, spec, platform), tag, workdir / "image.tar")
+    config = image_config(rootfs, spec, platform)
+    image_id = write_archive(rootfs, config, tag, workdir / "image.tar")
     with (workdir / "image.tar").open("rb") as handle:
-        client.api.load_image(handle)
-    loaded = client.api.inspect_image(tag)["Id"]
-    if loaded != image_id:
-        raise UserError(f"the engine loaded the base as {loaded}, expected {image_id}; report this as a bug")
+        for event in client.api.load_image(handle):  # a generator: a failed load is an error event
+            if "error" in event:
+                raise UserError(f"the engine could not load the {platform} base: {event['error'].strip()[:200]}")
+    loaded = client.api.inspect_image(tag)
+    expected = json.loads(config)
+    if (loaded.get("RootFS", {}).get("Layers") != expected["rootfs"]["diff_ids"]
+            or loaded.get("Architecture") != expected["architecture"]):
+        raise UserError(f"the engine loaded the {platform} base with layers {loaded.get('RootFS', {}).get('Layers')}"
+                        f" ({loaded.get('Architecture')}), expected {expected['rootfs']['diff_ids']}; "
+                        "report this as a bug")
     return image_id, rootfs
 
 
@@ -170,8 +182,9 @@ def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
 
 
 def _local_has(client: docker.DockerClient, pinned: PinnedBase) -> bool:
+    """The pinned base is local under its registry reference (both image stores name it so)."""
     try:
-        info = client.api.inspect_image(pinned.image_id)
+        info = client.api.inspect_image(pinned.reference)
     except docker.errors.ImageNotFound:
         return False
     return pinned.reference in info.get("RepoDigests", [])
@@ -243,7 +256,7 @@ def _push_if_missing(
 
     if manifest_digest(pinned.reference, credentials(pinned.reference.split("/", 1)[0])) is None:
         tag = base_tag(project, platform)
-        client.api.tag(pinned.image_id, tag)
+        client.api.tag(pinned.reference, tag)
         digest = push_ref(client, tag)
         say(f"pushed the {platform} base to {project.base_repository} ({digest})")
         if not pinned.reference.endswith(digest):

@@ -1,6 +1,7 @@
-"""``builder build``: build, smoke-test, tag and (optionally) push each target with docker-py.
+"""``builder build``: build (BuildKit), smoke-test, tag and (optionally) push each target.
 
-Order per target: build (by image ID, untagged) -> smoke test -> tag -> push. A tag only
+Order per target: build (by image ID, untagged) -> smoke test -> tag -> push. Builds go
+through ``docker buildx`` (:mod:`builder.oci.buildkit`); everything else through docker-py. A tag only
 ever points at an image that finished building and passed its smoke test; an interrupted
 build leaves the previous tags where they were, and the next run resumes from cache.
 """
@@ -8,36 +9,29 @@ build leaves the previous tags where they were, and the next run resumes from ca
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import docker
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
-from builder.images import content, locks, publish, render, wheelhouse, wheelserver
+from builder.images import content, locks, publish, render, wheelhouse
 from builder.images.outcome import Outcome
 from builder.images.progress import Progress
-from builder.oci import faults, registry
+from builder.oci import buildkit, engine, faults, registry
 
 # smoke (and the host modules it needs) and base are imported where a target is really built, so
 # that a no-op build (every target reused) stays well under a second as a whole process.
 
-STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)")
-#: After an interrupt: how long to wait for this run's containers to be gone, and how long
-#: nothing may run before "none left" is believed (a create in flight when the engine saw the
-#: disconnect still lands).
+#: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0
-SETTLE_S = 0.5
 
 
 def build_labels(root: Path) -> dict[str, str]:
@@ -57,172 +51,83 @@ def build_labels(root: Path) -> dict[str, str]:
     return {"org.opencontainers.image.revision": revision, "org.opencontainers.image.created": created}
 
 
+def build_request(
+    project: Project, target: ResolvedTarget, *, stage: str | None = None, cache_from: Sequence[str] = (),
+    nocache: bool = False, contexts: dict[str, str] | None = None,
+) -> buildkit.BuildRequest:
+    """The build of one target view (or one stage of it), as data: what ``builder bake`` writes too.
+
+    The wheels arrive as the named context ``wheels`` (no network); the base pin, each layer's
+    wheels and EMULATED (a foreign platform under qemu here) as build arguments; inline cache
+    metadata goes into the image, so a runner that lacks it can use the published image as cache.
+    """
+    return buildkit.BuildRequest(
+        dockerfile=target.dockerfile,
+        context=".",
+        platform=target.platform,
+        build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"})},
+        contexts=contexts if contexts is not None else {"wheels": str(wheels_context(project, target))},
+        labels={} if stage else build_labels(project.root),
+        stage=stage,
+        cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
+        cache_to=("type=inline",),
+        no_cache=nocache,
+        builder=os.environ.get("BUILDX_BUILDER") or None,
+    )
+
+
+def wheels_context(project: Project, target: ResolvedTarget) -> Path:
+    """The folder the build context ``wheels`` is: the view's wheels, one folder per layer."""
+    from builder.images import layers
+
+    return wheelhouse.build_context(layers.context_layers(project, target))
+
+
 def docker_build(
     client: docker.DockerClient,
     project: Project,
     target: ResolvedTarget,
     *,
     stage: str | None = None,
-    cache_from: list[str] | None = None,
+    cache_from: Sequence[str] = (),
     on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
     on_log: Callable[[str], None] = lambda line: None,
-    wheels_at: str = "127.0.0.1",
     cancel: threading.Event | None = None,
     nocache: bool = False,
 ) -> tuple[str, int, int]:
-    """Build one target (or one stage of it); return (image ID, cacheable steps, steps from cache).
+    """Build one target view (or one stage of it) through BuildKit; return (image ID, steps, steps from cache)."""
+    request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache)
+    host = registry.Ref.parse(target.primary_ref).host
+    # BuildKit reads the base and the cache from the registry itself, with the same credentials.
+    result = buildkit.run(request, on_step=on_step, on_log=on_log, cancel=cancel, registry_host=host,
+                          creds=registry.credentials(host), cwd=project.root)
+    return engine.image_id(client, result.ids), result.steps, result.cached
 
-    FROM lines (and the ARGs before the first) are not counted: they make no layer and are never
-    "from cache". Once *cancel* is set, the next event ends the build: the connection closes and
-    the engine cancels it.
+
+def remove_smoke_containers(client: docker.DockerClient, say: Callable[[str], None] = print,
+                            timeout: float = CLEANUP_S) -> None:
+    """After an interrupt: force-remove the smoke containers this process started (by their label).
+
+    BuildKit's own step containers are not the engine's: a cancelled build leaves none.
     """
-    steps = cached = stages = preamble = 0
-    image_id = None
-    stream = client.api.build(
-        nocache=nocache,
-        path=str(project.root),
-        dockerfile=target.dockerfile,
-        platform=target.platform,
-        # The platform's base pin and architecture; EMULATED when it runs under qemu here.
-        buildargs={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"})},
-        target=stage,
-        rm=True,
-        forcerm=True,  # remove intermediate containers even when a step fails or is interrupted
-        pull=False,
-        network_mode="host",  # reach the loopback wheel server...
-        extra_hosts={wheelserver.HOST: wheels_at},  # ...at this build's own address
-        labels=None if stage else build_labels(project.root),
-        cache_from=cache_from or None,
-        decode=True,
-    )
-    try:
-        for event in stream:
-            if cancel is not None and cancel.is_set():
-                raise TargetFailed("interrupted")
-            if "error" in event:
-                raise TargetFailed(_build_error(event["error"]))
-            for line in event.get("stream", "").splitlines():
-                if (m := STEP.match(line)) is not None:
-                    steps = int(m[1])
-                    stages += m[3].startswith("FROM ")
-                    preamble += not stages  # ARG before the first FROM: no layer, never "from cache"
-                    on_step(steps, int(m[2]), m[3].strip())
-                elif "---> Using cache" in line:
-                    cached += 1
-                if line.strip():
-                    on_log(line.rstrip())
-            image_id = (event.get("aux") or {}).get("ID", image_id)
-    finally:
-        stream.close()  # frees the response now, not at exit: its socket closes, the engine cancels
-    if image_id is None:
-        raise TargetFailed("the engine finished the build without an image ID")
-    return image_id, steps - stages - preamble, cached
+    from builder.images.smoke import SMOKE_LABEL
 
-
-def _build_error(message: str) -> str:
-    text = message.strip()
-    if wheelserver.HOST in text and "Connection refused" in text:
-        text += " (the wheel server was not reachable: is the engine on this host? --network host needs it)"
-    elif text.endswith("non-zero code: 137"):
-        text += " (the step was killed, usually out of memory: give the engine more memory or use fewer --jobs)"
-    return text
-
-
-def run_commands(dockerfile: str) -> set[str]:
-    """The RUN commands of a Dockerfile's text as the classic builder runs them, spaces squashed.
-
-    Example:
-        >>> run_commands(Path("images/cpu/Dockerfile").read_text())
-        {'groupadd --gid 1001 app && useradd --uid 1001 ...', ...}
-    """
-    joined = re.sub(r"\\[ \t]*\n(?:[ \t]*(?:#[^\n]*)?\n)*", " ", dockerfile)  # continuations, their comments
-    commands = set()
-    for line in joined.splitlines():
-        if (m := re.match(r"\s*RUN\s+(.*)", line, re.IGNORECASE)) is None:
-            continue
-        command = m[1]
-        if command.startswith("["):  # exec form: the container's Cmd is the list itself
+    deadline = time.monotonic() + timeout
+    label = f"{SMOKE_LABEL}={os.getpid()}"
+    while True:
+        left = [c["Id"] for c in client.api.containers(all=True, filters={"label": label})]
+        for cid in left:
             try:
-                command = json.loads(command)[-1]
-            except (json.JSONDecodeError, IndexError, TypeError):
-                pass
-        commands.add(" ".join(str(command).split()))
-    return commands
-
-
-class OwnContainers:
-    """The containers one ``build_all`` starts, so that an interrupt removes those and no others.
-
-    The classic builder's intermediate containers carry no label of ours. One is this run's
-    when it is new since the run began, maps the wheel server's name to this run's loopback
-    address (no concurrent run holds it) and runs a RUN line of a Dockerfile being built, or a
-    metadata step ("#(nop) ..."). Smoke containers carry the smoke label with this process's ID.
-    """
-
-    def __init__(self, client: docker.DockerClient, dockerfiles: list[Path], wheels_at: str) -> None:
-        self.client = client
-        self.dockerfiles = dockerfiles
-        self.host = f"{wheelserver.HOST}:{wheels_at}"
-        self.owner = str(os.getpid())  # the value smoke.run_container gives SMOKE_LABEL
-        self.before = {c["Id"] for c in client.api.containers(all=True, quiet=True)}
-        self._steps: set[str] | None = None
-        self._seen: dict[str, bool] = {}
-
-    def find(self) -> list[str]:
-        """IDs of this run's containers that are still there."""
-        return [c["Id"] for c in self.client.api.containers(all=True)
-                if c["Id"] not in self.before and self._ours(c)]
-
-    def remove(self, running: Callable[[], bool] = lambda: False, say: Callable[[str], None] = print,
-               timeout: float = CLEANUP_S) -> None:
-        """Force-remove this run's containers until none is left and nothing that starts them runs.
-
-        Bounded by *timeout*; what is still there then is named with the command to remove it.
-        """
-        deadline = time.monotonic() + timeout
-        quiet_from = time.monotonic()
-        while True:
-            busy = running()
-            left = self.find()
-            for cid in left:
-                try:
-                    self.client.api.remove_container(cid, force=True)
-                except docker.errors.APIError:
-                    pass  # gone already, or the engine's own removal is in progress: look again
-            now = time.monotonic()
-            quiet_from = now if busy else quiet_from
-            if not left and not busy and now - quiet_from >= SETTLE_S:
-                return
-            if now > deadline:
-                if left:
-                    say(f"{len(left)} containers of this build are still there after {timeout:.0f} s; "
-                        f"remove them with: docker rm -f {' '.join(c[:12] for c in left)}")
-                return
-            time.sleep(0.1)
-
-    def _ours(self, summary: dict[str, Any]) -> bool:
-        from builder.images.smoke import SMOKE_LABEL
-
-        if (summary.get("Labels") or {}).get(SMOKE_LABEL) == self.owner:
-            return True
-        if (summary.get("HostConfig") or {}).get("NetworkMode") != "host":
-            return False
-        cid = summary["Id"]
-        if cid not in self._seen:
-            try:
-                info = self.client.api.inspect_container(cid)
-            except docker.errors.NotFound:
-                return False
-            cmd = info["Config"].get("Cmd") or [""]
-            self._seen[cid] = self.host in (info["HostConfig"].get("ExtraHosts") or []) and (
-                cmd[-1].startswith("#(nop) ") or " ".join(cmd[-1].split()) in self.steps)
-        return self._seen[cid]
-
-    @property
-    def steps(self) -> set[str]:
-        if self._steps is None:
-            self._steps = {c for path in self.dockerfiles if path.is_file() for c in run_commands(path.read_text())}
-        return self._steps
+                client.api.remove_container(cid, force=True)
+            except docker.errors.APIError:
+                pass  # gone already, or being removed: look again
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            say(f"{len(left)} smoke containers are still there after {timeout:.0f} s; "
+                f"remove them with: docker rm -f {' '.join(c[:12] for c in left)}")
+            return
+        time.sleep(0.2)
 
 
 def _tag(client: docker.DockerClient, image_id: str, refs: list[str], present: Sequence[str] = ()) -> None:
@@ -242,8 +147,6 @@ def process(
     push: bool,
     smoke: bool,
     cancel: threading.Event,
-    wheels_at: str,
-    cache_also: Sequence[str] = (),
     nocache: bool = False,
     content_tag: str | None = None,
 ) -> Outcome:
@@ -256,8 +159,7 @@ def process(
     start = time.monotonic()
     ui.start(target.unit)
     try:
-        _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
-               cache_also=cache_also, nocache=nocache)
+        _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, nocache=nocache)
         if push:
             ui.step(target.unit, out.steps, out.steps, "push")
             _publish(client, project, target, out, out.image_id or "")
@@ -328,7 +230,7 @@ def _reuse(
         else:
             return True  # known good in the registry; nothing local to tag
     out.smoke = "passed earlier"
-    out.size_bytes = image["Size"]
+    out.size_bytes = engine.image_size(client, out.image_id)
     _tag(client, out.image_id, target.local_refs, present=image.get("RepoTags") or ())
     out.tags = [r.rsplit(":", 1)[1] for r in target.local_refs]
     if push:
@@ -345,21 +247,18 @@ def _build(
     *,
     smoke: bool,
     cancel: threading.Event,
-    wheels_at: str,
-    cache_also: Sequence[str],
     nocache: bool,
 ) -> None:
-    pulled = [] if nocache else _cache_sources(client, target)
-    cache_from = [*pulled, *cache_also] if pulled else []
+    cache_from = [] if nocache else _cache_sources(client, target)
     out.image_id, out.steps, out.cached_steps = docker_build(
-        client, project, target, cache_from=cache_from, wheels_at=wheels_at, cancel=cancel, nocache=nocache,
+        client, project, target, cache_from=cache_from, cancel=cancel, nocache=nocache,
         on_step=lambda n, total, text: ui.step(target.unit, n, total, text),
         on_log=lambda line: ui.log(target.unit, line),
     )
     out.result = "built"
     if cancel.is_set():
         raise TargetFailed("interrupted")
-    out.size_bytes = client.api.inspect_image(out.image_id)["Size"]
+    out.size_bytes = engine.image_size(client, out.image_id)
     if smoke:
         from builder.images.smoke import smoke_test
 
@@ -389,36 +288,34 @@ def _current_revision(project: Project) -> str:
 
 
 def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[str]:
-    """On a fresh runner, the target's published image pulled as a cache source.
+    """On a fresh runner, the target's published image as a cache source (its inline cache metadata).
 
-    Returns [] when the image is already local (the local cache covers it; naming it as a
-    source would make the classic builder re-run the final metadata steps) or was never
-    published. With sources, the classic builder accepts a local hit only inside their layer
-    chains, so callers add the shared stage's image when they built it just now.
+    Returns [] when the image is already local (BuildKit's own cache covers it). BuildKit reads
+    the registry itself, layer by layer as needed: nothing is pulled first.
     """
     ref = target.local_refs[0]
     try:
         client.api.inspect_image(ref)
         return []
     except docker.errors.ImageNotFound:
-        pass
+        return registry_cache_source(ref)
+
+
+def registry_cache_source(ref: str) -> list[str]:
+    """[*ref*] when the registry has it, [] when it was never published or no registry answers (a cold build).
+
+    Asked before the build, so that a refusal (auth, a rate limit, a registry down) names its cause
+    instead of passing for "never published": BuildKit itself only warns and builds cold.
+    """
+    host = registry.Ref.parse(ref).host
+    if not registry.ping(host, timeout=2.0):
+        return []  # no registry answers (the local default, not started): nothing to read
     try:
-        client.api.pull(*ref.rsplit(":", 1), platform=target.platform,
-                        auth_config=registry.credentials(registry.Ref.parse(ref).host))
-    except docker.errors.DockerException as exc:
-        if never_published(exc):
-            return []  # build cold
-        raise TargetFailed(f"pulling the cache source {ref} failed, not for want of it: "
+        published = registry.manifest_digest(ref, registry.credentials(host)) is not None
+    except faults.KNOWN as exc:
+        raise TargetFailed(f"reading the cache source {ref} failed, not for want of it: "
                            f"{faults.describe(exc).line}") from None
-    return [ref]
-
-
-def never_published(exc: docker.errors.DockerException) -> bool:
-    """A pull failed because the registry has no such image; not auth, disk or a rate limit."""
-    if isinstance(exc, docker.errors.NotFound):
-        return True
-    text = str(getattr(exc, "explanation", None) or exc).lower()
-    return "manifest unknown" in text or ("not found" in text and "unauthorized" not in text)
+    return [ref] if published else []
 
 
 def ensure_base_present(
@@ -513,52 +410,50 @@ def _reuse_or_build(
             for p in dict.fromkeys(t.platform for t in buildable)}
     if any(project.base_for(p) != ref for p, ref in pins.items()):  # re-pinned: builds start FROM the new base
         project = dataclasses.replace(project, base_refs={**project.base_refs, **pins})
-        rendered = render.render(project, targets)
-        render.write(rendered)
-        tags = content.content_tags(project, targets, rendered)
-        ui.say(f"re-rendered the Dockerfiles for the new base pins {pins}; commit base.lock.json and images/")
+        tags = content.content_tags(project, targets, rendered)  # BASE is a build argument: in the tag
+        ui.say(f"re-pinned the base {pins} in base.lock.json; commit it")
     cancel, halt = threading.Event(), threading.Event()
-    with wheelserver.serve(wheelhouse.location(), project.matrix.wheelhouse_port) as wheels_at:
-        own = OwnContainers(client, [project.root / t.dockerfile for t in buildable], wheels_at)
+    futures: list[Future[Outcome | None]] = []
 
-        def one(t: ResolvedTarget, cache_also: list[str]) -> Outcome | None:
-            if cancel.is_set() or halt.is_set():
-                return None  # not started: interrupted, or a target failed without --keep-going
-            try:
-                outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, wheels_at=wheels_at,
-                                  cache_also=cache_also, nocache=rebuild, content_tag=tags[t.unit])
-            except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
-                outcome = Outcome(t.name, t.platform, content_tag=tags[t.unit], error=faults.describe(exc).line)
-            if outcome.error and not keep_going:
-                halt.set()
-            return outcome
-
-        futures: list[Future[Outcome | None]] = []
+    def one(t: ResolvedTarget) -> Outcome | None:
+        if cancel.is_set() or halt.is_set():
+            return None  # not started: interrupted, or a target failed without --keep-going
         try:
-            if jobs > 1 and len(buildable) > 1:
-                # Shared stage once, then the targets side by side on a warm cache.
-                ui.say("building the shared stage once")
-                common, _, _ = docker_build(client, project, buildable[0], stage="common", wheels_at=wheels_at,
-                                            cancel=cancel, on_log=lambda line: ui.log("common", line))
-                pool = ThreadPoolExecutor(max_workers=jobs)
-                try:
-                    for t in buildable:  # one by one: an interrupt sees every future submitted so far
-                        futures.append(pool.submit(one, t, [common]))
-                    outcomes += [o for f in futures if (o := f.result()) is not None]
-                finally:
-                    pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait for builds
-            else:
-                for t in buildable:
-                    if (outcome := one(t, [])) is None:
-                        break
-                    outcomes.append(outcome)
-        except KeyboardInterrupt:
-            # The interrupted connections are closed, so the engine cancels those builds and
-            # removes their containers, but on its own time: wait for that (workers too, woken by
-            # their containers going) so that nothing is left when the process exits.
-            cancel.set()
-            own.remove(running=lambda: any(not f.done() for f in futures), say=ui.say)
-            raise
-        except TargetFailed as exc:
-            raise UserError(f"building the shared stage failed: {exc}") from None
+            outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, nocache=rebuild,
+                              content_tag=tags[t.unit])
+        except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
+            outcome = Outcome(t.name, t.platform, content_tag=tags[t.unit], error=faults.describe(exc).line)
+        if outcome.error and not keep_going:
+            halt.set()
+        return outcome
+
+    try:
+        if jobs > 1 and len(buildable) > 1:
+            # Shared stage once, then the targets side by side on a warm cache.
+            ui.say("building the shared stage once")
+            docker_build(client, project, buildable[0], stage="common", cancel=cancel,
+                         on_log=lambda line: ui.log("common", line))
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            try:
+                for t in buildable:  # one by one: an interrupt sees every future submitted so far
+                    futures.append(pool.submit(one, t))
+                outcomes += [o for f in futures if (o := f.result()) is not None]
+            finally:
+                pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait for builds
+        else:
+            for t in buildable:
+                if (outcome := one(t)) is None:
+                    break
+                outcomes.append(outcome)
+    except KeyboardInterrupt:
+        # Each running build's buildx gets SIGINT (BuildKit cancels it: no step container stays);
+        # wait for the workers, then remove the smoke containers this run started.
+        cancel.set()
+        deadline = time.monotonic() + CLEANUP_S
+        while any(not f.done() for f in futures) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        remove_smoke_containers(client, say=ui.say)
+        raise
+    except TargetFailed as exc:
+        raise UserError(f"building the shared stage failed: {exc}") from None
     return outcomes

@@ -32,23 +32,29 @@ TAG_HEX = 12
 
 
 def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[str]:
-    """Context paths the Dockerfile's ``COPY`` lines read (``--from`` copies read no context),
-    with the build *args* (``${TARGETARCH}``) put in as the build will.
+    """Context paths the Dockerfile reads: its ``COPY``/``ADD`` sources and the sources of its
+    ``RUN --mount=type=bind`` mounts of the main context (a ``--from`` copy or mount reads no
+    context), with the build *args* (``${TARGETARCH}``) put in as the build will.
 
     Example:
-        >>> copy_sources("FROM x\\nCOPY images/tools.${TARGETARCH}.lock /opt/locks/\\nCOPY --from=a /b /c\\n",
-        ...              {"TARGETARCH": "arm64"})
-        ['images/tools.arm64.lock']
+        >>> copy_sources("FROM x\\nCOPY images/tools.${TARGETARCH}.lock /opt/locks/\\nCOPY --from=a /b /c\\n"
+        ...              "RUN --mount=type=bind,source=runtime,target=/r true\\n", {"TARGETARCH": "arm64"})
+        ['images/tools.arm64.lock', 'runtime']
     """
     values = args or {}
     sources: list[str] = []
-    for raw in dockerfile.splitlines():
+    for raw in re.sub(r"\\[ \t]*\n", " ", dockerfile).splitlines():
         line = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: values.get(m[1] or m[2], m[0]), raw)
-        words = shlex.split(line, comments=True) if line.startswith(("COPY ", "ADD ")) else []
-        if not words or any(w.startswith("--from") for w in words):
-            continue
-        paths = [w for w in words[1:] if not w.startswith("--")]
-        sources += [p.rstrip("/") for p in paths[:-1]]
+        if line.startswith(("COPY ", "ADD ")):
+            words = shlex.split(line, comments=True)
+            if not any(w.startswith("--from") for w in words):
+                paths = [w for w in words[1:] if not w.startswith("--")]
+                sources += [p.rstrip("/") for p in paths[:-1]]
+        elif line.startswith("RUN "):
+            for mount in re.findall(r"--mount=(\S+)", line):
+                fields = dict(f.split("=", 1) if "=" in f else (f, "") for f in mount.split(","))
+                if fields.get("type") == "bind" and "from" not in fields:
+                    sources.append(str(fields.get("source") or fields.get("src") or ".").strip("/") or ".")
     return sources
 
 

@@ -98,11 +98,21 @@ def plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None
     return layers
 
 
+def shared_and_planned(project: Project, target: ResolvedTarget) -> list[PlannedLayer]:
+    """The platform's shared locks as layers (``tools``: the installer; ``common``), then the view's plan."""
+    from builder.images.locks import shared_lock_path
+
+    shared = [PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, target.platform))[1]))
+              for name in ("tools", "common")]
+    return [*shared, *plan(project, target)]
+
+
 def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
     """{``WHEELS_<NAME>``: the layer's wheels} for every layer of the view's plan, and the
     platform's shared locks: ``WHEELS_TOOLS`` (the installer) and ``WHEELS_COMMON``."""
-    from builder.images.locks import shared_lock_path
+    return {layer.arg: layer.requirements for layer in shared_and_planned(project, target)}
 
-    shared = {name: PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, target.platform))[1]))
-              for name in ("tools", "common")}
-    return {layer.arg: layer.requirements for layer in [*shared.values(), *plan(project, target)]}
+
+def context_layers(project: Project, target: ResolvedTarget) -> dict[str, list[Pin]]:
+    """{layer: its wheels}: what the build context ``wheels`` holds for this view, one folder per layer."""
+    return {layer.name: list(layer.pins) for layer in shared_and_planned(project, target)}

@@ -46,12 +46,22 @@ def push_ref(client: docker.DockerClient, ref: str) -> str:
         raise TargetFailed(_explain(r.host, exc.explanation or str(exc))) from None
     except docker.errors.DockerException as exc:
         raise TargetFailed(f"push of {ref} failed: {exc}") from None
-    if digest is None:
-        raise TargetFailed(f"push of {ref}: the engine reported no digest")
     reported = registry.manifest_digest(ref, creds)
+    if digest is None:  # the containerd image store reports none: the local image's names say it
+        digest = reported if reported and f"{r.name}@{reported}" in _repo_digests(client, ref) else None
+        if digest is None:
+            raise TargetFailed(f"push of {ref}: the registry has {reported}, which the engine does not know "
+                               "as this image (another push to the same tag?); push again")
     if reported != digest:
         raise TargetFailed(f"push of {ref}: registry reports {reported}, the engine pushed {digest}")
     return digest
+
+
+def _repo_digests(client: docker.DockerClient, ref: str) -> list[str]:
+    try:
+        return list(client.api.inspect_image(ref).get("RepoDigests") or [])
+    except docker.errors.ImageNotFound:
+        return []
 
 
 def _explain(host: str, error: str) -> str:

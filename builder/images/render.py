@@ -17,10 +17,12 @@ from builder.config import grammar as g
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
 from builder.config.project import Project, ResolvedTarget
-from builder.images import layers, wheelserver
+from builder.images import layers
 
 #: Files under images/<target>/ that render owns; anything else there (locks) is left alone.
 RENDERED = ("Dockerfile",)
+#: Where a RUN finds its layer's wheels (the named build context `wheels`, one folder per layer).
+WHEELS_MOUNT = "/tmp/wheels"
 
 
 def _finalize(value: Any) -> Any:
@@ -56,9 +58,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
     template = env.get_template(name if (project.templates_dir / name).is_file() else "Dockerfile.j2")
     context = {
         "target": target,
-        "base_refs": {p: project.base_for(p) for p in target.platforms},
-        "wheels": wheelserver.url(project.matrix.wheelhouse_port),
-        "wheels_host": wheelserver.HOST,
+        "wheels": WHEELS_MOUNT,
         "epoch": project.matrix.base.source_date_epoch,
         "arg_name": layers.arg_name,
         "startup_imports": ", ".join(project.matrix.startup_imports),

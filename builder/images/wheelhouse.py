@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from builder.config.files import atomic_write
@@ -85,3 +87,44 @@ def missing(pins: list[Pin]) -> list[Pin]:
             absent.append(pin)
     remember(house, changes)
     return absent
+
+
+def context_folder(layers: dict[str, list[Pin]]) -> Path:
+    """Where :func:`build_context` puts these layers' wheels (nothing is written)."""
+    listing = json.dumps({layer: sorted(p.filename for p in pins) for layer, pins in layers.items()}, sort_keys=True)
+    # Beside the wheels: the same file system, so hard links.
+    return location() / ".contexts" / hashlib.sha256(listing.encode()).hexdigest()[:32]
+
+
+def build_context(layers: dict[str, list[Pin]]) -> Path:
+    """The named build context ``wheels``: one folder per layer holding exactly that layer's wheels.
+
+    A ``RUN`` mounts its layer's folder alone, and BuildKit keys its cache on the content of what
+    is mounted (not on file times), so a layer's cache depends on its own wheels only, as on any
+    runner. Content-addressed (``<wheelhouse>/.contexts/<digest>``) and made of hard links into the
+    wheelhouse (copies across file systems): the same wheels give the same folder, ready for
+    ``docker buildx bake`` as well, and another build's folder is never touched.
+    """
+    folder = context_folder(layers)
+    if folder.is_dir():
+        return folder
+    house, root = location(), folder.parent
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    try:
+        for layer, pins in layers.items():
+            (staging / layer).mkdir()
+            for pin in pins:
+                source, dest = house / pin.filename, staging / layer / pin.filename
+                try:
+                    os.link(source, dest)
+                except OSError:
+                    shutil.copy2(source, dest)
+        try:
+            staging.rename(folder)
+        except OSError:  # another build made the same folder first: the same content
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folder

@@ -26,10 +26,10 @@ def test_builder_base_twice_gives_the_same_image_id(tmp_path, engine, registry, 
     assert lock1["image_id"] == lock2["image_id"]
     assert lock1["reference"] == lock2["reference"]
     assert lock1["reference"].startswith(f"{registry}/ml-runtime/base@sha256:")
-    info = engine.api.inspect_image(lock1["image_id"])
+    info = engine.api.inspect_image(lock1["reference"])  # the engine's own ID differs by image store
     assert info["Created"].startswith("2025-01-01T00:00:00"), "created must be SOURCE_DATE_EPOCH, not now"
-    # The Dockerfiles were re-rendered onto the new pin, and lint stays clean.
-    assert lock2["reference"] in (root / "images/cpu/Dockerfile").read_text()
+    # The pin lives in base.lock.json alone: the rendered Dockerfiles name none, and stay current.
+    assert "base@sha256:" not in (root / "images/cpu/Dockerfile").read_text()
     assert run_builder("render", "--check", cwd=root).returncode == 0
     # Third run: the lock matches and the image is local: nothing is bootstrapped.
     third = run_builder("base", cwd=root)

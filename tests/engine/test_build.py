@@ -13,6 +13,7 @@ import tarfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from helpers import bare_build_project, fake_target, publish_base_to, run_builder
@@ -89,7 +90,7 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
     no pip config or netrc. (The base is Debian's own packages: its python3-venv ships the
     ensurepip wheels under /usr/share/python-wheels, which are not ours.)"""
     repo = f"{registry_of(cpu_project)}:cpu"
-    base = base_pin(cpu_project)["image_id"]
+    base = base_pin(cpu_project)["reference"]
     skip = len(engine.api.inspect_image(base)["RootFS"]["Layers"])
     archive = tmp_path / "image.tar"
     with archive.open("wb") as handle:
@@ -157,24 +158,37 @@ def _interrupt_and_resume(root, repo, engine):
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if "--no-build-isolation" in line:  # the runtime's RUN step has started
+        if "--no-build-isolation" in line:  # the runtime's RUN step has started (its step line)
             time.sleep(1.0)
             proc.send_signal(signal.SIGINT)
             break
     rest, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(seen[-20:]) + rest
     assert "Traceback" not in rest
-    # At once: the builder waits for its containers to be gone before it exits.
+    # At once: buildx was cancelled and waited for; nothing of the build runs or stays.
     left = {c.id for c in engine.containers.list(all=True)} - before
     assert not left, f"{len(left)} containers left after Ctrl-C"
+    assert not _buildx_running(root), "a buildx process of the interrupted build is still running"
     assert engine.api.inspect_image(f"{repo}:cpu")["Id"] == old, "tag moved to a half build"
     again, out = build_json(root, "-t", "cpu", "--no-smoke")
     assert again.returncode == 0, again.stderr[-2000:]
-    # Everything below the interrupted step came from cache: the steps before it, FROMs aside.
+    # Everything below the interrupted step came from cache: BuildKit's steps before it (RUN, COPY,
+    # WORKDIR; FROM, ARG, ENV and LABEL make no step).
     text = (root / "images/cpu/Dockerfile").read_text().split("--no-build-isolation")[0]
-    lines = text.split("\nFROM ", 1)[1].splitlines()  # the ARGs before the first FROM are no step
-    earlier = [ln for ln in lines if re.match(r"(ENV|RUN|COPY|WORKDIR|LABEL|USER|ARG) ", ln)][:-1]
+    earlier = [ln for ln in text.splitlines() if re.match(r"(RUN|COPY|ADD|WORKDIR) ", ln)][:-1]
     assert out["cpu"]["cached_steps"] == len(earlier), (out["cpu"], earlier)
+
+
+def _buildx_running(root) -> bool:
+    """A ``docker buildx build`` process whose working directory is *root*."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"buildx" in cmdline and b"build" in cmdline and os.readlink(proc / "cwd") == str(root):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 # Interrupts and smoke timeouts on a 2 MB image (FROM scratch + static busybox): seconds, not minutes.
@@ -184,7 +198,8 @@ TEST_LABEL = "io.ml-image-builder.test"
 
 @pytest.fixture
 def busybox(engine, tmp_path):
-    """A tiny image with a shell; every image and container descending from it goes at the end."""
+    """A tiny image with a shell, tagged (BuildKit starts FROM a name); every image and container
+    descending from it goes at the end."""
     binary = next((p for p in ("/bin/busybox", "/usr/bin/busybox") if os.path.isfile(p)), None)
     if binary is None:
         pytest.fail("no static busybox (apt-get install busybox-static)")
@@ -193,14 +208,17 @@ def busybox(engine, tmp_path):
     shutil.copy(binary, context / "busybox")
     (context / "Dockerfile").write_text(
         'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n')
-    marker = f"{TEST_LABEL}={uuid.uuid4().hex[:12]}"
-    image, _ = engine.images.build(path=str(context), rm=True, forcerm=True, labels=dict([marker.split("=")]))
+    marker = uuid.uuid4().hex[:12]
+    tag = f"mlb-test-busybox:{marker}"
+    build = subprocess.run(["docker", "buildx", "build", "-q", "--provenance=false", "--label", f"{TEST_LABEL}={marker}",
+                            "-t", tag, str(context)], capture_output=True, text=True, check=False)
+    assert build.returncode == 0, build.stderr
     try:
-        yield image.id
+        yield tag
     finally:  # labels are inherited: this finds every image built on it, children first
-        for container in engine.containers.list(all=True, filters={"ancestor": image.id}):
+        for container in engine.containers.list(all=True, filters={"ancestor": tag}):
             container.remove(force=True)
-        for built in sorted(engine.images.list(all=True, filters={"label": marker}),
+        for built in sorted(engine.images.list(all=True, filters={"label": f"{TEST_LABEL}={marker}"}),
                             key=lambda i: i.attrs["Created"], reverse=True):
             engine.images.remove(built.id, force=True, noprune=True)
 
@@ -211,21 +229,19 @@ class _UI:
     def __init__(self, want: int, on_running) -> None:
         self.want, self.on_running, self.sleeping, self.armed = want, on_running, set(), True
         self.main = threading.main_thread().ident
-        self.last: dict[str, str] = {}
 
-    def log(self, target: str, line: str) -> None:
-        if "Running in" in line and self.last.get(target, "").startswith("Step") and "sleep" in self.last[target]:
+    def step(self, target: str, n: int, total: int, text: str) -> None:
+        if "sleep" in text and target not in self.sleeping:
             self.sleeping.add(target)
             if len(self.sleeping) == self.want:
                 self.on_running()
-                threading.Timer(0.5, self.interrupt).start()
-        self.last[target] = line
+                threading.Timer(1.0, self.interrupt).start()
 
     def interrupt(self) -> None:
         if self.armed:  # never after build_all returned: pytest itself would get it
             signal.pthread_kill(self.main, signal.SIGINT)
 
-    start = step = done = say = lambda self, *a: None
+    start = log = done = say = lambda self, *a: None
 
 
 def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys: list[str]) -> float:
@@ -243,14 +259,8 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
     targets = [fake_target(n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x") for n in names]
 
     def add_decoys() -> None:
-        # New since the build began, yet not its own: same command from another run, this run's
-        # wheel-server address with another command, another process's smoke container.
-        other = {"network_mode": "host", "extra_hosts": {"builder-wheelhouse": "127.0.0.253"}}
-        mine = {"network_mode": "host", "extra_hosts": {"builder-wheelhouse": "127.0.0.1"}}
-        decoys.append(engine.api.create_container(busybox, ["/bin/sh", "-c", "sleep 300"],
-                                                  host_config=engine.api.create_host_config(**other))["Id"])
-        decoys.append(engine.api.create_container(busybox, ["/bin/sh", "-c", "sleep 299"],
-                                                  host_config=engine.api.create_host_config(**mine))["Id"])
+        # New since the build began, yet not its own: a plain container, another process's smoke container.
+        decoys.append(engine.api.create_container(busybox, ["/bin/sh", "-c", "sleep 300"])["Id"])
         decoys.append(engine.containers.create(busybox, ["sleep", "1"], labels={SMOKE_LABEL: "1"}).id)
 
     ui = _UI(len(names), add_decoys)
@@ -268,7 +278,8 @@ def test_interrupt_leaves_no_container_of_its_own_and_only_those(engine, busybox
     try:
         elapsed = _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs, decoys)
         left = {c.id for c in engine.containers.list(all=True, filters={"ancestor": busybox})}
-        assert len(decoys) == 3 and left == set(decoys), "the build's containers must go, others' stay"
+        assert len(decoys) == 2 and left == set(decoys), "the build's containers must go, others' stay"
+        assert not _buildx_running(tmp_path), "the cancelled builds' buildx processes must be gone"
         assert elapsed < 30, "an interrupt must not wait for the builds to finish"
     finally:
         for cid in decoys:

@@ -19,7 +19,7 @@ import yaml
 from helpers import run_builder
 
 from builder.images.publish import push_ref
-from devtools.support import REPO, copy_project, edit_matrix, free_port, host_platform, retarget_base_lock
+from devtools.support import REPO, copy_project, edit_matrix, host_platform, retarget_base_lock
 
 pytestmark = [pytest.mark.engine, pytest.mark.heavy]
 
@@ -53,7 +53,7 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
     amd64 build publishes the same tags as one index listing both (read back with skopeo)."""
     root = copy_project(tmp_path / "p")
     repo = f"{registry}/multiarch-gpu"
-    edit_matrix(root, registry=repo, wheelhouse_port=free_port())
+    edit_matrix(root, registry=repo)
     retarget_base_lock(REPO, root, repo)
     host = host_platform()
     foreign = "linux/arm64" if host == "linux/amd64" else "linux/amd64"
@@ -62,7 +62,7 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
     try:
         for platform, pinned in pins.items():  # the committed bases, pushed to this registry (same digests)
             try:
-                engine.api.tag(pinned["image_id"], f"{repo}/base", platform.split("/")[1])
+                engine.api.tag(pinned["reference"], f"{repo}/base", platform.split("/")[1])
             except docker.errors.ImageNotFound:
                 continue  # not local: the build bootstraps it (reproducible: the same pin)
             made.append(f"{repo}/base:{platform.split('/')[1]}")

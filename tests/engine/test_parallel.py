@@ -29,7 +29,7 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
         assert out["cpu"]["image_id"] != out["cpu-extra"]["image_id"]
         cpu, extra = (engine.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"]
                       for t in ("cpu", "cpu-extra"))
-        base = engine.api.inspect_image(lock["image_id"])["RootFS"]["Layers"]
+        base = engine.api.inspect_image(lock["reference"])["RootFS"]["Layers"]
         # The base, the common stage (users/venv, common packages), then the wheel layers of the
         # plan (torch, accelerate) and the start-up bytecode: reproducible, so built side by side
         # they are still the same objects; the last layer (cpu-extra's packages) differs.

@@ -34,7 +34,7 @@ import yaml
 
 from builder.oci import registry as oci
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
-from devtools.support import REPO, base_pin, copy_project, edit_matrix, fail_or_skip, free_port, host_platform
+from devtools.support import REPO, base_pin, copy_project, fail_or_skip, host_platform, retarget_base_lock
 
 pytestmark = pytest.mark.engine
 
@@ -120,9 +120,9 @@ class Runner:
         return json.loads((self.root / "dist" / "published.json").read_text())["cpu"]
 
 
-def _push_base(engine: docker.DockerClient, lock: dict, repo: str, creds: dict[str, str]) -> str:
+def _push_base(engine: docker.DockerClient, reference: str, repo: str, creds: dict[str, str]) -> str:
     """The pinned base, from the main engine, into the test registry (same image: same digest)."""
-    engine.api.tag(lock["image_id"], f"{repo}/base", "bookworm")
+    engine.api.tag(reference, f"{repo}/base", "bookworm")
     digest = None
     for event in engine.api.push(f"{repo}/base", "bookworm", auth_config=creds, stream=True, decode=True):
         assert "error" not in event, event
@@ -131,15 +131,13 @@ def _push_base(engine: docker.DockerClient, lock: dict, repo: str, creds: dict[s
 
 
 def _shared_steps(dockerfile: str) -> int:
-    """Non-FROM instructions before the runtime stage copies runtime/ (the common and torch stages)."""
-    joined = re.sub(r"\\\n", " ", "\n".join(ln for ln in dockerfile.splitlines() if not ln.lstrip().startswith("#")))
-    count, stages = 0, 0
-    for line in filter(str.strip, joined.splitlines()):
-        if line.startswith("COPY runtime"):
+    """BuildKit's steps (RUN, COPY, ADD, WORKDIR) before the runtime stage (the common and torch stages)."""
+    count = 0
+    for line in dockerfile.splitlines():
+        if line.startswith("FROM ") and " AS runtime" in line:
             return count
-        stages += line.startswith("FROM ")
-        count += stages > 0 and not line.startswith("FROM ")  # ARGs before the first FROM are no step
-    raise AssertionError("no COPY runtime in the Dockerfile")
+        count += line.startswith(("RUN ", "COPY ", "ADD ", "WORKDIR "))
+    raise AssertionError("no runtime stage in the Dockerfile")
 
 
 def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request):
@@ -151,16 +149,15 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
     env = job_env(spec, {"TARGET": "cpu", "PLATFORM": host_platform(), "PUBLISH": "true", "IMAGE_REGISTRY": repo,
                          "BUILDER_REGISTRY_USER": user, "BUILDER_REGISTRY_PASSWORD": password})
 
+    # The base this machine bootstraps (never the committed pin: the Debian mirror moves on).
+    based = request.getfixturevalue("based_project")
     source = copy_project(tmp_path / "source")  # what actions/checkout gives every runner
-    edit_matrix(source, wheelhouse_port=free_port())  # no wait on another build holding the default port
-    lock = base_pin(source)
-    pinned = lock["reference"].split("@", 1)[1]
+    local = base_pin(based)
+    pinned = local["reference"].split("@", 1)[1]
+    retarget_base_lock(based, source, repo, pinned)
     try:
-        engine.api.inspect_image(lock["image_id"])
-    except docker.errors.ImageNotFound:
-        request.getfixturevalue("based_project")  # bootstraps the base: reproducible, the same image
-    try:
-        assert _push_base(engine, lock, repo, creds) == pinned, "the base pushed elsewhere must keep its digest"
+        assert _push_base(engine, local["reference"], repo, creds) == pinned, \
+            "the base pushed elsewhere must keep its digest"
         base_ref = f"{repo}/base@{pinned}"
 
         # Runner A: empty engine, builds, smoke-tests and pushes.

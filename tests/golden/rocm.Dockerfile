@@ -4,12 +4,12 @@
 # Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
 # wheels, one layer per group of the layer plan) -> runtime (the in-image runtime, the layer that
 # changes most). Wheels come from the
-# builder's wheel server on loopback (the build runs with --network host), are checked against
-# the hash locks and never stay in a layer; no cache, CA bundle or credential does either.
+# named build context `wheels` (bind-mounted for the RUN that installs them: no network, no
+# server), are checked against the hash locks and never stay in a layer; no cache, CA bundle or
+# credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
 
-# The shared base, pinned by digest per platform in base.lock.json. `builder build` passes the
-# platform's pin as BASE:
-#   linux/amd64  registry.example:5000/debian@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa
+# The shared base, pinned by digest per platform in base.lock.json (not here: a re-pin changes
+# that file alone). `builder build` passes the platform's pin as BASE; `builder print` shows it.
 ARG BASE
 FROM ${BASE} AS common
 ENV PYTHONUNBUFFERED=1 \
@@ -20,12 +20,12 @@ ENV PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # Every RUN ends with fixed times: what it created or changed (found by ctime, which no tool
 # sets) gets the mtime 1735689600, so a layer's digest depends on its content alone, on any machine.
-RUN touch /tmp/.layer \
+RUN --network=none --mount=type=tmpfs,target=/tmp touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 groupadd --gid 1001 app \
  && SOURCE_DATE_EPOCH=1735689600 useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
  && python3 -m venv --without-pip /opt/venv \
  && install -d -o 1001 -g 1001 /workspace \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 WORKDIR /workspace
 # Wheels come as build arguments, one per layer, from the platform's locks (`builder build` passes
 # them; `builder print` lists them): WHEELS_<LAYER>="name==version --hash=sha256:<hex> ...", written
@@ -34,15 +34,15 @@ WORKDIR /workspace
 # lock, hash-checked like everything else) above.
 ARG WHEELS_TOOLS
 ARG WHEELS_COMMON
-RUN touch /tmp/.layer \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools --mount=type=bind,from=wheels,source=common,target=/tmp/wheels/common \
+    touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_COMMON > /tmp/common.lock \
  && set -- /usr/share/python-wheels/pip-*.whl \
  && python3 "$1/pip" install --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse --target /tmp/uv -r /tmp/tools.lock \
+      --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r /tmp/common.lock \
- && rm -rf /tmp/uv /tmp/tools.lock /tmp/common.lock \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
+      --find-links /tmp/wheels/common -r /tmp/common.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM common AS torch
 ARG WHEELS_TOOLS
@@ -50,14 +50,13 @@ ARG WHEELS_TOOLS
 # changes together and about 1 GB at most, so a change to one group rebuilds, pushes and pulls that
 # layer and those above it, and the engine fetches the layers side by side.
 ARG WHEELS_TORCH
-RUN if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools --mount=type=bind,from=wheels,source=torch,target=/tmp/wheels/torch \
+    if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
- && pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
-      --target /tmp/uv -r /tmp/tools.lock \
+ && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r /tmp/torch.lock \
- && rm -rf /tmp/uv /tmp/tools.lock /tmp/torch.lock \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp; fi
+      --find-links /tmp/wheels/torch -r /tmp/torch.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
 # the image. EMULATED is set when this platform is built under qemu on another architecture:
@@ -65,33 +64,33 @@ RUN if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
 # so those packages are compiled whole instead, without importing them: a larger image, the same
 # fast start. Like pip, that skips the files not meant for this Python (torch ships a few for 3.12).
 ARG EMULATED
-RUN touch /tmp/.layer \
+RUN --network=none --mount=type=tmpfs,target=/tmp touch /tmp/.layer \
  && if [ -z "$EMULATED" ]; then env -u PYTHONDONTWRITEBYTECODE python -c "import torch"; \
     else python -c "import compileall, importlib.util as u, sys; \
 [compileall.compile_dir(p, quiet=2, workers=0) for m in sys.argv[1:] \
 for p in u.find_spec(m).submodule_search_locations]" torch; fi \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM torch AS runtime
-COPY runtime /tmp/runtime
+# The in-image runtime and the examples come from the build context as bind mounts, not COPY:
+# no source tree (or its checkout times) in a layer, so these layers are reproducible too.
 # pip byte-compiles what it installs, so the runtime starts without compiling; with
 # SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
-RUN touch /tmp/.layer \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/runtime,rw --mount=type=bind,source=examples,target=/tmp/examples \
+    touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
- && rm -rf /tmp/runtime \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp
-COPY examples /opt/examples
+ && cp -R /tmp/examples /opt/examples \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 # The target's own packages last: targets that differ only in them share every layer below.
 ARG WHEELS_TOOLS
 ARG WHEELS_PACKAGES
-RUN if [ -n "$WHEELS_PACKAGES" ]; then touch /tmp/.layer \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools --mount=type=bind,from=wheels,source=packages,target=/tmp/wheels/packages \
+    if [ -n "$WHEELS_PACKAGES" ]; then touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
- && pip install --no-index --no-deps --require-hashes --find-links http://builder-wheelhouse:38611/ --trusted-host builder-wheelhouse \
-      --target /tmp/uv -r /tmp/tools.lock \
+ && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
-      --find-links http://builder-wheelhouse:38611/ -r /tmp/packages.lock \
- && rm -rf /tmp/uv /tmp/tools.lock /tmp/packages.lock \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} + && rm /tmp/.layer && touch -d @1735689600 /tmp; fi
+      --find-links /tmp/wheels/packages -r /tmp/packages.lock \
+ && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 LABEL \
       org.opencontainers.image.title="ml-runtime rocm" \
       org.opencontainers.image.version="rocm-torch2.2.2" \

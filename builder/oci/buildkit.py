@@ -1,0 +1,309 @@
+"""Builds through BuildKit: ``docker buildx build``, driven as a subprocess.
+
+docker-py drives only the legacy builder (docker-py#2230), so builds go through the buildx CLI;
+docker-py stays for everything else (inspect, tag, push, smoke runs). A :class:`BuildRequest`
+is a pure plan (what ``builder print`` and the bake file show); :func:`run` executes it, reads
+BuildKit's own progress events (``--progress=rawjson``) and returns the image's ID.
+
+The builder is the user's choice: ``--builder NAME`` or ``BUILDX_BUILDER`` (a team's remote
+BuildKit, a Kubernetes-driver farm); the default is the engine's own (the ``docker`` driver).
+Every build gets the engine's environment (``DOCKER_HOST``), so a builder on another engine is
+a docker context or ``BUILDX_BUILDER`` away.
+
+Example:
+    >>> BuildRequest(dockerfile="images/cpu/Dockerfile", context=".", platform="linux/amd64").argv()[:4]
+    ['docker', 'buildx', 'build', '--progress=rawjson']
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from builder.config.errors import TargetFailed, UserError
+
+#: How long a cancelled build may take to stop after SIGINT before it is killed.
+CANCEL_S = 20.0
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One image build, as data: every value is passed as its own argument (no shell)."""
+
+    dockerfile: str
+    context: str
+    platform: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    #: named contexts (``RUN --mount=from=NAME``): name -> a folder
+    contexts: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    stage: str | None = None
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+    no_cache: bool = False
+    #: the buildx builder (None: BUILDX_BUILDER, else the engine's own)
+    builder: str | None = None
+    #: the image store's output; compression is honoured by BuildKit's image exporter (the
+    #: containerd store, a remote builder), not by the classic store's
+    compression: str = "gzip"
+    tags: tuple[str, ...] = ()
+
+    def argv(self, iidfile: str | None = None, metadata: str | None = None) -> list[str]:
+        """The ``docker buildx build`` command line (no shell: values can't inject anything)."""
+        argv = ["docker", "buildx", "build", "--progress=rawjson", "--provenance=false", "--sbom=false"]
+        if self.builder:
+            argv += ["--builder", self.builder]
+        argv += ["--file", self.dockerfile, "--platform", self.platform]
+        if self.stage:
+            argv += ["--target", self.stage]
+        for key, value in self.build_args.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        for name, path in self.contexts.items():
+            argv += ["--build-context", f"{name}={path}"]
+        for key, value in self.labels.items():
+            argv += ["--label", f"{key}={value}"]
+        for source in self.cache_from:
+            argv += ["--cache-from", source]
+        for sink in self.cache_to:
+            argv += ["--cache-to", sink]
+        if self.no_cache:
+            argv.append("--no-cache")
+        for tag in self.tags:
+            argv += ["--tag", tag]
+        argv += ["--output", f"type=docker,compression={self.compression},force-compression=true"]
+        if iidfile:
+            argv += ["--iidfile", iidfile]
+        if metadata:
+            argv += ["--metadata-file", metadata]
+        argv.append(self.context)
+        return argv
+
+
+@dataclass
+class BuildResult:
+    """What a finished build made: the image's names, its steps and how many were cached.
+
+    The engine's ID for an image differs by store: the manifest digest in the containerd store,
+    the config digest in the classic one; *ids* holds both, in that order (see :func:`image_id`).
+    """
+
+    ids: tuple[str, ...]
+    steps: int
+    cached: int
+
+
+def version() -> str:
+    """``docker buildx version``'s line (empty when buildx is missing)."""
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def available() -> str | None:
+    """Why builds can't run here (no buildx), or None."""
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed (apt-get install docker.io)"
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return "docker buildx is not installed (apt-get install docker-buildx): builds need BuildKit"
+    return None
+
+
+def _events(stream: IO[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``--progress=rawjson`` (pretty-printed, one after another); other lines pass as text."""
+    decoder = json.JSONDecoder()
+    buffer = ""
+    for line in stream:
+        buffer += line
+        text = buffer.lstrip()
+        if not text:
+            buffer = ""
+            continue
+        if not text.startswith("{"):  # a plain message from buildx itself (an error, a warning)
+            yield {"text": text.rstrip()}
+            buffer = ""
+            continue
+        try:
+            event, _ = decoder.raw_decode(text)
+        except json.JSONDecodeError:
+            continue  # the object goes on in the next lines
+        buffer = ""
+        yield event
+
+
+#: A Dockerfile step's vertex: ``[stage n/m] INSTRUCTION ...`` (``[internal]``, ``[context x]`` and
+#: ``[auth]`` vertices are BuildKit's own work, no step).
+STEP = re.compile(r"^\[[^\]]* \d+/\d+\] (?!FROM )")
+
+
+class Steps:
+    """The build's steps from BuildKit's vertex events: the Dockerfile's own (FROM aside), done and cached."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.done: set[str] = set()
+        self.cached: set[str] = set()
+
+    def update(self, vertex: dict[str, Any]) -> str | None:
+        """Record one vertex event; return the step's name when it just started."""
+        name = vertex.get("name", "")
+        digest = vertex.get("digest", "")
+        if not STEP.match(name):
+            return None
+        started = digest not in self.names
+        self.names[digest] = name
+        if vertex.get("cached"):
+            self.cached.add(digest)
+        if vertex.get("completed"):
+            self.done.add(digest)
+        return name if started else None
+
+
+def _log_lines(event: dict[str, Any], steps: Steps) -> Iterator[str]:
+    """A step's output, one line per line, escape codes removed (uv colours when it sees a terminal)."""
+    for log in event.get("logs") or []:
+        data = log.get("data", "")
+        try:
+            text = base64.b64decode(data).decode("utf-8", "replace")
+        except (ValueError, TypeError):
+            continue
+        for line in text.splitlines():
+            clean = _strip_ansi(line).rstrip()
+            if clean:
+                yield clean
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\r", "", text)
+
+
+@contextlib.contextmanager
+def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[dict[str, str]]:
+    """The environment for buildx: with *creds* for *host* (from BUILDER_REGISTRY_*), a private
+    DOCKER_CONFIG naming them, removed afterwards; the build never sees them as arguments."""
+    env = dict(os.environ)
+    if not host or not creds:
+        yield env
+        return
+
+    with tempfile.TemporaryDirectory(prefix="builder-buildx-") as tmp:
+        source = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+        config: dict[str, Any] = {}
+        with contextlib.suppress(OSError, ValueError):
+            config = json.loads((source / "config.json").read_text())
+        if (source / "buildx").is_dir():  # the user's builders (BUILDX_BUILDER, --builder) stay known
+            os.symlink(source / "buildx", Path(tmp) / "buildx")
+        if (source / "contexts").is_dir():
+            os.symlink(source / "contexts", Path(tmp) / "contexts")
+        if (source / "cli-plugins").is_dir():
+            os.symlink(source / "cli-plugins", Path(tmp) / "cli-plugins")
+        token = base64.b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
+        config.pop("credsStore", None)
+        config.setdefault("auths", {})[host] = {"auth": token}
+        path = Path(tmp) / "config.json"
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(config))
+        env["DOCKER_CONFIG"] = tmp
+        yield env
+
+
+def run(
+    request: BuildRequest,
+    *,
+    on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
+    on_log: Callable[[str], None] = lambda line: None,
+    cancel: threading.Event | None = None,
+    registry_host: str | None = None,
+    creds: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> BuildResult:
+    """Run one build; return the image's ID. A failed build raises TargetFailed with BuildKit's error.
+
+    Relative paths in *request* are relative to *cwd* (the project's root). Once *cancel* is set, buildx gets SIGINT (it cancels the build in BuildKit: no container
+    or half-made image stays), then SIGKILL if it has not stopped within CANCEL_S.
+    """
+    if (problem := available()) is not None:
+        raise UserError(problem)
+    steps = Steps()
+    errors: list[str] = []
+    current = "starting"
+    with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
+        metadata = Path(tmp) / "metadata.json"
+        argv = request.argv(metadata=str(metadata))
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=cwd, start_new_session=True)  # a terminal's Ctrl-C reaches us, and we cancel it
+        watcher = threading.Thread(target=_cancel_on, args=(proc, cancel), daemon=True) if cancel else None
+        if watcher:
+            watcher.start()
+        try:
+            assert proc.stderr is not None
+            for event in _events(proc.stderr):
+                if "text" in event:
+                    errors.append(event["text"])
+                    continue
+                for vertex in event.get("vertexes") or []:
+                    if (started := steps.update(vertex)) is not None:
+                        current = started
+                        on_log(f"#{len(steps.names)} {' '.join(started.split())[:300]}")  # a step's own line
+                    on_step(len(steps.done), max(len(steps.names), 1), current)
+                    if vertex.get("error"):
+                        errors.append(vertex["error"])
+                for line in _log_lines(event, steps):
+                    on_log(line)
+            code = proc.wait()
+        except BaseException:
+            _stop(proc)
+            raise
+        if cancel is not None and cancel.is_set():
+            raise TargetFailed("interrupted")
+        if code != 0:
+            raise TargetFailed(_build_error(errors, code))
+        try:
+            made = json.loads(metadata.read_text())
+        except (OSError, ValueError):
+            made = {}
+    ids = tuple(d for key in ("containerimage.digest", "containerimage.config.digest") if (d := made.get(key)))
+    if not ids:
+        raise TargetFailed("BuildKit finished the build without naming the image it made")
+    return BuildResult(ids, len(steps.names), len(steps.cached))
+
+
+def _cancel_on(proc: subprocess.Popen[str], cancel: threading.Event) -> None:
+    while proc.poll() is None:
+        if cancel.wait(0.2):
+            _stop(proc)
+            return
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGINT (buildx cancels the solve), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=CANCEL_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _build_error(errors: list[str], code: int) -> str:
+    lines = [e.strip() for e in errors if e.strip()]
+    main = next((e for e in reversed(lines) if e.startswith("ERROR") or "error" in e.lower()), lines[-1] if lines
+                else f"docker buildx build exited {code}")
+    text = " ".join(main.split())[:400]
+    if "exit code: 137" in text:
+        text += " (the step was killed, usually out of memory: give the engine more memory or use fewer --jobs)"
+    return text

