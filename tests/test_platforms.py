@@ -136,3 +136,21 @@ def test_doctor_reports_emulation_per_foreign_platform(project, tmp_path):
     ok.mkdir()
     (checked,) = check_emulation(ctx, _binfmt(ok, "POF"))
     assert checked.status == "ok"
+
+
+def test_content_tag_covers_emulation_and_compression(project, monkeypatch):
+    """A native and an emulated build of one platform hold different bytecode layers, and zstd other
+    blobs: each gets its own content tag, so neither passes for the other."""
+    import dataclasses
+
+    from builder.config import platforms as plat
+
+    proj = load_project(project / "matrix.yaml")
+    arm64 = proj.target("nvidia-cu130").on("linux/arm64")
+    monkeypatch.setattr(plat, "host_platform", lambda: "linux/amd64")
+    emulated = content.content_tags(proj, [arm64])[arm64.unit]
+    monkeypatch.setattr(plat, "host_platform", lambda: "linux/arm64")
+    native = content.content_tags(proj, [arm64])[arm64.unit]
+    assert emulated != native
+    zstd = dataclasses.replace(arm64, compression="zstd")
+    assert content.content_tags(proj, [zstd])[zstd.unit] != native

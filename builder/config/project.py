@@ -62,6 +62,8 @@ class ResolvedTarget:
     layers: list[str] = field(default_factory=lambda: [PACKAGES_LAYER])
     #: The Kubernetes resource ``builder k8s`` asks for (matrix key k8s_resource; None: the vendor's default).
     k8s_resource: str | None = None
+    #: Layer compression of the image (matrix key compression, the target's or the top level's).
+    compression: str = "gzip"
 
     @property
     def primary_ref(self) -> str:
@@ -323,6 +325,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
                 platform=host if host in listed else listed[0],
                 layers=[*(layer.name for layer in matrix.layers if layer.applies_to(t.backend)), PACKAGES_LAYER],
                 k8s_resource=t.k8s_resource,
+                compression=t.compression or matrix.compression,
             )
         )
     if problems:

@@ -118,6 +118,23 @@ def check_buildkit(ctx: Context) -> list[Check]:
     return [Check("ok", "buildx", f"{buildkit.version()}; builder: {builder}")]
 
 
+def check_compression(ctx: Context) -> list[Check]:
+    """What the matrix publishes (gzip, zstd) and whether this engine keeps and pulls it."""
+    if ctx.project is None or ctx.client is None:
+        return []
+    zstd = sorted({t.name for t in ctx.project.targets if t.compression == "zstd"})
+    if not zstd:
+        return [Check("ok", "compression", "gzip layers: every engine, enroot and pyxis pull them")]
+    checks = [Check("warn", "compression", f"{', '.join(zstd)} publish zstd layers: Docker < 23 and enroot "
+                    "(Slurm's pyxis) cannot pull them", "set compression: gzip for targets such nodes run")]
+    if engine.image_store(ctx.client) == "classic":
+        checks.append(Check("warn", "compression", "this engine's classic image store keeps gzip whatever BuildKit "
+                            "writes, so these targets are published gzip from here",
+                            'enable the containerd image store: {"features": {"containerd-snapshotter": true}} '
+                            "in /etc/docker/daemon.json, then restart dockerd"))
+    return checks
+
+
 def check_gpus(ctx: Context) -> list[Check]:
     """What GPUs the PCI bus shows, and which vendor ``builder run`` would pick."""
     host = ctx.host
@@ -377,6 +394,7 @@ CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
     check_registry,
     check_tools,
     check_emulation,
+    check_compression,
 )
 
 

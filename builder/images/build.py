@@ -73,6 +73,7 @@ def build_request(
         cache_to=("type=inline",),
         no_cache=nocache,
         builder=os.environ.get("BUILDX_BUILDER") or None,
+        compression=target.compression,
     )
 
 

@@ -118,6 +118,9 @@ def content_tags(
             "files": [entry(p) for p in included if any(p == s or p.startswith(s + "/") for s in sources)],
             "args": args,  # the base pin and every locked wheel, layer by layer
             "platform": target.platform,
+            "compression": target.compression,  # other layer blobs, so another image
+            # Under qemu the bytecode step compiles instead of importing (EMULATED): other layers.
+            "emulated": not target.native,
         }
         digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
         tags[target.unit] = f"{target.primary_ref.rsplit(':', 1)[0]}:{target.name}-{digest[:TAG_HEX]}"

@@ -82,7 +82,10 @@ class BuildRequest:
             argv.append("--no-cache")
         for tag in self.tags:
             argv += ["--tag", tag]
-        argv += ["--output", f"type=docker,compression={self.compression},force-compression=true"]
+        # zstd is forced onto every layer (the base and cached layers come gzip or uncompressed); gzip
+        # is BuildKit's own, so cached layers keep their blobs and nothing is compressed again.
+        force = ",force-compression=true" if self.compression != "gzip" else ""
+        argv += ["--output", f"type=docker,compression={self.compression}{force}"]
         if iidfile:
             argv += ["--iidfile", iidfile]
         if metadata:
