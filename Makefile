@@ -12,7 +12,7 @@ KEY ?=
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render check lint images push verify test test-quick test-emulated golden bench gpu-check clean
+.PHONY: help host install render check lint images push verify test test-classic test-quick test-emulated golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -47,8 +47,12 @@ push: install ## Push built targets to the matrix's registry (TARGETS=... for a 
 verify: install ## Check a pushed image's signature, SBOM and provenance (REF=localhost:5000/ml-runtime:cpu KEY=cosign.pub)
 	$(BUILDER) verify $(REF) $(if $(KEY),--key $(KEY))
 
-test: install host ## Run the whole test suite: unit tests + real end-to-end builds, the NVIDIA image included
+test: install host ## The whole suite on this engine (containerd store), then the `classic` tests on a classic-store dockerd
 	$(PY) -m pytest -q -m 'not emulated'
+	$(PY) -m devtools.classic -q -m 'classic and not emulated'
+
+test-classic: install host ## Only the `classic` tests, on a second dockerd with the classic image store
+	$(PY) -m devtools.classic -q -m 'classic and not emulated'
 
 test-emulated: install host ## The foreign-platform build (nvidia-cu130 arm64 under qemu) and its index (marker: emulated)
 	$(PY) -m pytest -q -m emulated

@@ -9,7 +9,7 @@ from helpers import run_builder
 
 from devtools.support import base_pin, copy_project, edit_matrix, host_platform, native_only
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.classic]
 
 
 def test_builder_base_twice_gives_the_same_image_id(tmp_path, engine, registry, based_project):

@@ -32,6 +32,7 @@ def build_json(root, *args: str, env=None):
         pytest.fail(f"no JSON from builder build (exit {proc.returncode}): {proc.stderr[-2000:]}")
 
 
+@pytest.mark.classic
 def test_cpu_image_builds_and_passes_smoke(cpu_project, engine):
     """The fixture built, smoke-tested and pushed cpu; the record says so, with its content tag."""
     record = json.loads((cpu_project / "dist" / "published.json").read_text())["cpu"]
@@ -50,6 +51,7 @@ def test_cpu_image_builds_and_passes_smoke(cpu_project, engine):
     assert {f"{repo}:{t}" for t in ("cpu", "cpu-torch2.13.0", "latest-cpu")} <= set(info["RepoTags"])
 
 
+@pytest.mark.classic
 def test_unchanged_target_is_reused_not_rebuilt(cpu_project, engine):
     proc, out = build_json(cpu_project, "-t", "cpu")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -85,6 +87,7 @@ def test_rebuild_really_builds(cpu_project, engine):
     assert cpu["steps"] > 0 and cpu["cached_steps"] == 0  # no layer cache either
 
 
+@pytest.mark.classic
 def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path):
     """docker save the image and read every layer above the base: no .whl, no pip/uv cache,
     no pip config or netrc. (The base is Debian's own packages: its python3-venv ships the
@@ -131,6 +134,7 @@ def test_no_engine_is_one_line_exit_2(project):
     assert len(lines) == 1 and "DOCKER_HOST" in lines[0] and "unix:///tmp/no-such-docker.sock" in lines[0]
 
 
+@pytest.mark.classic
 def test_ctrl_c_mid_build_leaves_nothing_and_resumes(cpu_project, engine, tmp_path):
     """SIGINT during a RUN step: exit 130, no container left, the old tag kept, next run resumes."""
     root = copy_project(tmp_path / "p")

@@ -24,7 +24,7 @@ from builder.images.base import Rootfs, write_archive
 from builder.images.publish import push_ref
 from builder.oci import registry as oci
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.classic]
 PLATFORMS = ("linux/amd64", "linux/arm64")
 
 

@@ -12,7 +12,7 @@ from helpers import run_builder
 from builder.oci.registry import manifest_digest
 from devtools.support import copy_project, edit_matrix, retarget_base_lock
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.classic]
 
 
 def _retarget(src_root, dest_root, registry: str) -> None:

@@ -32,6 +32,7 @@ def run_in(image: str, command: str, volumes: list[tuple[str, str]] = ()) -> tup
         container.stop()
 
 
+@pytest.mark.classic
 def test_default_contract_passes_then_command_runs(cpu_image, no_leftovers):
     status, out, err = run_in(cpu_image, "python -c 'print(\"COMMAND RAN\")'")
     assert status == 0, out + err
@@ -58,6 +59,7 @@ def test_probe_describes_the_cpu(cpu_image, no_leftovers):
     assert probe["torch"]["version"] == "2.13.0+cpu"
 
 
+@pytest.mark.classic
 def test_builder_run_picks_cpu_and_returns_status(cpu_project, no_leftovers):
     proc = run_builder("run", "--", "python", "examples/train.py", cwd=cpu_project, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -79,10 +79,12 @@ def signing_key(tmp_path_factory) -> dict[str, Path]:
     return {"private": folder / "cosign.key", "public": folder / "cosign.pub"}
 
 
+@pytest.mark.classic
 def test_cpu_sbom_is_exactly_what_the_image_holds(cpu_project, engine):
     assert_sbom_is_the_image(cpu_project, engine, "cpu", f"{registry_of(cpu_project)}:cpu")
 
 
+@pytest.mark.classic
 def test_signed_push_of_cpu_passes_verify(cpu_project, signing_key):
     build = run_builder("build", "-t", "cpu", "--push", "--json", "-q", "--sign-key", str(signing_key["private"]),
                         cwd=cpu_project)
