@@ -1,14 +1,19 @@
-"""Supply chain without the engine: the SBOM from the real locks, the provenance, DSSE signing, and
-``builder verify`` against a real registry (Debian's docker-registry, no referrers API) holding
-small images pushed through the registry API: it passes on a signed image and fails, naming the
-check, on a re-tag to another digest, copied attachments, a wrong key and a missing attachment."""
+"""Supply chain without the engine: the SBOM from the real locks, the provenance, the signing key,
+and, against a real registry (Debian's docker-registry, no referrers API) holding small images
+pushed through the registry API, what cosign signs and attests: ``cosign verify``,
+``cosign verify-attestation`` and ``oras discover`` (run as peers) accept it, and ``builder verify``
+agrees with cosign: it passes on a signed image and fails, naming the check, where cosign fails
+too: a re-tag to another digest, copied attachments, a wrong key and a deleted attachment."""
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
 import json
+import os
+import shutil
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -19,16 +24,59 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from helpers import run_builder
-from securesystemslib.signer import CryptoSigner
 
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.images import publish
 from builder.oci import artifacts, registry
-from builder.supply import attach, provenance, sbom, signing, verify
-from devtools.support import REPO, copy_project, edit_matrix, retarget_base_lock, start_registry, stop
+from builder.supply import attach, provenance, sbom, signing
+from devtools.support import (
+    REPO,
+    copy_project,
+    edit_matrix,
+    fail_or_skip,
+    retarget_base_lock,
+    start_registry,
+    stop,
+)
 
 DIGEST = "sha256:" + "ab" * 32
+#: What cosign needs against a plain-HTTP loopback registry, and without the public transparency log.
+COSIGN_OFFLINE = ["--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry"]
+
+
+@pytest.fixture(scope="module")
+def tools() -> None:
+    """cosign signs (the builder runs it) and, with oras, checks as a peer: required under CI."""
+    for tool in ("cosign", "oras"):
+        if shutil.which(tool) is None:
+            fail_or_skip(f"{tool} is not installed (apt-get install {tool}; scripts/setup-host.sh installs it)")
+
+
+def cosign(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["cosign", *args], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def cosign_verify(ref: str, key: Path, kind: str) -> subprocess.CompletedProcess[str]:
+    """cosign's own check of *kind* (sig: cosign verify; sbom, att: verify-attestation --type)."""
+    if kind == "sig":
+        return cosign("verify", "--key", str(key), *COSIGN_OFFLINE, ref)
+    return cosign("verify-attestation", "--key", str(key), "--type", {"sbom": "cyclonedx", "att": "slsaprovenance1"}[kind],
+                  *COSIGN_OFFLINE, ref)
+
+
+def cosign_passes(ref: str, key: Path) -> list[bool]:
+    return [cosign_verify(ref, key, kind).returncode == 0 for kind in ("sig", "sbom", "att")]
+
+
+def discover(ref: str) -> list[dict[str, Any]]:
+    """oras discover's referrers of *ref* (it reads the referrers API, else the referrers tag)."""
+    run = subprocess.run(["oras", "discover", "--plain-http", "--format", "json", ref], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    found: list[dict[str, Any]] = json.loads(run.stdout).get("manifests") or []
+    return found
 
 
 # --- keys ------------------------------------------------------------------------------------------------
@@ -43,8 +91,8 @@ def _pem_pair(key: Any) -> tuple[bytes, bytes]:
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory) -> dict[str, Path]:
-    """A throwaway ECDSA P-256 signing key and its public key, and an unrelated Ed25519 public key."""
+def keys(tools, tmp_path_factory) -> dict[str, Path]:
+    """A throwaway ECDSA P-256 signing key (PEM) and its public key, and an unrelated Ed25519 public key."""
     folder = tmp_path_factory.mktemp("keys")
     private, public = _pem_pair(ec.generate_private_key(ec.SECP256R1()))
     _, other = _pem_pair(ed25519.Ed25519PrivateKey.generate())
@@ -142,18 +190,39 @@ def test_provenance_names_the_build(repo_project):
 # --- signing ---------------------------------------------------------------------------------------------
 
 
-def test_sign_and_verify_round_trip(keys):
-    signer = signing.load_signer(str(keys["private"]))
-    assert signer is not None
-    data = signing.seal(b'{"x": 1}', "application/json", signer)
-    envelope = json.loads(data)
-    assert set(envelope) == {"payload", "payloadType", "signatures"}
-    assert signing.unseal(data, signing.load_public_key(str(keys["public"]))) == ("application/json", b'{"x": 1}')
-    with pytest.raises(signing.BadEnvelope, match="no signature verifies with key"):
-        signing.unseal(data, signing.load_public_key(str(keys["other"])))
-    forged = json.dumps({**envelope, "payload": "eyJ4IjogMn0="}).encode()  # {"x": 2}, same signature
-    with pytest.raises(signing.BadEnvelope, match="no signature verifies"):
-        signing.unseal(forged, signing.load_public_key(str(keys["public"])))
+def test_a_pem_key_becomes_a_cosign_key_that_cosign_reads(keys, tmp_path):
+    """The PEM key is handed to cosign in cosign's format, in memory: cosign derives the same public key."""
+    key = signing.load_signer(str(keys["private"]), {})
+    assert key is not None
+    assert key.public_key.keyid == signing.load_public_key(str(keys["public"])).keyid
+    env = key.cosign_env()
+    assert env[signing.KEY_ENV].startswith("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----")
+    assert keys["private"].read_text() not in repr(key)
+    run = cosign("public-key", "--key", f"env://{signing.KEY_ENV}", env=env)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == keys["public"].read_text()
+    for private in (ed25519.Ed25519PrivateKey.generate(), ec.generate_private_key(ec.SECP384R1())):
+        pem, public = _pem_pair(private)
+        (tmp_path / "k.pem").write_bytes(pem)
+        other = signing.load_signer(str(tmp_path / "k.pem"), {})
+        assert other is not None
+        assert cosign("public-key", "--key", f"env://{signing.KEY_ENV}", env=other.cosign_env()).stdout == public.decode()
+
+
+def test_cosign_own_key_format_with_its_password(tmp_path):
+    """A key from 'cosign generate-key-pair': the password comes from COSIGN_PASSWORD; a wrong one fails at load."""
+    made = cosign("generate-key-pair", "--output-key-prefix", str(tmp_path / "cosign"), env={"COSIGN_PASSWORD": "pw1"})
+    assert made.returncode == 0, made.stderr
+    key = signing.load_signer(str(tmp_path / "cosign.key"), {"COSIGN_PASSWORD": "pw1"})
+    assert key is not None
+    assert key.public_key.keyid == signing.load_public_key(str(tmp_path / "cosign.pub")).keyid
+    text = (tmp_path / "cosign.key").read_text()
+    assert signing.load_signer(None, {"BUILDER_SIGNING_KEY": text, "COSIGN_PASSWORD": "pw1"}) is not None
+    with pytest.raises(UserError) as wrong:
+        signing.load_signer(str(tmp_path / "cosign.key"), {"COSIGN_PASSWORD": "pw2"})
+    assert str(wrong.value) == (f"--sign-key {tmp_path / 'cosign.key'}: cosign cannot read the key (decrypt: "
+                                "encrypted: decryption failed); set COSIGN_PASSWORD to its password")
+    assert text.splitlines()[1] not in str(wrong.value)
 
 
 def test_key_from_the_environment_and_errors_that_never_show_the_key(keys, tmp_path):
@@ -165,7 +234,7 @@ def test_key_from_the_environment_and_errors_that_never_show_the_key(keys, tmp_p
     garbage = "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWJ1dC1icm9rZW4=\n-----END PRIVATE KEY-----\n"
     with pytest.raises(UserError) as bad:
         signing.load_signer(None, {"BUILDER_SIGNING_KEY": garbage})
-    assert "$BUILDER_SIGNING_KEY: not a PEM private key" in str(bad.value)
+    assert "$BUILDER_SIGNING_KEY: not a PEM or cosign private key" in str(bad.value)
     assert "c2VjcmV0" not in str(bad.value)
     encrypted = ec.generate_private_key(ec.SECP256R1()).private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -180,6 +249,13 @@ def test_key_from_the_environment_and_errors_that_never_show_the_key(keys, tmp_p
         signing.load_public_key(str(keys["private"]), {})
 
 
+def test_signing_without_cosign_fails_before_the_build(keys, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(UserError, match=r"signing needs cosign \(2.x\), which is not installed: 'apt-get install "
+                                        r"cosign'"):
+        signing.load_signer(str(keys["private"]), {})
+
+
 # --- attached in a registry, and builder verify ----------------------------------------------------------
 
 
@@ -192,6 +268,10 @@ def deleting_registry(tmp_path_factory) -> Iterator[str]:
         pytest.fail(f"{exc}; .ci/run installs it")
     yield host
     stop(proc)
+
+
+def _verify(ref: str, key: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return run_builder("verify", ref, "--key", str(key), cwd=cwd, timeout=120)
 
 
 def push_tiny_image(name: str, tag: str, text: str, arch: str = "amd64") -> str:
@@ -230,24 +310,77 @@ def published(deleting_registry, keys, tmp_path_factory) -> dict[str, Any]:
     return {"root": root, "project": project, "name": name, "digest": digest, "attachments": done, "signer": signer}
 
 
-def _verify(ref: str, key: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_builder("verify", ref, "--key", str(key), cwd=cwd, timeout=120)
+def _hex(digest: str) -> str:
+    return digest.removeprefix("sha256:")
 
 
-def test_attachments_are_oci_artifacts_under_the_fallback_tags(published):
+def _manifest(ref: str) -> dict[str, Any]:
+    found = artifacts.get_manifest(ref)
+    assert found is not None, f"no {ref}"
+    doc: dict[str, Any] = json.loads(found[1])
+    return doc
+
+
+def test_cosign_verifies_the_signature_and_both_attestations(published, keys):
+    """What an admission controller runs: cosign verify and verify-attestation, for the SBOM and the provenance."""
+    ref = f"{published['name']}@{published['digest']}"
+    run = cosign_verify(ref, keys["public"], "sig")
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)[0]["critical"]["image"]["docker-manifest-digest"] == published["digest"]
+    for kind, predicate_type in (("sbom", "https://cyclonedx.org/bom"), ("att", "https://slsa.dev/provenance/v1")):
+        run = cosign_verify(ref, keys["public"], kind)
+        assert run.returncode == 0, run.stderr
+        statement = json.loads(base64.b64decode(json.loads(run.stdout.splitlines()[0])["payload"]))
+        assert statement["predicateType"] == predicate_type
+        assert statement["subject"][0]["digest"] == {"sha256": _hex(published["digest"])}
+        if kind == "sbom":  # the SBOM exactly as the builder made it
+            made = json.loads(sbom.sbom_json(published["project"], published["project"].target("cpu"), ref))
+            assert {k: v for k, v in statement["predicate"].items() if k != "serialNumber"} == \
+                {k: v for k, v in made.items() if k != "serialNumber"} | {"metadata": statement["predicate"]["metadata"]}
+            assert [c["bom-ref"] for c in statement["predicate"]["components"]] == \
+                [c["bom-ref"] for c in made["components"]]
+        else:
+            assert statement["predicate"]["buildDefinition"]["externalParameters"]["target"] == "cpu"
+
+
+def test_oras_discover_lists_the_attachments_by_the_referrers_tag(published):
+    """Debian's registry has no referrers API: the index under tag sha256-<hex> lists one referrer
+    per kind, each with the image as subject, and oras reads it."""
     name, digest = published["name"], published["digest"]
     assert set(published["attachments"]) == {"sig", "sbom", "att"}
+    found = discover(f"{name}@{digest}")
+    assert sorted((d["artifactType"], d["digest"]) for d in found) == sorted(
+        (attach.ARTIFACT_TYPES[kind], attached) for kind, attached in published["attachments"].items())
+    listed, where = artifacts.referrers(f"{name}@{digest}")
+    assert where == f"tag sha256-{_hex(digest)}"
+    assert {d["digest"] for d in listed} == set(published["attachments"].values())
+    tags = _manifest(f"{name}:sha256-{_hex(digest)}.sig"), _manifest(f"{name}:sha256-{_hex(digest)}.att")
     for kind, attached in published["attachments"].items():
-        tag = f"sha256-{digest.removeprefix('sha256:')}.{kind}"
-        assert registry.manifest_digest(f"{name}:{tag}") == attached
-        media, body, _ = artifacts.get_manifest(f"{name}:{tag}") or ("", b"", "")
-        manifest = json.loads(body)
-        assert media == artifacts.OCI_MANIFEST
+        manifest = _manifest(f"{name}@{attached}")
         assert manifest["subject"]["digest"] == digest
-        assert manifest["artifactType"] == attach.ARTIFACT_TYPES[kind]
-        assert manifest["config"]["mediaType"] == "application/vnd.oci.empty.v1+json"
-        assert manifest["layers"][0]["mediaType"] == "application/vnd.dsse.envelope.v1+json"
-    assert artifacts.referrers(f"{name}@{digest}") is None  # Debian's registry 2.8: no referrers API
+        assert manifest["annotations"][artifacts.KIND_ANNOTATION] == kind
+        # the very layer cosign wrote under its own tag (its signature, or its DSSE envelope)
+        assert manifest["layers"][0] in tags[0 if kind == "sig" else 1]["layers"]
+
+
+def test_put_referrer_leaves_the_index_to_a_registry_with_the_referrers_api(published, monkeypatch):
+    """A registry that answers a manifest with a subject with OCI-Subject indexes it itself: no tag index."""
+    subject = f"{published['name']}@{published['digest']}"
+    real = artifacts._request
+
+    def with_api(method, url, host, creds, headers, data=None):
+        status, got, body = real(method, url, host, creds, headers, data)
+        if method == "PUT" and "/manifests/sha256:" in url:
+            got = {**got, "OCI-Subject": published["digest"]}
+        return status, got, body
+
+    monkeypatch.setattr(artifacts, "_request", with_api)
+    other = push_tiny_image(published["name"], "cpu-api", "an image on an API registry")
+    manifest = {**_manifest(f"{published['name']}@{published['attachments']['sbom']}"),
+                "subject": {"mediaType": artifacts.OCI_MANIFEST, "digest": other, "size": 1}}
+    artifacts.put_referrer(f"{published['name']}@{other}", manifest)
+    assert artifacts.get_manifest(f"{published['name']}:sha256-{_hex(other)}") is None
+    assert artifacts.referrers(subject)[0]  # the signed image's index is untouched
 
 
 def test_verify_passes_on_the_signed_image(published, keys):
@@ -262,27 +395,7 @@ def test_verify_passes_on_the_signed_image(published, keys):
     assert "SLSA provenance v1: target cpu (linux/amd64)" in lines[2]
     by_digest = _verify(f"{name}@{digest}", keys["public"], published["root"])
     assert by_digest.returncode == 0, by_digest.stdout + by_digest.stderr
-
-
-def test_verify_finds_attachments_through_the_referrers_api(published, monkeypatch):
-    """Where the registry lists referrers (OCI 1.1), verify takes them from there, not the tags; an
-    older attachment signed by another key, listed first, does not hide the good one."""
-    subject = f"{published['name']}@{published['digest']}"
-    stranger = CryptoSigner.generate_ecdsa()
-    stale = artifacts.attach(subject, "stale", signing.ENVELOPE_TYPE,
-                             signing.seal(attach.signature_payload(subject), attach.SIMPLE_SIGNING, stranger),
-                             artifact_type=attach.SIMPLE_SIGNING)
-    listed = [{"digest": stale, "mediaType": artifacts.OCI_MANIFEST, "annotations": {artifacts.KIND_ANNOTATION: "sig"}}]
-    listed += [{"digest": d, "mediaType": artifacts.OCI_MANIFEST, "artifactType": attach.ARTIFACT_TYPES[k],
-                "annotations": {artifacts.KIND_ANNOTATION: k}} for k, d in published["attachments"].items()]
-    monkeypatch.setattr(artifacts, "referrers", lambda subject, creds=None: listed)
-    found = artifacts.find_all(subject, "sig", None, artifacts.referrers(subject))
-    assert [(a.digest, a.found_by) for a in found] == [(stale, "referrers"), (published["attachments"]["sig"],
-                                                                              "referrers")]
-    checks = verify.verify(subject, published["signer"].public_key)
-    assert [c.line().split(":")[0] for c in checks] == ["PASS sig", "PASS sbom", "PASS att"]
-    only_stale = verify.verify(subject, stranger.public_key)
-    assert only_stale[0].ok and not only_stale[1].ok and not only_stale[2].ok
+    assert cosign_passes(f"{name}:cpu", keys["public"]) == [True, True, True]
 
 
 def test_verify_fails_on_a_retag_to_another_digest(published, keys):
@@ -290,61 +403,77 @@ def test_verify_fails_on_a_retag_to_another_digest(published, keys):
     other = push_tiny_image(name, "cpu-retagged", "another image")
     run = _verify(f"{name}:cpu-retagged", keys["public"], published["root"])
     assert run.returncode == 1
-    hexdigest = other.removeprefix("sha256:")
+    tag = f"sha256-{_hex(other)}"
     assert run.stdout.splitlines() == [
-        f"FAIL {kind}: no attachment for {name}@{other} (no tag sha256-{hexdigest}.{kind})"
-        for kind in ("sig", "sbom", "att")
+        f"FAIL sig: no signature for {name}@{other} (no tag {tag}.sig)",
+        f"FAIL sbom: no attestation for {name}@{other} (no tag {tag}.att)",
+        f"FAIL att: no attestation for {name}@{other} (no tag {tag}.att)",
     ]
+    assert cosign_passes(f"{name}:cpu-retagged", keys["public"]) == [False, False, False]
 
 
 def test_verify_fails_when_the_attachments_are_copied_to_another_digest(published, keys):
-    """The tampered tag also gets the signed image's attachments: under its own tags, or re-wrapped."""
+    """The tampered image gets the signed image's signature and attestations under its own cosign tags."""
     name, signed = published["name"], published["digest"]
     other = push_tiny_image(name, "cpu-copied", "a third image")
-    for kind in ("sig", "sbom"):  # the signed image's attachment manifests, as they are
-        registry.copy_tag(f"{name}:sha256-{signed.removeprefix('sha256:')}.{kind}",
-                          f"sha256-{other.removeprefix('sha256:')}.{kind}")
-    # The provenance's envelope, attached anew to the other digest (its manifest's subject is right).
-    found = artifacts.find(f"{name}@{signed}", "att")
-    assert found is not None
-    artifacts.attach(f"{name}@{other}", "att", found.media_type, found.payload, artifact_type=found.artifact_type)
+    for suffix in ("sig", "att"):
+        registry.copy_tag(f"{name}:sha256-{_hex(signed)}.{suffix}", f"sha256-{_hex(other)}.{suffix}")
     run = _verify(f"{name}:cpu-copied", keys["public"], published["root"])
     assert run.returncode == 1
-    tag = f"sha256-{other.removeprefix('sha256:')}"
+    tag = f"sha256-{_hex(other)}"
     assert run.stdout.splitlines() == [
-        f"FAIL sig: the attachment under tag {tag}.sig is attached to {signed}, not {other}",
-        f"FAIL sbom: the attachment under tag {tag}.sbom is attached to {signed}, not {other}",
+        f"FAIL sig: tag {tag}.sig: the signature is for {signed}, not {other}",
+        f"FAIL sbom: tag {tag}.att: the signed statement is about {signed}, not {other}",
         f"FAIL att: tag {tag}.att: the signed statement is about {signed}, not {other}",
     ]
+    assert cosign_passes(f"{name}:cpu-copied", keys["public"]) == [False, False, False]
 
 
 def test_verify_fails_with_a_wrong_key(published, keys):
     run = _verify(f"{published['name']}:cpu", keys["other"], published["root"])
     assert run.returncode == 1
     other = signing.load_public_key(str(keys["other"])).keyid[:12]
-    signer = published["signer"].public_key.keyid[:12]
-    tag = f"sha256-{published['digest'].removeprefix('sha256:')}"
+    tag = f"sha256-{_hex(published['digest'])}"
     assert run.stdout.splitlines() == [
-        f"FAIL {kind}: tag {tag}.{kind}: no signature verifies with key {other} (signed by: {signer})"
-        for kind in ("sig", "sbom", "att")
+        f"FAIL sig: tag {tag}.sig: no signature verifies with key {other}",
+        f"FAIL sbom: tag {tag}.att: no attestation verifies with key {other}",
+        f"FAIL att: tag {tag}.att: no attestation verifies with key {other}",
     ]
+    assert cosign_passes(f"{published['name']}:cpu", keys["other"]) == [False, False, False]
 
 
-def test_verify_fails_on_a_missing_attachment(published, keys, tmp_path):
-    name = published["name"]
-    project = published["project"]
+def test_verify_fails_on_a_deleted_attachment(published, keys):
+    """The attestations deleted (cosign keeps both in one manifest): the signature still verifies, for both."""
+    name, project = published["name"], published["project"]
     digest = push_tiny_image(name, "cpu-partial", "a fourth image")
-    done = attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
-    artifacts.delete_manifest(name, done["sbom"])
+    attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
+    assert cosign_passes(f"{name}:cpu-partial", keys["public"]) == [True, True, True]
+    artifacts.delete_manifest(name, registry.manifest_digest(f"{name}:sha256-{_hex(digest)}.att") or "")
     run = _verify(f"{name}:cpu-partial", keys["public"], published["root"])
     assert run.returncode == 1
     lines = run.stdout.splitlines()
-    assert lines[0].startswith("PASS sig:") and lines[2].startswith("PASS att:")
-    assert lines[1] == f"FAIL sbom: no attachment for {name}@{digest} (no tag sha256-{digest.removeprefix('sha256:')}.sbom)"
+    assert lines[0].startswith("PASS sig:")
+    assert lines[1:] == [f"FAIL {kind}: no attestation for {name}@{digest} (no tag sha256-{_hex(digest)}.att)"
+                         for kind in ("sbom", "att")]
+    assert cosign_passes(f"{name}:cpu-partial", keys["public"]) == [True, False, False]
+
+
+def test_verify_fails_on_a_deleted_signature(published, keys):
+    name, project = published["name"], published["project"]
+    digest = push_tiny_image(name, "cpu-unsigned", "a fifth image")
+    attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
+    artifacts.delete_manifest(name, registry.manifest_digest(f"{name}:sha256-{_hex(digest)}.sig") or "")
+    run = _verify(f"{name}:cpu-unsigned", keys["public"], published["root"])
+    assert run.returncode == 1
+    assert run.stdout.splitlines()[0] == \
+        f"FAIL sig: no signature for {name}@{digest} (no tag sha256-{_hex(digest)}.sig)"
+    assert [line.split(":")[0] for line in run.stdout.splitlines()[1:]] == ["PASS sbom", "PASS att"]
+    assert cosign_passes(f"{name}:cpu-unsigned", keys["public"]) == [False, True, True]
 
 
 def test_verify_of_an_index_checks_it_and_every_platform(published, keys):
-    """A multi-platform target: each platform image carries the three, the index its own signature."""
+    """A multi-platform target: each platform image carries the three, the index its own signature;
+    cosign verifies each, and oras finds each one's referrers."""
     name, project, signer = published["name"], published["project"], published["signer"]
     target = project.target("nvidia-cu130")
     pushed = []
@@ -367,6 +496,12 @@ def test_verify_of_an_index_checks_it_and_every_platform(published, keys):
         "PASS sig [linux/amd64]", "PASS sbom [linux/amd64]", "PASS att [linux/amd64]",
         "PASS sig [linux/arm64]", "PASS sbom [linux/arm64]", "PASS att [linux/arm64]",
     ]
+    run = cosign_verify(f"{name}:nvidia-cu130", keys["public"], "sig")  # the index by its tag
+    assert run.returncode == 0, run.stderr
+    assert [d["artifactType"] for d in discover(f"{name}:nvidia-cu130")] == [attach.COSIGN_SIG_ARTIFACT]
+    for view, digest, _ in pushed:
+        assert cosign_passes(f"{name}@{digest}", keys["public"]) == [True, True, True], view.unit
+        assert sorted(d["artifactType"] for d in discover(f"{name}@{digest}")) == sorted(attach.ARTIFACT_TYPES.values())
 
 
 def test_verify_usage_errors_exit_2_in_one_line(published, tmp_path):
@@ -375,7 +510,7 @@ def test_verify_usage_errors_exit_2_in_one_line(published, tmp_path):
     assert run.returncode == 2
     absent = tmp_path / "absent.pub"
     assert run.stderr.strip().splitlines() == [
-        f"error: --key {absent}: cannot read it (No such file or directory); give a readable PEM key file"]
+        f"error: --key {absent}: cannot read it (No such file or directory); give a readable key file"]
     nokey = run_builder("verify", f"{published['name']}:cpu", cwd=published["root"], timeout=60,
                         env={"BUILDER_VERIFY_KEY": ""})
     assert nokey.returncode == 2 and "no public key: pass --key PUB" in nokey.stderr
@@ -389,7 +524,25 @@ def test_pushing_a_signed_image_again_keeps_its_attachments(published):
                                    said.append) == {}
     assert said == [f"cpu: {name}@{digest} already carries sig, sbom, att signed by this key"]
     assert attach.already_attested(f"{name}@{digest}", published["signer"]) == published["attachments"]
-    assert attach.already_attested(f"{name}@{digest}", CryptoSigner.generate_ecdsa()) == {}
+    (published["root"] / "stranger.pem").write_bytes(_pem_pair(ec.generate_private_key(ec.SECP256R1()))[0])
+    stranger = signing.load_signer(str(published["root"] / "stranger.pem"), {})
+    assert stranger is not None and attach.already_attested(f"{name}@{digest}", stranger) == {}
+
+
+def test_signing_again_does_not_pile_up(published, keys):
+    """Signed and attested again (say, a referrer was lost): still one signature, one attestation of
+    each type, one referrer of each kind; cosign's and oras's views unchanged."""
+    name, project = published["name"], published["project"]
+    digest = push_tiny_image(name, "cpu-again", "a sixth image")
+    image = f"{name}@{digest}"
+    first = attach.attest(project, project.target("cpu"), image, None, published["signer"])
+    again = attach.attest(project, project.target("cpu"), image, None, published["signer"])
+    assert again["sig"] == first["sig"]  # cosign added no second signature: the same referrer
+    assert len(_manifest(f"{name}:sha256-{_hex(digest)}.sig")["layers"]) == 1
+    layers = _manifest(f"{name}:sha256-{_hex(digest)}.att")["layers"]
+    assert sorted(la["annotations"]["predicateType"] for la in layers) == sorted(attach.PREDICATE_TYPES.values())
+    assert sorted(d["digest"] for d in discover(image)) == sorted(again.values())
+    assert cosign_passes(image, keys["public"]) == [True, True, True]
 
 
 def test_build_attaches_to_each_pushed_outcome_and_fails_the_target_it_cannot(published):

@@ -67,7 +67,8 @@ platform_option = click.option(
 
 sign_key_option = click.option(
     "--sign-key", default=None, metavar="PATH", type=click.Path(dir_okay=False),
-    help="PEM private key (ECDSA, Ed25519, RSA) that signs each pushed image, its SBOM and its provenance, "
-    "attached to its digest (default: the PEM text in $BUILDER_SIGNING_KEY; passphrase: "
-    "$BUILDER_SIGNING_KEY_PASSWORD). Never printed, never passed to the engine. Without one, nothing is attached.",
+    help="Private key cosign signs each pushed image, its SBOM and its provenance with: cosign's own "
+    "(cosign generate-key-pair; password: $COSIGN_PASSWORD) or PEM (ECDSA, Ed25519, RSA; passphrase: "
+    "$BUILDER_SIGNING_KEY_PASSWORD). Default: the key text in $BUILDER_SIGNING_KEY. Never printed, never "
+    "passed to the engine. Without one, nothing is attached.",
 )

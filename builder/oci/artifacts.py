@@ -1,24 +1,24 @@
-"""OCI 1.1 artifacts attached to an image digest, through the registry API: push, find, read.
+"""OCI 1.1 referrers of an image digest, through the registry API: put, list, read.
 
-An attachment is an OCI image manifest with an ``artifactType``, the empty config, one layer
-(the attached document) and a ``subject`` descriptor naming the image manifest. A registry that
-implements the referrers API (OCI distribution 1.1) indexes it by that subject; every registry
-also finds it under the cosign-style tag ``sha256-<hex>.<kind>`` (Debian's docker-registry 2.8
-has no referrers API), which is how :func:`find` falls back.
+A referrer is an OCI image manifest whose ``subject`` descriptor names the image manifest (and an
+``artifactType``, or a config media type that says what it is). A registry with the referrers API
+(distribution-spec 1.1) indexes it by that subject; for one without (Debian's docker-registry 2.8)
+the client keeps the index itself, under the referrers tag schema's tag ``sha256-<hex>``
+(:func:`put_referrer`), where ``oras discover`` and go-containerregistry look. cosign's own
+``sha256-<hex>.sig`` and ``.att`` tags (:func:`cosign_tag`) are another scheme beside it: cosign
+reads those, oras these.
 
 Example:
-    >>> attach("localhost:5000/ml-runtime@sha256:ab...", "sbom", "application/vnd.dsse.envelope.v1+json",
-    ...        envelope_bytes, artifact_type="application/vnd.cyclonedx+json")
+    >>> put_referrer("localhost:5000/ml-runtime@sha256:ab...", manifest)
     'sha256:...'
-    >>> find("localhost:5000/ml-runtime@sha256:ab...", "sbom").payload == envelope_bytes
-    True
+    >>> referrers("localhost:5000/ml-runtime@sha256:ab...")
+    ([{'mediaType': 'application/vnd.oci.image.manifest.v1+json', 'digest': 'sha256:...', ...}], 'tag sha256-ab...')
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from builder.config.errors import UserError
@@ -34,31 +34,6 @@ KIND_ANNOTATION = "dev.ml-image-builder.attachment"
 
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def fallback_tag(digest: str, kind: str) -> str:
-    """The cosign-style tag an attachment of *kind* to *digest* goes under.
-
-    Example:
-        >>> fallback_tag("sha256:ab12", "sig")
-        'sha256-ab12.sig'
-    """
-    return f"{digest.replace(':', '-')}.{kind}"
-
-
-@dataclass(frozen=True)
-class Attachment:
-    """One attachment as found in the registry: where, what it says it is attached to, its document."""
-
-    digest: str
-    kind: str
-    artifact_type: str
-    #: the subject digest its manifest names (None: the manifest has no subject)
-    subject: str | None
-    media_type: str
-    payload: bytes
-    #: how it was found: "referrers" or "tag <tag>"
-    found_by: str
 
 
 def get_manifest(ref: str, creds: dict[str, str] | None = None) -> tuple[str, bytes, str] | None:
@@ -117,88 +92,79 @@ def delete_manifest(name: str, digest: str, creds: dict[str, str] | None = None)
     _request("DELETE", f"{_base_url(r.host)}/v2/{r.repository}/manifests/{digest}", r.host, creds, {})
 
 
-def attach(subject: str, kind: str, media_type: str, payload: bytes, *, artifact_type: str,
-           creds: dict[str, str] | None = None) -> str:
-    """Attach *payload* to the manifest *subject* (``host/repo@sha256:...``) as an OCI 1.1 artifact,
-    also tagged ``sha256-<hex>.<kind>``; return the artifact manifest's digest.
+def cosign_tag(digest: str, suffix: str) -> str:
+    """cosign's tag for the signatures (``sig``) or attestations (``att``) of *digest*.
 
     Example:
-        >>> attach("localhost:5000/ml-runtime@sha256:ab...", "sig", "application/vnd.dsse.envelope.v1+json",
-        ...        b"{...}", artifact_type="application/vnd.dev.cosign.simplesigning.v1+json")
-        'sha256:...'
+        >>> cosign_tag("sha256:ab12", "sig")
+        'sha256-ab12.sig'
+    """
+    return f"{digest.replace(':', '-')}.{suffix}"
+
+
+def referrers_tag(digest: str) -> str:
+    """The OCI 1.1 referrers tag schema's tag for *digest*: the index listing its referrers where the
+    registry has no referrers API (what oras and go-containerregistry read and write).
+
+    Example:
+        >>> referrers_tag("sha256:ab12")
+        'sha256-ab12'
+    """
+    return digest.replace(":", "-")
+
+
+def put_referrer(subject: str, manifest: dict[str, Any], creds: dict[str, str] | None = None) -> str:
+    """Put *manifest* (an OCI image manifest whose ``subject`` is *subject*'s) by its digest, and make
+    it found as *subject*'s referrer; return its digest.
+
+    A registry with the referrers API says so (the ``OCI-Subject`` header) and indexes it itself;
+    for one without (Debian's docker-registry 2.8), the index under :func:`referrers_tag` gets its
+    descriptor, as distribution-spec 1.1 says a client does. An older referrer with the same
+    :data:`KIND_ANNOTATION` leaves that index: a re-attachment replaces, it does not pile up.
     """
     r = Ref.parse(subject)
     if not r.digest:
-        raise UserError(f"attach: {subject} names no digest; attachments go on a manifest digest")
-    found = get_manifest(subject, creds)
-    if found is None:
-        raise UserError(f"registry {r.host} has no {subject} to attach a {kind} to")
-    subject_type, subject_body, _ = found
-    push_blob(r.name, EMPTY, creds)
-    layer = push_blob(r.name, payload, creds)
-    manifest: dict[str, Any] = {
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "artifactType": artifact_type,
-        "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY)},
-        "layers": [{"mediaType": media_type, "digest": layer, "size": len(payload)}],
-        "subject": {"mediaType": subject_type, "digest": r.digest, "size": len(subject_body)},
-        "annotations": {KIND_ANNOTATION: kind},
-    }
+        raise UserError(f"attach: {subject} names no digest; referrers go on a manifest digest")
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return put_manifest(r.name, fallback_tag(r.digest, kind), body, OCI_MANIFEST, creds)
+    digest = digest_of(body)
+    _, headers, _ = _request("PUT", f"{_base_url(r.host)}/v2/{r.repository}/manifests/{digest}", r.host, creds,
+                             {"Content-Type": OCI_MANIFEST}, body)
+    if _header(headers, "OCI-Subject"):
+        return digest
+    annotations = manifest.get("annotations") or {}
+    descriptor: dict[str, Any] = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(body),
+                                  "artifactType": manifest.get("artifactType") or manifest["config"]["mediaType"]}
+    if annotations:
+        descriptor["annotations"] = annotations
+    kind = annotations.get(KIND_ANNOTATION)
+    tag = referrers_tag(r.digest)
+    found = get_manifest(f"{r.name}:{tag}", creds)
+    listed: list[dict[str, Any]] = json.loads(found[1]).get("manifests", []) if found and found[0] == OCI_INDEX else []
+    kept = [d for d in listed if d.get("digest") != digest
+            and (kind is None or (d.get("annotations") or {}).get(KIND_ANNOTATION) != kind)]
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [*kept, descriptor]}
+    put_manifest(r.name, tag, json.dumps(index, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX, creds)
+    return digest
 
 
-def referrers(subject: str, creds: dict[str, str] | None = None) -> list[dict[str, Any]] | None:
-    """The referrers API's descriptors for *subject*, or None when the registry has no referrers API."""
+def referrers(subject: str, creds: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The descriptors of *subject*'s referrers and where they were read: from the referrers API
+    where the registry has one, else from the index under :func:`referrers_tag` (as ``oras discover``
+    reads them); ([], where) when there are none."""
     r = Ref.parse(subject)
+    if not r.digest:
+        raise UserError(f"referrers: {subject} names no digest")
     url = f"{_base_url(r.host)}/v2/{r.repository}/referrers/{r.digest}"
     try:
         status, headers, body = _request("GET", url, r.host, creds, {"Accept": OCI_INDEX})
     except UserError:
-        return None  # e.g. 400/405 from a registry that does not know the endpoint
-    if status == 404 or not _header(headers, "Content-Type").startswith(OCI_INDEX):
-        return None
-    manifests: list[dict[str, Any]] = json.loads(body).get("manifests", [])
-    return manifests
-
-
-def find(subject: str, kind: str, creds: dict[str, str] | None = None,
-         listed: list[dict[str, Any]] | None = None) -> Attachment | None:
-    """The first attachment of *kind* to *subject* (see :func:`find_all`), or None."""
-    found = find_all(subject, kind, creds, listed)
-    return found[0] if found else None
-
-
-def find_all(subject: str, kind: str, creds: dict[str, str] | None = None,
-             listed: list[dict[str, Any]] | None = None) -> list[Attachment]:
-    """The attachments of *kind* to *subject* (``host/repo@sha256:...``): those the referrers
-    descriptors *listed* name (see :func:`referrers`), then the one under the fallback tag.
-
-    A manifest under the tag that is no attachment (an OCI manifest with one layer) is a :class:`UserError`.
-    """
-    r = Ref.parse(subject)
-    if not r.digest:
-        raise UserError(f"find: {subject} names no digest")
-    tag = fallback_tag(r.digest, kind)
-    candidates = [(f"{r.name}@{d['digest']}", "referrers") for d in listed or []
-                  if (d.get("annotations") or {}).get(KIND_ANNOTATION) == kind]
-    candidates.append((f"{r.name}:{tag}", f"tag {tag}"))
-    out: list[Attachment] = []
-    for reference, how in candidates:
-        found = get_manifest(reference, creds)
-        if found is None or any(a.digest == found[2] for a in out):
-            continue
-        media, body, digest = found
-        doc = json.loads(body)
-        layers = doc.get("layers") or []
-        if media != OCI_MANIFEST or len(layers) != 1:
-            raise UserError(f"{reference} is no attachment (an OCI manifest with one layer) but a {media}")
-        payload = get_blob(r.name, layers[0]["digest"], creds)
-        if payload is not None:
-            out.append(Attachment(digest, kind, doc.get("artifactType", ""), (doc.get("subject") or {}).get("digest"),
-                                  layers[0].get("mediaType", ""), payload, how))
-    return out
+        status, headers, body = 404, {}, b""  # e.g. 400/405 from a registry that does not know the endpoint
+    if status != 404 and _header(headers, "Content-Type").startswith(OCI_INDEX):
+        return list(json.loads(body).get("manifests", [])), "the referrers API"
+    tag = referrers_tag(r.digest)
+    found = get_manifest(f"{r.name}:{tag}", creds)
+    listed = json.loads(found[1]).get("manifests", []) if found and found[0] == OCI_INDEX else []
+    return list(listed), f"tag {tag}"
 
 
 def _header(headers: dict[str, str], name: str) -> str:

@@ -1,105 +1,141 @@
-"""The attachments of a pushed image: what is signed, and under which kind it is attached.
+"""The attachments of a pushed image: cosign signs and attests, and the referrers make them found.
 
-Three kinds per image manifest, each a signed DSSE envelope attached to the image's digest
-(:mod:`builder.oci.artifacts`: OCI 1.1 ``subject``, and the tag ``sha256-<hex>.<kind>``):
+Per image manifest, cosign (:mod:`builder.supply.cosign`) writes, in its own format:
 
-- ``sig``: a cosign-style "simple signing" payload naming the repository and the manifest digest;
-- ``sbom``: an in-toto statement about the digest whose predicate is the CycloneDX 1.6 SBOM;
-- ``att``: the in-toto statement with the SLSA provenance v1 predicate.
+- ``sig``: its signature of the image's digest (a "simple signing" payload), under ``sha256-<hex>.sig``;
+- ``sbom``: an attestation whose predicate is the CycloneDX 1.6 SBOM (``--type cyclonedx``), and
+- ``att``: one with the SLSA provenance v1 predicate (``--type slsaprovenance1``), both under
+  ``sha256-<hex>.att``.
+
+cosign 2.5 puts none of them where OCI 1.1 discovery looks (its referrers mode is experimental
+and only for signatures, and the attestation bundle it would put there needs the public
+transparency log to verify), so :func:`refer` does, by hand: one referrer per kind, each carrying
+cosign's own signed document (cosign's ``sig`` referrer layout; the attestation's DSSE layer), found
+through the referrers API or the referrers tag ``sha256-<hex>`` (``oras discover``).
 
 An image index (a multi-platform target's tags) gets a ``sig`` of its own; its platform images
 carry all three.
 
 Example:
-    >>> attest(project, cpu, "localhost:5000/ml-runtime@sha256:ab...", content_tag, signer)
+    >>> attest(project, cpu, "localhost:5000/ml-runtime@sha256:ab...", content_tag, key)
     {'sig': 'sha256:...', 'sbom': 'sha256:...', 'att': 'sha256:...'}
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-from securesystemslib.signer import CryptoSigner
-
+from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
 from builder.oci import artifacts, registry
-from builder.supply import provenance, sbom
-from builder.supply.signing import ENVELOPE_TYPE, seal
+from builder.supply import cosign, provenance, sbom
+from builder.supply.signing import ENVELOPE_TYPE, SigningKey
 
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 IN_TOTO = "application/vnd.in-toto+json"
 CYCLONEDX_PREDICATE = "https://cyclonedx.org/bom"
-#: kind -> the artifactType its manifest carries
-ARTIFACT_TYPES = {"sig": SIMPLE_SIGNING, "sbom": "application/vnd.cyclonedx+json", "att": "application/vnd.in-toto+json"}
+#: Where cosign keeps a signature: an annotation of the layer holding the signed payload.
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+#: What cosign's own referrer of a signature carries as config media type (its oci-1-1 mode).
+COSIGN_SIG_ARTIFACT = "application/vnd.dev.cosign.artifact.sig.v1+json"
+PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
+#: kind -> the predicate type of its attestation
+PREDICATE_TYPES = {"sbom": CYCLONEDX_PREDICATE, "att": provenance.SLSA_PROVENANCE}
+#: kind -> the artifactType its referrer is listed with
+ARTIFACT_TYPES = {"sig": COSIGN_SIG_ARTIFACT, "sbom": "application/vnd.cyclonedx+json", "att": IN_TOTO}
 IMAGE_KINDS = ("sig", "sbom", "att")
 INDEX_KINDS = ("sig",)
 
 
-def signature_payload(image: str) -> bytes:
-    """The signed claim "this repository's manifest *image* digest is vouched for" (cosign simple signing).
-
-    Example:
-        >>> json.loads(signature_payload("localhost:5000/ml-runtime@sha256:ab"))["critical"]["image"]
-        {'docker-manifest-digest': 'sha256:ab'}
-    """
-    r = registry.Ref.parse(image)
-    return json.dumps({
-        "critical": {"identity": {"docker-reference": r.name}, "image": {"docker-manifest-digest": r.digest},
-                     "type": "cosign container image signature"},
-        "optional": {"creator": f"ml-image-builder {sbom.builder_version()}"},
-    }, sort_keys=True).encode()
+def _descriptor(image: str, creds: dict[str, str] | None) -> dict[str, Any]:
+    found = artifacts.get_manifest(image, creds)
+    if found is None:
+        r = registry.Ref.parse(image)
+        raise UserError(f"registry {r.host} has no {image} to attach a sig to")
+    media, body, digest = found
+    return {"mediaType": media, "digest": digest, "size": len(body)}
 
 
-def sbom_statement(image: str, bom_json: str) -> bytes:
-    """An in-toto statement about *image* whose predicate is the CycloneDX document."""
-    return json.dumps({"_type": provenance.STATEMENT_TYPE, "subject": provenance.subject(image),
-                       "predicateType": CYCLONEDX_PREDICATE, "predicate": json.loads(bom_json)}).encode()
-
-
-def _put(image: str, kind: str, envelope: bytes, creds: dict[str, str] | None) -> str:
-    return artifacts.attach(image, kind, ENVELOPE_TYPE, envelope, artifact_type=ARTIFACT_TYPES[kind], creds=creds)
-
-
-def attest(project: Project, target: ResolvedTarget, image: str, content_tag: str | None, signer: CryptoSigner,
+def attest(project: Project, target: ResolvedTarget, image: str, content_tag: str | None, key: SigningKey,
            creds: dict[str, str] | None = None) -> dict[str, str]:
-    """Make, sign and attach the signature, SBOM and provenance of *target*'s pushed *image*
-    (``host/repo@sha256:...``); return {kind: attachment manifest digest}."""
-    bom = sbom.sbom_json(project, target, image)
-    statement = provenance.statement(project, target, image, content_tag)
-    documents = {
-        "sig": seal(signature_payload(image), SIMPLE_SIGNING, signer),
-        "sbom": seal(sbom_statement(image, bom), IN_TOTO, signer),
-        "att": seal(json.dumps(statement).encode(), IN_TOTO, signer),
-    }
-    return {kind: _put(image, kind, envelope, creds) for kind, envelope in documents.items()}
+    """Sign *target*'s pushed *image* (``host/repo@sha256:...``) and attest its SBOM and provenance
+    with cosign, then list the three as its referrers; return {kind: referrer manifest digest}."""
+    _descriptor(image, creds)  # a clear error before cosign's, when the image is not there
+    documents = {"sbom": sbom.sbom_json(project, target, image),
+                 "att": json.dumps(provenance.statement(project, target, image, content_tag)["predicate"])}
+    cosign.sign(image, key, creds)
+    with tempfile.TemporaryDirectory(prefix="builder-attest-") as folder:
+        for kind, text in documents.items():
+            path = Path(folder) / f"{kind}.json"
+            path.write_text(text, encoding="utf-8")
+            cosign.attest(image, path, kind, key, creds)
+    return refer(image, IMAGE_KINDS, creds)
 
 
-def sign_index(index: str, signer: CryptoSigner, creds: dict[str, str] | None = None) -> dict[str, str]:
-    """Sign and attach the signature of an image index ``host/repo@sha256:...``; return {"sig": digest}."""
-    return {"sig": _put(index, "sig", seal(signature_payload(index), SIMPLE_SIGNING, signer), creds)}
+def sign_index(index: str, key: SigningKey, creds: dict[str, str] | None = None) -> dict[str, str]:
+    """Sign an image index ``host/repo@sha256:...`` with cosign and list the signature as its referrer."""
+    _descriptor(index, creds)
+    cosign.sign(index, key, creds)
+    return refer(index, INDEX_KINDS, creds)
 
 
-def already_attested(image: str, signer: CryptoSigner, creds: dict[str, str] | None = None) -> dict[str, str]:
-    """{kind: attachment digest} when *image* already carries every attachment, valid and signed by
-    *signer*'s key (a reused image pushed again keeps the documents made when it was first pushed); else {}."""
+def refer(image: str, kinds: Sequence[str], creds: dict[str, str] | None = None) -> dict[str, str]:
+    """Make cosign's signature and attestations of *image* its OCI 1.1 referrers, one per kind;
+    return {kind: referrer digest}. Each carries the very layer cosign wrote (so it verifies as
+    cosign's does); doing it again gives the same referrers, replaced in the index, not added."""
+    r = registry.Ref.parse(image)
+    subject = _descriptor(image, creds)
+    digest = subject["digest"]
+    out: dict[str, str] = {}
+    for kind in kinds:
+        suffix = "sig" if kind == "sig" else "att"
+        found = artifacts.get_manifest(f"{r.name}:{artifacts.cosign_tag(digest, suffix)}", creds)
+        if found is None:
+            raise TargetFailed(f"cosign wrote no {artifacts.cosign_tag(digest, suffix)} for {image}")
+        doc = json.loads(found[1])
+        if kind == "sig":  # cosign's own referrer layout (cosign sign --registry-referrers-mode=oci-1-1)
+            manifest = {**doc, "config": {**doc["config"], "mediaType": COSIGN_SIG_ARTIFACT}}
+        else:
+            layers = [la for la in doc.get("layers", []) if la.get("mediaType") == ENVELOPE_TYPE
+                      and (la.get("annotations") or {}).get("predicateType") == PREDICATE_TYPES[kind]]
+            if not layers:
+                raise TargetFailed(f"cosign wrote no {PREDICATE_TYPES[kind]} attestation for {image}")
+            empty = artifacts.push_blob(r.name, artifacts.EMPTY, creds)
+            manifest = {"schemaVersion": 2, "mediaType": artifacts.OCI_MANIFEST, "artifactType": ARTIFACT_TYPES[kind],
+                        "config": {"mediaType": artifacts.EMPTY_TYPE, "digest": empty, "size": len(artifacts.EMPTY)},
+                        "layers": layers[-1:]}
+            manifest["annotations"] = {PREDICATE_ANNOTATION: PREDICATE_TYPES[kind]}
+        manifest["subject"] = subject
+        manifest["annotations"] = {**manifest.get("annotations", {}), artifacts.KIND_ANNOTATION: kind}
+        out[kind] = artifacts.put_referrer(image, manifest, creds)
+    return out
+
+
+def already_attested(image: str, key: SigningKey, creds: dict[str, str] | None = None) -> dict[str, str]:
+    """{kind: referrer digest} when *image* already carries every attachment, valid, signed by *key*
+    and listed as a referrer (a reused image pushed again keeps the documents made when it was
+    first pushed); else {}."""
     from builder.supply.verify import verify
 
-    checks = verify(image, signer.public_key, creds)
+    checks = verify(image, key.public_key, creds)
     if not checks or not all(c.ok for c in checks):
         return {}
-    found = {kind: artifacts.find(image, kind, creds) for kind in IMAGE_KINDS}
-    return {kind: a.digest for kind, a in found.items() if a is not None} if all(found.values()) else {}
+    listed, _ = artifacts.referrers(image, creds)
+    found = {(d.get("annotations") or {}).get(artifacts.KIND_ANNOTATION): d["digest"] for d in listed}
+    return {kind: found[kind] for kind in IMAGE_KINDS} if all(k in found for k in IMAGE_KINDS) else {}
 
 
-def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, str, str | None]], signer: CryptoSigner,
+def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, str, str | None]], signer: SigningKey,
                      say: Callable[[str], object]) -> dict[str, str]:
     """Attach to every pushed ``(target view, manifest digest, content tag)``, and sign the index of each
     multi-platform target among them; return {unit: error} for those that failed.
 
-    Each record in dist/published.json gets ``attachments``: {kind: attachment digest}.
+    Each record in dist/published.json gets ``attachments``: {kind: referrer digest}.
     """
-    from builder.config.errors import TargetFailed, UserError
     from builder.images.publish import amend
 
     failed: dict[str, str] = {}

@@ -2,11 +2,13 @@
 
 REF (a tag or ``@sha256:`` reference) is resolved to its manifest digest in the registry. For an
 image manifest, its three attachments (``sig``, ``sbom``, ``att``: see
-:mod:`builder.supply.attach`) are looked up by that digest, through the referrers API where the
-registry has one, else under ``sha256-<hex>.<kind>``; each must be a DSSE envelope the public key
-verifies, and what it signs must name exactly that digest (the simple-signing payload's manifest
-digest, the statements' subject, the SBOM's ``metadata.component``). The SBOM must also be valid
-CycloneDX 1.6. For an image index, its own ``sig`` and every platform image are checked.
+:mod:`builder.supply.attach`) are read where cosign reads them, ``sha256-<hex>.sig`` and
+``.att``, and checked as ``cosign verify`` and ``cosign verify-attestation --type cyclonedx`` /
+``slsaprovenance1`` check them: a signature the public key verifies over a payload naming exactly
+that digest (the simple-signing payload's manifest digest, the statement's subject). The builder
+also checks what cosign does not: the SBOM is valid CycloneDX 1.6 and its ``metadata.component``
+is that digest. For an image index, its own ``sig`` and every platform image are checked. No
+cosign is needed to verify.
 
 One :class:`Check` per kind and image, each a line: ``PASS sig: ...`` or ``FAIL sbom: ...``.
 
@@ -25,9 +27,12 @@ from securesystemslib.signer import SSlibKey
 
 from builder.config.errors import UserError
 from builder.oci import artifacts, registry
-from builder.supply import attach, provenance
+from builder.supply import attach, cosign, provenance
 from builder.supply.sbom import validate
-from builder.supply.signing import BadEnvelope, unseal
+from builder.supply.signing import ENVELOPE_TYPE, BadEnvelope, unseal, verify_blob
+
+#: cosign attest writes in-toto Statement v0.1; v1 is the same shape.
+STATEMENT_TYPES = ("https://in-toto.io/Statement/v0.1", provenance.STATEMENT_TYPE)
 
 
 @dataclass(frozen=True)
@@ -76,84 +81,119 @@ def verify(ref: str, key: SSlibKey, creds: dict[str, str] | None = None) -> list
 
 def _image(subject: str, key: SSlibKey, creds: dict[str, str] | None, kinds: tuple[str, ...],
            label: str) -> list[Check]:
-    listed = artifacts.referrers(subject, creds)
+    r = registry.Ref.parse(subject)
+    digest = r.digest or ""
+    tags = {suffix: artifacts.cosign_tag(digest, suffix) for suffix in ("sig", "att")}
+    found = {suffix: artifacts.get_manifest(f"{r.name}:{tag}", creds) for suffix, tag in tags.items()
+             if suffix == "sig" or set(kinds) - {"sig"}}
     checks = []
     for kind in kinds:
         try:
-            detail = _check(subject, kind, key, creds, listed)
+            if kind == "sig":
+                detail = _check_sig(subject, digest, tags["sig"], found["sig"], key, creds)
+            else:
+                detail = _check_attestation(subject, digest, kind, tags["att"], found["att"], key, creds)
             checks.append(Check(kind + label, True, detail))
-        except _Failed as exc:
-            checks.append(Check(kind + label, False, str(exc)))
-        except UserError as exc:  # e.g. the tag names something that is no attachment
+        except (_Failed, UserError) as exc:  # UserError: e.g. the tag names something that holds no blob
             checks.append(Check(kind + label, False, str(exc)))
     return checks
 
 
-def _check(subject: str, kind: str, key: SSlibKey, creds: dict[str, str] | None,
-           listed: list[dict[str, Any]] | None) -> str:
-    """What holds for the first attachment of *kind* that passes every check; else :class:`_Failed`
-    with why the first one failed (a registry with referrers may list older attachments too)."""
-    digest = registry.Ref.parse(subject).digest or ""
-    found = artifacts.find_all(subject, kind, creds, listed)
-    if not found:
-        where = "the referrers API lists none; " if listed is not None else ""
-        raise _Failed(f"no attachment for {subject} ({where}no tag {artifacts.fallback_tag(digest, kind)})")
-    failures = []
-    for attachment in found:
+def _layers(subject: str, found: tuple[str, bytes, str], media_type: str,
+            creds: dict[str, str] | None) -> list[tuple[dict[str, Any], bytes]]:
+    """(descriptor, blob) of each layer of *media_type* in the manifest *found*."""
+    name = registry.Ref.parse(subject).name
+    out = []
+    for layer in json.loads(found[1]).get("layers") or []:
+        if layer.get("mediaType") == media_type:
+            blob = artifacts.get_blob(name, layer["digest"], creds)
+            if blob is not None:
+                out.append((layer, blob))
+    return out
+
+
+def _check_sig(subject: str, digest: str, tag: str, found: tuple[str, bytes, str] | None, key: SSlibKey,
+               creds: dict[str, str] | None) -> str:
+    """What cosign verify checks: a signature of the payload the key verifies, naming *digest*."""
+    if found is None:
+        raise _Failed(f"no signature for {subject} (no tag {tag})")
+    named = []
+    for layer, payload in _layers(subject, found, attach.SIMPLE_SIGNING, creds):
         try:
-            return _check_one(subject, digest, attachment, key)
+            verify_blob(payload, (layer.get("annotations") or {}).get(attach.SIGNATURE_ANNOTATION, ""), key)
+        except BadEnvelope:
+            continue
+        try:
+            doc = json.loads(payload)
+        except ValueError:
+            named.append("a payload that is not JSON")
+            continue
+        claimed = ((doc.get("critical") or {}).get("image") or {}).get("docker-manifest-digest")
+        if claimed == digest:
+            return f"signed by key {key.keyid[:12]}, names {subject}"
+        named.append(str(claimed))
+    if named:
+        raise _Failed(f"tag {tag}: the signature is for {named[0]}, not {digest}")
+    raise _Failed(f"tag {tag}: no signature verifies with key {key.keyid[:12]}")
+
+
+def _check_attestation(subject: str, digest: str, kind: str, tag: str, found: tuple[str, bytes, str] | None,
+                       key: SSlibKey, creds: dict[str, str] | None) -> str:
+    """What cosign verify-attestation --type checks (a statement of that predicate type, signed by
+    the key, about *digest*), and that the predicate is what the builder makes."""
+    wanted = attach.PREDICATE_TYPES[kind]
+    if found is None:
+        raise _Failed(f"no attestation for {subject} (no tag {tag})")
+    statements = []
+    for _, envelope in _layers(subject, found, ENVELOPE_TYPE, creds):
+        try:
+            payload_type, payload = unseal(envelope, key)
+            doc = json.loads(payload)
+        except (BadEnvelope, ValueError):
+            continue
+        if payload_type == attach.IN_TOTO and isinstance(doc, dict):
+            statements.append(doc)
+    if not statements:
+        raise _Failed(f"tag {tag}: no attestation verifies with key {key.keyid[:12]}")
+    typed = [doc for doc in statements if doc.get("predicateType") == wanted]
+    if not typed:
+        raise _Failed(f"tag {tag}: no signed attestation of type {cosign.TYPES[kind]} ({wanted})")
+    failures = []
+    for doc in reversed(typed):  # the newest first (cosign attest --replace keeps one)
+        try:
+            return _check_statement(subject, digest, kind, tag, doc, key)
         except _Failed as exc:
             failures.append(exc)
     raise failures[0]
 
 
-def _check_one(subject: str, digest: str, found: artifacts.Attachment, key: SSlibKey) -> str:
-    kind = found.kind
-    if found.subject is not None and found.subject != digest:
-        raise _Failed(f"the attachment under {found.found_by} is attached to {found.subject}, not {digest}")
-    try:
-        payload_type, payload = unseal(found.payload, key)
-    except BadEnvelope as exc:
-        raise _Failed(f"{found.found_by}: {exc}") from None
-    try:
-        doc = json.loads(payload)
-    except ValueError:
-        raise _Failed(f"{found.found_by}: the signed payload is not JSON") from None
-    signed = f"signed by key {key.keyid[:12]}"
-    if kind == "sig":
-        named = ((doc.get("critical") or {}).get("image") or {}).get("docker-manifest-digest")
-        if payload_type != attach.SIMPLE_SIGNING or named != digest:
-            raise _Failed(f"{found.found_by}: the signature is for {named} ({payload_type}), not {digest}")
-        return f"{signed}, names {subject}"
-    named = _statement_digest(doc, payload_type)
+def _check_statement(subject: str, digest: str, kind: str, tag: str, doc: dict[str, Any], key: SSlibKey) -> str:
+    named = _statement_digest(doc)
     if named != digest:
-        raise _Failed(f"{found.found_by}: the signed statement is about {named}, not {digest}")
+        raise _Failed(f"tag {tag}: the signed statement is about {named}, not {digest}")
+    signed = f"signed by key {key.keyid[:12]}"
     predicate = doc.get("predicate") or {}
     if kind == "sbom":
-        if doc.get("predicateType") != attach.CYCLONEDX_PREDICATE:
-            raise _Failed(f"{found.found_by}: predicate {doc.get('predicateType')}, not {attach.CYCLONEDX_PREDICATE}")
         problem = validate(json.dumps(predicate))
         if problem:
-            raise _Failed(f"{found.found_by}: the SBOM is not valid CycloneDX 1.6: {problem}")
+            raise _Failed(f"tag {tag}: the SBOM is not valid CycloneDX 1.6: {problem}")
         component = (predicate.get("metadata") or {}).get("component") or {}
         if component.get("version") != digest:
-            raise _Failed(f"{found.found_by}: the SBOM describes {component.get('version')}, not {digest}")
+            raise _Failed(f"tag {tag}: the SBOM describes {component.get('version')}, not {digest}")
         return f"{signed}, CycloneDX {predicate.get('specVersion')}, {len(predicate.get('components', []))} " \
                f"components, names {subject}"
-    if doc.get("predicateType") != provenance.SLSA_PROVENANCE:
-        raise _Failed(f"{found.found_by}: predicate {doc.get('predicateType')}, not {provenance.SLSA_PROVENANCE}")
     params = (predicate.get("buildDefinition") or {}).get("externalParameters") or {}
     source: dict[str, Any] = next((d for d in (predicate.get("buildDefinition") or {}).get("resolvedDependencies", [])
-                   if d.get("name") == "source"), {})
+                                   if d.get("name") == "source"), {})
     revision = (source.get("digest") or {}).get("gitCommit", "unknown")[:12]
     dirty = "-dirty" if (source.get("annotations") or {}).get("dirty") else ""
     return f"{signed}, SLSA provenance v1: target {params.get('target')} ({params.get('platform')}) built " \
            f"from {revision}{dirty}, names {subject}"
 
 
-def _statement_digest(doc: dict[str, Any], payload_type: str) -> str | None:
-    if payload_type != attach.IN_TOTO or doc.get("_type") != provenance.STATEMENT_TYPE:
-        raise _Failed(f"the signed payload is no in-toto statement v1 ({payload_type})")
+def _statement_digest(doc: dict[str, Any]) -> str | None:
+    if doc.get("_type") not in STATEMENT_TYPES:
+        raise _Failed(f"the signed payload is no in-toto statement ({doc.get('_type')})")
     subjects = doc.get("subject") or []
     hexes = [(s.get("digest") or {}).get("sha256") for s in subjects]
     return f"sha256:{hexes[0]}" if len(hexes) == 1 and hexes[0] else f"{len(subjects)} subjects"
