@@ -231,3 +231,24 @@ def test_unreachable_index_message_names_index_and_mirror(proj, monkeypatch):
 def test_ref_parse(ref, parts):
     r = Ref.parse(ref)
     assert (r.host, r.repository, r.tag, r.digest) == parts
+
+
+def test_the_build_context_holds_each_layer_s_wheels_with_one_fixed_mtime(tmp_path, monkeypatch):
+    """uv records a local wheel's mtime in the image: every wheel a build mounts has WHEEL_MTIME, and
+    the verified stamp stays true (no re-hash of gigabytes on the next build)."""
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    house = wheelhouse.location()
+    pins = {}
+    for name in ("a", "b"):
+        data = name.encode() * 100
+        (house / f"{name}-1.0-py3-none-any.whl").write_bytes(data)
+        pins[name] = lockfile.Pin(name, "1.0", hashlib.sha256(data).hexdigest(), f"{name}-1.0-py3-none-any.whl")
+    assert wheelhouse.missing(list(pins.values())) == []  # verified and stamped at the download time
+    folder = wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []})
+    assert sorted(p.name for p in (folder / "torch").iterdir()) == ["b-1.0-py3-none-any.whl"]
+    assert list((folder / "packages").iterdir()) == []
+    for layer, name in (("tools", "a"), ("torch", "b")):
+        assert (folder / layer / f"{name}-1.0-py3-none-any.whl").stat().st_mtime == wheelhouse.WHEEL_MTIME
+    monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
+    assert wheelhouse.missing(list(pins.values())) == []
+    assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}) == folder

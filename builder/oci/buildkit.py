@@ -151,25 +151,28 @@ STEP = re.compile(r"^\[[^\]]* \d+/\d+\] (?!FROM )")
 
 
 class Steps:
-    """The build's steps from BuildKit's vertex events: the Dockerfile's own (FROM aside), done and cached."""
+    """The build's steps from BuildKit's vertex events: the Dockerfile's own (FROM aside), done and cached.
+
+    Keyed by the step's name (``[stage n/m] ...``): a step taken from a registry cache can show up
+    as two vertices (the cache's and the solve's), which is still one step.
+    """
 
     def __init__(self) -> None:
-        self.names: dict[str, str] = {}
+        self.names: set[str] = set()
         self.done: set[str] = set()
         self.cached: set[str] = set()
 
     def update(self, vertex: dict[str, Any]) -> str | None:
         """Record one vertex event; return the step's name when it just started."""
         name = vertex.get("name", "")
-        digest = vertex.get("digest", "")
         if not STEP.match(name):
             return None
-        started = digest not in self.names
-        self.names[digest] = name
+        started = name not in self.names
+        self.names.add(name)
         if vertex.get("cached"):
-            self.cached.add(digest)
+            self.cached.add(name)
         if vertex.get("completed"):
-            self.done.add(digest)
+            self.done.add(name)
         return name if started else None
 
 

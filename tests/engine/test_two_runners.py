@@ -123,11 +123,9 @@ class Runner:
 def _push_base(engine: docker.DockerClient, reference: str, repo: str, creds: dict[str, str]) -> str:
     """The pinned base, from the main engine, into the test registry (same image: same digest)."""
     engine.api.tag(reference, f"{repo}/base", "bookworm")
-    digest = None
     for event in engine.api.push(f"{repo}/base", "bookworm", auth_config=creds, stream=True, decode=True):
         assert "error" not in event, event
-        digest = (event.get("aux") or {}).get("Digest", digest)
-    return digest or ""
+    return oci.manifest_digest(f"{repo}/base:bookworm", creds) or ""  # the containerd store reports none
 
 
 def _shared_steps(dockerfile: str) -> int:
