@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -241,12 +242,15 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
               help="Pull a target the registry already has under its content tag (default: skip it).")
 @click.option("--update-base", is_flag=True,
               help="When the base must be bootstrapped and the Debian mirror moved, re-pin it (builder base --update).")
+@click.option("--builder", "buildx_builder", default=None, metavar="NAME",
+              help="The buildx builder to build on (a remote BuildKit, a Kubernetes-driver farm); default: "
+              "BUILDX_BUILDER, else the engine's own. Smoke tests and pushes use DOCKER_HOST's engine.")
 @platform_option
 @sign_key_option
 def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
               jobs: int, no_smoke: bool, quiet: bool, rebuild: bool, pull: bool, update_base: bool,
-              platforms: tuple[str, ...], sign_key: str | None) -> None:
-    """Build, smoke-test, tag (and push) targets with docker-py.
+              buildx_builder: str | None, platforms: tuple[str, ...], sign_key: str | None) -> None:
+    """Build (BuildKit), smoke-test, tag (and push) targets.
 
     A target whose content tag (<registry>:<target>-<12 hex>, a digest of everything that goes
     into its image) exists locally or in the registry was built and tested already: only its
@@ -260,7 +264,15 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     from builder.oci.engine import connect
 
     signer = _signer(sign_key, push)
+    if buildx_builder:
+        os.environ["BUILDX_BUILDER"] = buildx_builder  # what buildx itself reads, for every build of this run
     client = connect()
+    if os.environ.get("BUILDX_BUILDER"):
+        from builder.oci.buildkit import builder_problem
+        from builder.oci.engine import engine_address
+
+        if (problem := builder_problem(os.environ["BUILDX_BUILDER"], engine_address())) is not None:
+            raise UserError(problem)
     views = project.views(targets, platforms)
     project = _pinned_base(client, project, list(dict.fromkeys(v.platform for v in views)), update_base)
     if push:
