@@ -60,7 +60,8 @@ def fake_target(name: str, platform: str | None = None, **fields: Any) -> Simple
     platform = platform or host_platform()
     local = [fields["primary_ref"]] if "primary_ref" in fields else []
     return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform], local_refs=local,
-                           arch=platform.split("/")[1], native=platform == host_platform(), **fields)
+                           arch=platform.split("/")[1], native=platform == host_platform(), compression="gzip",
+                           **fields)
 
 
 def assert_golden(path: Path, text: str) -> None:

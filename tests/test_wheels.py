@@ -233,9 +233,9 @@ def test_ref_parse(ref, parts):
     assert (r.host, r.repository, r.tag, r.digest) == parts
 
 
-def test_the_build_context_holds_each_layer_s_wheels_with_one_fixed_mtime(tmp_path, monkeypatch):
-    """uv records a local wheel's mtime in the image: every wheel a build mounts has WHEEL_MTIME, and
-    the verified stamp stays true (no re-hash of gigabytes on the next build)."""
+def test_the_build_context_holds_each_layer_s_wheels_and_nothing_else(tmp_path, monkeypatch):
+    """One folder per layer, exactly its wheels (hard links: nothing re-hashed, nothing copied); the
+    same wheels give the same folder."""
     monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
     house = wheelhouse.location()
     pins = {}
@@ -248,7 +248,7 @@ def test_the_build_context_holds_each_layer_s_wheels_with_one_fixed_mtime(tmp_pa
     assert sorted(p.name for p in (folder / "torch").iterdir()) == ["b-1.0-py3-none-any.whl"]
     assert list((folder / "packages").iterdir()) == []
     for layer, name in (("tools", "a"), ("torch", "b")):
-        assert (folder / layer / f"{name}-1.0-py3-none-any.whl").stat().st_mtime == wheelhouse.WHEEL_MTIME
+        assert (folder / layer / f"{name}-1.0-py3-none-any.whl").samefile(house / f"{name}-1.0-py3-none-any.whl")
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
     assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}) == folder

@@ -364,20 +364,23 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
 
     from builder.config.errors import TargetFailed
     from builder.images import build, publish
+    from builder.images.content import content_tags
     from builder.oci import faults
     from builder.oci.engine import connect
 
     signer = _signer(sign_key, True)
     client = connect()
-    records, failed, indexed = [], False, []
+    failed, indexed = False, []
     pushed: list[tuple[Any, str, str | None]] = []
-    for view in project.views(targets, platforms):
+    views = project.views(targets, platforms)
+    tags = content_tags(project, views)
+    for view in views:
         ref = view.local_refs[0]
         try:
-            image_id = client.api.inspect_image(ref)["Id"]
-            records.append(publish.push_target(client, view, image_id, publish.image_refs(view)))
-            pushed.append((view, records[-1]["digest"], None))
-            click.echo(f"{view.unit}: pushed {records[-1]['reference']}")
+            out = build.publish_built(client, project, view, tags[view.unit])
+            pushed.append((view, out.digest or "", tags[view.unit]))
+            tested = "" if out.smoke != "skipped" else " (no smoke-tested content tag here: the content tag is not pushed)"
+            click.echo(f"{view.unit}: pushed {ref.rsplit(':', 1)[0]}@{out.digest}{tested}")
             if len(view.platforms) > 1 and view.name not in indexed:
                 indexed.append(view.name)
         except TargetFailed as exc:
@@ -389,8 +392,10 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
         except faults.KNOWN as exc:  # the engine or the registry failed: name it
             click.echo(f"{view.unit}: {faults.describe(exc).line}", err=True)
             failed = True
-    if records:
-        click.echo(f"published manifest: {publish.record(project.root, records)}")
+    if pushed:
+        from builder.config.files import published_path
+
+        click.echo(f"published manifest: {published_path(project.root)}")
     for name in indexed:
         try:
             click.echo(publish.push_index(project, project.target(name), build.build_labels(project.root)[
@@ -399,11 +404,8 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
             click.echo(f"{name}: {exc}", err=True)
             failed = True
     if signer is not None and pushed:
-        from builder.images.content import content_tags
         from builder.supply.attach import attest_published
 
-        tags = content_tags(project, [view for view, _, _ in pushed])
-        pushed = [(view, digest, tags[view.unit]) for view, digest, _ in pushed]
         for unit, error in attest_published(project, pushed, signer, click.echo).items():
             click.echo(f"{unit}: {error}", err=True)
             failed = True

@@ -372,6 +372,9 @@ def pinned_base_refs(root: Path, matrix: Matrix, platforms_used: Sequence[str], 
                 "(or pass --allow-unpinned to render against a floating tag)"
             )
         if not pinned.reference.startswith(f"{matrix.registry}/base@"):
+            if allow_unpinned:  # builder base re-pins it in the new registry
+                refs[platform] = f"{matrix.registry}/base:{base.debian_suite}-{platforms.arch(platform)}"
+                continue
             raise UserError(
                 f"{LOCK_NAME}: platforms.{platform}.reference {pinned.reference!r} is not in registry "
                 f"{matrix.registry}/base; run 'builder base --update' after changing the registry"

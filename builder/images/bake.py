@@ -51,7 +51,8 @@ def bake_target(project: Project, target: ResolvedTarget) -> dict[str, Any]:
         "context": request.context,
         "dockerfile": request.dockerfile,
         "platforms": [request.platform],
-        "args": {k: v for k, v in request.build_args.items() if k != "EMULATED"},  # bake's host may differ
+        # bake's host may differ (EMULATED); SOURCE_DATE_EPOCH follows the commit, not the matrix
+        "args": {k: v for k, v in request.build_args.items() if k not in ("EMULATED", "SOURCE_DATE_EPOCH")},
         "contexts": request.contexts,  # the wheels, one folder per layer (`builder bake` stages them)
         "tags": target.platform_refs or list(target.refs),
         "labels": dict(target.labels),

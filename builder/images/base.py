@@ -32,6 +32,7 @@ from builder.config.project import Project, spec_hash
 from builder.images.publish import push_ref
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import credentials
+from builder.oci.registry import ping as registry_answers
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,11 @@ def ensure_base(
     if lock is not None and lock.spec_sha256 != spec_hash(matrix):
         lock = None  # made from another spec: every platform's pin is stale
     pinned = lock.platforms.get(platform) if lock is not None else None
+    if pinned is not None and not pinned.reference.startswith(f"{project.base_repository}@"):
+        moved = _move_to_registry(client, project, platform, pinned, say)
+        if moved is not None:
+            write_lock(project.root, (lock or BaseLock(spec_sha256=spec_hash(matrix))).with_platform(platform, moved))
+            return moved
     if pinned is not None and _local_has(client, pinned):
         _push_if_missing(client, project, platform, pinned, say)
         return pinned
@@ -217,8 +223,12 @@ def ensure_base(
             client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
             say(f"pulled the locked base {pinned.reference} ({platform})")
             return pinned
-        except docker.errors.DockerException:
-            say(f"the locked {platform} base is neither local nor in the registry: bootstrapping it")
+        except docker.errors.DockerException as exc:
+            if not registry_answers(host):
+                raise UserError(f"registry {host} is unreachable, so the locked {platform} base {pinned.reference} "
+                                "can't be pulled; start it or fix 'registry' in matrix.yaml") from None
+            say(f"the locked {platform} base is neither local nor in the registry "
+                f"({str(exc).splitlines()[0][:120]}): bootstrapping it")
     with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
         image_id, rootfs = make_image(client, project, Path(tmp), platform)
     if pinned is not None and image_id != pinned.image_id:
@@ -239,6 +249,28 @@ def ensure_base(
         write_lock(project.root, current.with_platform(platform, new))
         say(f"pinned the {platform} base in base.lock.json: {new.reference}")
     return new
+
+
+def _move_to_registry(
+    client: docker.DockerClient, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
+) -> PinnedBase | None:
+    """The matrix's registry changed: the same base (local, else pulled from the old one) pushed to the
+    new registry and pinned there; None when it can be had from neither (then it is bootstrapped)."""
+    old_host = pinned.reference.split("/", 1)[0]
+    try:
+        if not _local_has(client, pinned):
+            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(old_host))
+        tag = base_tag(project, platform)
+        client.api.tag(pinned.reference, *tag.rsplit(":", 1))
+        digest = push_ref(client, tag)
+    except (docker.errors.DockerException, TargetFailed) as exc:
+        say(f"the locked {platform} base {pinned.reference} is neither local nor in its old registry "
+            f"({str(exc).splitlines()[0][:120]}): bootstrapping it")
+        return None
+    moved = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=pinned.image_id,
+                       packages=pinned.packages)
+    say(f"the registry changed: pinned the same {platform} base in {project.base_repository} ({digest})")
+    return moved
 
 
 def _present(client: docker.DockerClient, ref: str) -> bool:

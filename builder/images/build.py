@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import docker
@@ -60,14 +61,20 @@ def build_request(
     The wheels arrive as the named context ``wheels`` (no network); the base pin, each layer's
     wheels and EMULATED (a foreign platform under qemu here) as build arguments; inline cache
     metadata goes into the image, so a runner that lacks it can use the published image as cache.
+    SOURCE_DATE_EPOCH (the commit time, as the ``created`` label) fixes the image config's own
+    times, so two runners building one commit from cache make the very same image; BuildKit
+    keeps it out of every step's cache key.
     """
+    labels = build_labels(project.root)
+    epoch = int(datetime.fromisoformat(labels["org.opencontainers.image.created"]).timestamp())
     return buildkit.BuildRequest(
         dockerfile=target.dockerfile,
         context=".",
         platform=target.platform,
-        build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"})},
+        build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"}),
+                    "SOURCE_DATE_EPOCH": str(epoch)},
         contexts=contexts if contexts is not None else {"wheels": str(wheels_context(project, target))},
-        labels={} if stage else build_labels(project.root),
+        labels={} if stage else labels,
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
         cache_to=("type=inline",),
@@ -272,6 +279,24 @@ def _build(
         _tag(client, out.image_id, [out.content_tag or ""])
     _tag(client, out.image_id, target.local_refs)
     out.tags = [r.rsplit(":", 1)[1] for r in target.local_refs]
+
+
+def publish_built(client: docker.DockerClient, project: Project, target: ResolvedTarget, content_tag: str) -> Outcome:
+    """``builder push`` of a target view built earlier: what ``build --push`` publishes for it.
+
+    Its content tag goes along when it is local on the same image (the smoke test passed on this
+    very content), so the registry can tell it was tested, and a multi-platform index can list it.
+    """
+    out = Outcome(target.name, target.platform, content_tag=content_tag, result="pushed")
+    image_id = client.api.inspect_image(target.local_refs[0])["Id"]
+    try:
+        tested = client.api.inspect_image(content_tag)["Id"] == image_id
+    except docker.errors.ImageNotFound:
+        tested = False
+    out.smoke = "passed earlier" if tested else "skipped"
+    out.image_id = image_id
+    _publish(client, project, target, out, image_id)
+    return out
 
 
 def _publish(client: docker.DockerClient, project: Project, target: ResolvedTarget, out: Outcome,

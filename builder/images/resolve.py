@@ -121,11 +121,13 @@ def uv_config(sources: PipSources, vendor_index: str | None) -> str:
 
     uv's ``first-index`` strategy takes each name from the first source that has it, so a
     higher version on a later (default) index cannot shadow the vendor's (dependency confusion).
+    Without a vendor index (none, or unreachable: the host's sources stand in for it), there is
+    nothing to shadow, and the best match across the host's sources wins, as pip picks it.
     """
     entries = [(vendor_index, "simple")] if vendor_index else []
     entries += [(u, "simple") for u in map(_source_url, sources.extra_index_urls) if u]
     entries += [(u, "flat") for u in map(_source_url, sources.find_links) if u]
-    lines = ['index-strategy = "first-index"']
+    lines = [f'index-strategy = "{"first-index" if vendor_index else "unsafe-best-match"}"']
     for url, kind in entries:
         lines += ["[[index]]", f"url = {json.dumps(url)}", f'format = "{kind}"']
     lines += ["[[index]]", f"url = {json.dumps(sources.index_url)}", "default = true"]

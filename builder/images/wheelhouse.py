@@ -89,28 +89,6 @@ def missing(pins: list[Pin]) -> list[Pin]:
     return absent
 
 
-#: The mtime of every wheel a build mounts (1980-01-01, zip's own epoch): uv records a local wheel's
-#: mtime in what it installs (``uv_cache.json``), so the download time on this machine would
-#: otherwise end up in the layer.
-WHEEL_MTIME = 315532800
-
-
-def _fix_mtimes(house: Path, pins: list[Pin]) -> None:
-    """Give these (verified) wheels WHEEL_MTIME, keeping their verified stamps true."""
-    stamps = _stamps(house)
-    changes: dict[str, list[object] | None] = {}
-    for pin in pins:
-        path = house / pin.filename
-        st = path.stat()
-        if st.st_mtime_ns == WHEEL_MTIME * 10**9:
-            continue
-        trusted = stamps.get(pin.filename) == [st.st_size, st.st_mtime_ns, pin.sha256]
-        os.utime(path, (WHEEL_MTIME, WHEEL_MTIME))
-        if trusted:
-            changes[pin.filename] = stamp(path, pin.sha256)
-    remember(house, changes)
-
-
 def context_folder(layers: dict[str, list[Pin]]) -> Path:
     """Where :func:`build_context` puts these layers' wheels (nothing is written)."""
     listing = json.dumps({layer: sorted(p.filename for p in pins) for layer, pins in layers.items()}, sort_keys=True)
@@ -128,10 +106,9 @@ def build_context(layers: dict[str, list[Pin]]) -> Path:
     ``docker buildx bake`` as well, and another build's folder is never touched.
     """
     folder = context_folder(layers)
-    house, root = location(), folder.parent
-    _fix_mtimes(house, [p for pins in layers.values() for p in pins])
     if folder.is_dir():
         return folder
+    house, root = location(), folder.parent
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
     try:

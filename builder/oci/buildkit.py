@@ -116,28 +116,25 @@ def version() -> str:
 def builder_problem(name: str, docker_host: str) -> str | None:
     """Why builder *name* can't serve builds whose images the engine at *docker_host* must then hold.
 
-    A ``docker``-driver builder keeps its images in its own engine: only the engine DOCKER_HOST
-    names will do. Every other driver (docker-container, remote, kubernetes) loads the result into
-    DOCKER_HOST's engine, wherever it builds.
+    A ``docker``-driver builder builds in its own engine and keeps the image there; buildx uses it
+    only as the current docker context, so the engine's address is what selects it (DOCKER_HOST).
+    Every other driver (docker-container, remote, kubernetes) loads the result into DOCKER_HOST's
+    engine, wherever it builds.
     """
     proc = subprocess.run(["docker", "buildx", "inspect", name], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return (f"buildx builder {name!r} is unknown ({(proc.stderr.strip().splitlines() or ['?'])[-1][:160]}); "
                 "list them with: docker buildx ls")
     fields = dict(line.split(":", 1) for line in proc.stdout.splitlines() if ":" in line)
-    driver = fields.get("Driver", "").strip()
-    if driver != "docker":
+    if fields.get("Driver", "").strip() != "docker" or name == "default":
         return None
-    endpoint = fields.get("Endpoint", "").strip()
-    if endpoint in ("default", docker_host):
-        return None
-    context = subprocess.run(["docker", "context", "inspect", endpoint, "--format", "{{.Endpoints.docker.Host}}"],
-                             capture_output=True, text=True, check=False).stdout.strip()
-    if context == docker_host:
-        return None
-    return (f"buildx builder {name!r} is the docker driver of the engine at {context or endpoint}, which keeps what "
-            f"it builds; builder smoke-tests and pushes on {docker_host}: set DOCKER_HOST={context or endpoint}, "
-            "or use a docker-container, remote or kubernetes builder (those load into DOCKER_HOST's engine)")
+    endpoint = subprocess.run(["docker", "context", "inspect", name, "--format", "{{.Endpoints.docker.Host}}"],
+                              capture_output=True, text=True, check=False).stdout.strip() or name
+    if endpoint == docker_host:
+        return f"buildx builder {name!r} is this engine's own: leave --builder and BUILDX_BUILDER out"
+    return (f"buildx builder {name!r} is the docker driver of the engine at {endpoint}, which keeps what it "
+            f"builds; builder smoke-tests and pushes on {docker_host}: set DOCKER_HOST={endpoint}, or use a "
+            "docker-container, remote or kubernetes builder (those load into DOCKER_HOST's engine)")
 
 
 def available() -> str | None:

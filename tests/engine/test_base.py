@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from helpers import run_builder
@@ -48,3 +49,18 @@ def test_base_check_reports_drift_with_packages(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "base drift" in proc.stdout and "bash: 0.0-old ->" in proc.stdout
     assert "builder base --update" in proc.stdout
+
+
+def test_base_update_after_a_registry_change_re_pins_the_same_base(tmp_path, registry, based_project):
+    """The fix the error message names works from that state: the same base, pushed to the new registry."""
+    root = copy_project(tmp_path / "p")
+    shutil.copy(based_project / "base.lock.json", root / "base.lock.json")
+    native_only(root)
+    edit_matrix(root, registry=f"{registry}/moved")
+    refused = run_builder("build", "-t", "cpu", "--no-smoke", cwd=root)
+    assert refused.returncode == 2 and "builder base --update" in refused.stderr, refused.stderr
+    moved = run_builder("base", "--update", cwd=root)
+    assert moved.returncode == 0, moved.stderr + moved.stdout
+    old, new = base_pin(based_project), base_pin(root)
+    assert new["reference"].startswith(f"{registry}/moved/base@sha256:")
+    assert new["image_id"] == old["image_id"] and "bootstrapping" not in moved.stdout, moved.stdout

@@ -77,3 +77,32 @@ def test_push_to_unreachable_registry_is_a_clear_error(cpu_project, tagged_for, 
     assert proc.returncode == 1
     assert "127.0.0.1:9" in proc.stderr and "Traceback" not in proc.stderr
     assert not (root / "dist/published.json").exists()
+
+
+def test_push_publishes_what_build_push_does(cpu_project, registry, engine, tmp_path):
+    """`builder push` of a smoke-tested image pushes its content tag too and records it, so the
+    registry shows it tested: `builder matrix --changed` then lists it no more, as after build --push."""
+    repo = f"{registry}/ml-runtime-push"
+    root = tmp_path / "p"
+    _retarget(cpu_project, root, repo)
+    source = yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"]
+    image_id = engine.api.inspect_image(f"{source}:cpu")["Id"]
+    printed = json.loads(run_builder("print", "-t", "cpu", cwd=root).stdout)
+    content_tag = printed["targets"][0]["content_tags"][printed["targets"][0]["platform"]]
+    made = [content_tag, *(f"{repo}:{t}" for t in ("cpu", "cpu-torch2.13.0", "latest-cpu"))]
+    for ref in made:
+        engine.api.tag(image_id, *ref.rsplit(":", 1))
+    try:
+        before = run_builder("matrix", "--changed", "--format", "json", cwd=root)
+        assert "cpu" in {row["target"] for row in json.loads(before.stdout)}, before.stdout + before.stderr
+        pushed = run_builder("push", "-t", "cpu", cwd=root)
+        assert pushed.returncode == 0, pushed.stderr
+        record = json.loads((root / "dist/published.json").read_text())["cpu"]
+        assert record["content_tag"] == content_tag and content_tag in record["tags"]
+        assert manifest_digest(content_tag) == record["digest"] == manifest_digest(f"{repo}:cpu")
+        after = run_builder("matrix", "--changed", "--format", "json", cwd=root)
+        assert after.returncode == 0, after.stderr
+        assert "cpu" not in {row["target"] for row in json.loads(after.stdout)}, after.stdout
+    finally:
+        for ref in made:
+            engine.api.remove_image(ref, noprune=True)

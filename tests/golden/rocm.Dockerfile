@@ -42,6 +42,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,
       --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/common -r /tmp/common.lock \
+ && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM common AS torch
@@ -56,6 +57,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,
  && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
+ && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
@@ -90,6 +92,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,
  && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/packages -r /tmp/packages.lock \
+ && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 LABEL \
       org.opencontainers.image.title="ml-runtime rocm" \
