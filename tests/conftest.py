@@ -7,6 +7,7 @@ and no daemon answers. Every registry a test starts is stopped, every container 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,12 @@ from helpers import run_builder
 from devtools.support import copy_project, edit_matrix, fail_or_skip, native_only, start_registry, stop
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image can't be pulled here
+
+# Ctrl-C as a terminal delivers it, even when the suite was started with SIGINT ignored (a shell's
+# background job, some CI runners): the interrupt tests send it to this process and to the builder
+# processes they start, which inherit the default once a handler is set here.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

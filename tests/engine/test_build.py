@@ -257,8 +257,8 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
     names = [f"t{i}" for i in range(max(jobs, 1))]
     for i, name in enumerate(names):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "Dockerfile").write_text(
-            f"FROM {busybox} AS common\nRUN echo common\nFROM common\nRUN sleep 30{i}\n")
+        (tmp_path / name / "Dockerfile").write_text(  # a step of its own: never in BuildKit's cache
+            f"FROM {busybox} AS common\nRUN echo common\nFROM common\nRUN echo {uuid.uuid4().hex} && sleep 30{i}\n")
     project = bare_build_project(monkeypatch, tmp_path)
     targets = [fake_target(n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x") for n in names]
 
@@ -269,9 +269,11 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
 
     ui = _UI(len(names), add_decoys)
     start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        build.build_all(engine, project, targets, ui, smoke=False, jobs=jobs)
-    ui.armed = False
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build.build_all(engine, project, targets, ui, smoke=False, jobs=jobs)
+    finally:
+        ui.armed = False
     return time.monotonic() - start
 
 
