@@ -34,11 +34,12 @@ def test_nvidia_cu130_builds_and_passes_smoke(cpu_project, engine):
         env = dict(e.split("=", 1) for e in image["Config"]["Env"])
         assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
         assert image["Config"]["Labels"]["io.ml-image-builder.torch"] == "2.14.1"
-        # The shared layers are those of the cpu image: the same base and common stage (2 layers).
+        # The shared layers are those of the cpu image: the same base and common stage (users, the
+        # WORKDIR's empty layer, the common wheels); then its first layer of the plan, cuda-dnn.
         registry = yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"]
         cpu = engine.api.inspect_image(f"{registry}:cpu")
-        assert image["RootFS"]["Layers"][:3] == cpu["RootFS"]["Layers"][:3]
-        assert image["RootFS"]["Layers"][3] != cpu["RootFS"]["Layers"][3]  # its first layer of the plan: cuda-dnn
+        assert image["RootFS"]["Layers"][:4] == cpu["RootFS"]["Layers"][:4]
+        assert image["RootFS"]["Layers"][4] != cpu["RootFS"]["Layers"][4]
     finally:
         if out.get("image_id"):  # keep the multi-GB image out of the engine (its layers too)
             try:
