@@ -35,18 +35,32 @@ def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
 
 
 def test_the_recorded_events_give_the_steps_and_the_cached_ones():
-    steps = buildkit.Steps()
+    steps, reader = buildkit.Steps(), buildkit.Lines()
     started, lines = [], []
     for event in buildkit._events(io.StringIO(RECORDING.read_text())):
         assert "text" not in event, event  # every object of the recording parses, pretty-printed as it is
         for vertex in event.get("vertexes") or []:
             if (name := steps.update(vertex)) is not None:
                 started.append(name)
-        lines += buildkit._log_lines(event, steps)
+        lines += reader.feed(event)
+    lines += reader.rest()
     assert sorted(n.split("]")[0] for n in started) == ["[common 2/4", "[common 3/4", "[common 4/4"]  # FROM: no step
     assert len(steps.names) == 3 and len(steps.done) == 3 and len(steps.cached) == 2
     assert "bold line one" in lines and "line 2" in lines, lines  # one line per line, colours gone
     assert not any("\x1b" in line for line in lines)
+
+
+def test_a_line_written_a_token_at_a_time_is_one_line():
+    """uv writes `+ accelerate==1.15.0` in four writes (coloured): BuildKit sends four logs."""
+    import base64
+
+    def log(text: str) -> dict:
+        return {"logs": [{"vertex": "sha256:v", "stream": 1, "data": base64.b64encode(text.encode()).decode()}]}
+
+    reader = buildkit.Lines()
+    got = [line for text in (" \x1b[32m+\x1b[39m ", "\x1b[1maccelerate", "==", "1.15.0\nnext", " line\n", "tail")
+           for line in reader.feed(log(text))]
+    assert got == [" + accelerate==1.15.0", "next line"] and list(reader.rest()) == ["tail"]
 
 
 def test_plain_text_from_buildx_passes_as_text():

@@ -200,18 +200,27 @@ class Steps:
         return name if started else None
 
 
-def _log_lines(event: dict[str, Any], steps: Steps) -> Iterator[str]:
-    """A step's output, one line per line, escape codes removed (uv colours when it sees a terminal)."""
-    for log in event.get("logs") or []:
-        data = log.get("data", "")
-        try:
-            text = base64.b64decode(data).decode("utf-8", "replace")
-        except (ValueError, TypeError):
-            continue
-        for line in text.splitlines():
-            clean = _strip_ansi(line).rstrip()
-            if clean:
-                yield clean
+class Lines:
+    """A step's output, one line per line: BuildKit sends what each write wrote (uv writes a token at
+    a time), so the text of a line is kept per step until its newline; escape codes are removed."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, str] = {}
+
+    def feed(self, event: dict[str, Any]) -> Iterator[str]:
+        for log in event.get("logs") or []:
+            try:
+                text = base64.b64decode(log.get("data", "")).decode("utf-8", "replace")
+            except (ValueError, TypeError):
+                continue
+            key = f"{log.get('vertex', '')}/{log.get('stream', '')}"
+            *done, self.pending[key] = (self.pending.get(key, "") + text).split("\n")
+            yield from filter(None, (_strip_ansi(line).rstrip() for line in done))
+
+    def rest(self) -> Iterator[str]:
+        """What is left without a newline at the end of the build."""
+        yield from filter(None, (_strip_ansi(text).rstrip() for text in self.pending.values()))
+        self.pending.clear()
 
 
 def _strip_ansi(text: str) -> str:
@@ -265,7 +274,7 @@ def run(
     """
     if (problem := available()) is not None:
         raise UserError(problem)
-    steps = Steps()
+    steps, lines = Steps(), Lines()
     errors: list[str] = []
     current = "starting"
     with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
@@ -289,8 +298,10 @@ def run(
                     on_step(len(steps.done), max(len(steps.names), 1), current)
                     if vertex.get("error"):
                         errors.append(vertex["error"])
-                for line in _log_lines(event, steps):
+                for line in lines.feed(event):
                     on_log(line)
+            for line in lines.rest():
+                on_log(line)
             code = proc.wait()
         except BaseException:
             _stop(proc)
