@@ -75,9 +75,15 @@ def image_size(client: docker.DockerClient, ref: str) -> int:
     """The image's unpacked size in bytes, as the classic store's ``Size`` says it.
 
     The containerd store's ``Size`` counts the compressed content instead (a 1.06 GB image shows
-    as 0.30 GB); every layer's own size in the history is the unpacked one in both stores.
+    as 0.30 GB); every layer's own size in the history is the unpacked one in both stores, save a
+    foreign platform's image in the containerd store, which has no history there.
     """
-    return sum(int(entry.get("Size") or 0) for entry in client.api.history(ref))
+    try:
+        return sum(int(entry.get("Size") or 0) for entry in client.api.history(ref))
+    except docker.errors.NotFound:
+        # Docker 26's containerd store has no history of a foreign platform's image ("snapshot ... does
+        # not exist"): its own Size, the compressed content, is the figure it has.
+        return int(client.api.inspect_image(ref).get("Size") or 0)
 
 
 def image_store(client: docker.DockerClient) -> str:
