@@ -46,17 +46,24 @@ def host_platform() -> str:
 QEMU_CPU = {"linux/arm64": "neoverse-n1"}
 
 
+#: The entrypoint's probe timeout under qemu (seconds): what it was before it was bounded for real hosts.
+EMULATED_PROBE_TIMEOUT_S = 600
+
+
 def emulated_env(platform: str) -> list[str]:
     """Environment entries for a container of *platform* run under qemu (docker-py ``environment``).
 
     ``TINI_SUBREAPER`` without a value removes the image's: qemu-user does not implement
     prctl(PR_SET_CHILD_SUBREAPER), which tini makes fatal (and tini is PID 1 there anyway).
+    ``RUNTIME_PROBE_TIMEOUT``: importing torch under qemu takes a minute, not the few seconds the
+    entrypoint's probe allows a real machine.
 
     Example:
         >>> emulated_env("linux/arm64")
-        ['TINI_SUBREAPER', 'QEMU_CPU=neoverse-n1']
+        ['TINI_SUBREAPER', 'RUNTIME_PROBE_TIMEOUT=600', 'QEMU_CPU=neoverse-n1']
     """
-    return ["TINI_SUBREAPER"] + ([f"QEMU_CPU={QEMU_CPU[platform]}"] if platform in QEMU_CPU else [])
+    return ["TINI_SUBREAPER", f"RUNTIME_PROBE_TIMEOUT={EMULATED_PROBE_TIMEOUT_S}"] + (
+        [f"QEMU_CPU={QEMU_CPU[platform]}"] if platform in QEMU_CPU else [])
 
 
 def emulation_problem(platform: str, binfmt: Path = BINFMT) -> str | None:
