@@ -96,7 +96,7 @@ def check_daemon(ctx: Context) -> list[Check]:
         ]
     ctx.client = client
     api = version.get("ApiVersion", "?")
-    store = engine.image_store(client)
+    store = engine.image_store(ctx.info)
     found = (f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}, "
              f"{store} image store{STORE_NOTE[store]}")
     if engine.engine_version(str(version.get("Version", ""))) < engine.MIN_ENGINE:
@@ -120,14 +120,14 @@ def check_buildkit(ctx: Context) -> list[Check]:
 
 def check_compression(ctx: Context) -> list[Check]:
     """What the matrix publishes (gzip, zstd) and whether this engine keeps and pulls it."""
-    if ctx.project is None or ctx.client is None:
+    if ctx.project is None or ctx.info is None:
         return []
     zstd = sorted({t.name for t in ctx.project.targets if t.compression == "zstd"})
     if not zstd:
         return [Check("ok", "compression", "gzip layers: every engine, enroot and pyxis pull them")]
     checks = [Check("warn", "compression", f"{', '.join(zstd)} publish zstd layers: Docker < 23 and enroot "
                     "(Slurm's pyxis) cannot pull them", "set compression: gzip for targets such nodes run")]
-    if engine.image_store(ctx.client) == "classic":
+    if engine.image_store(ctx.info) == "classic":
         checks.append(Check("warn", "compression", "this engine's classic image store keeps gzip whatever BuildKit "
                             "writes, so these targets are published gzip from here",
                             'enable the containerd image store: {"features": {"containerd-snapshotter": true}} '

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import docker
 from docker.errors import DockerException
@@ -86,8 +87,8 @@ def image_size(client: docker.DockerClient, ref: str) -> int:
         return int(client.api.inspect_image(ref).get("Size") or 0)
 
 
-def image_store(client: docker.DockerClient) -> str:
-    """``containerd`` or ``classic``: which image store the engine keeps images in."""
-    status = client.info().get("DriverStatus") or []
+def image_store(info: dict[str, Any]) -> str:
+    """``containerd`` or ``classic``: which image store the engine keeps images in, from its ``info()``."""
+    status = info.get("DriverStatus") or []
     return "containerd" if any(pair[:2] == ["driver-type", "io.containerd.snapshotter.v1"] for pair in status) \
         else "classic"
