@@ -63,7 +63,7 @@ test-quick: install host ## The test suite without the multi-GB NVIDIA build (ma
 golden: install ## Regenerate the golden Dockerfiles in tests/golden/
 	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_render.py -k golden
 
-bench: install ## Benchmark builds against the ARG-switch baseline, build avoidance, a fresh node pulling nvidia-cu130 (layer plan vs one layer)
+bench: install ## Benchmark builds against the ARG-switch baseline, build avoidance, a fresh node pulling nvidia-cu130 (zstd vs gzip layers), container start
 	$(PY) -m bench
 
 clean: ## Remove the venv, caches and dist/ (not the wheelhouse in ~/.cache)

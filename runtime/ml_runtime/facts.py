@@ -21,11 +21,14 @@ Example:
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,20 @@ _MARKER = "ML_RUNTIME_FACTS "
 #: start); ``RUNTIME_PROBE_TIMEOUT`` (seconds) overrides it.
 ISOLATED_TIMEOUT_S = 10.0
 TIMEOUT_ENV = "RUNTIME_PROBE_TIMEOUT"
+
+
+#: The facts torch gives on a machine without an accelerator, written once at image build
+#: (``python -m ml_runtime.facts --record FILE``; importing torch takes seconds). A container
+#: start that sees no accelerator device node reads them instead of importing torch, for as long
+#: as the installed torch is the one they were recorded from.
+RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "torch-facts.json"
+#: ``RUNTIME_PROBE=torch`` ignores the record: torch is imported as on a host with a device.
+PROBE_ENV = "RUNTIME_PROBE"
+# Device nodes through which torch could see an accelerator: NVIDIA, AMD (KFD), Intel and other
+# DRM render nodes, and WSL's GPU paravirtualisation. With none of them, torch sees no device.
+# Before torch 2.8, Intel GPUs use the "ccl" backend from oneCCL's bindings.
+_CCL_BINDINGS = "oneccl_bindings_for_pytorch"
+_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dri/renderD*", "/dev/dxg")
 
 
 def probe_timeout() -> float:
@@ -190,6 +207,71 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     return facts
 
 
+def torch_install_key() -> str | None:
+    """A digest of the installed torch's version and file list (its RECORD), None without torch.
+
+    Example:
+        >>> key = torch_install_key()
+        >>> key is None or len(key) == 64
+        True
+    """
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    record = dist.read_text("RECORD") or ""
+    return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
+
+
+def record_torch_facts(path: Path) -> TorchFacts:
+    """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
+
+    Run at image build, where no accelerator is visible; the JSON is byte-stable (sorted keys),
+    so the layer holding it stays reproducible.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "facts.json"
+        >>> record_torch_facts(out).devices
+        []
+    """
+    facts = gather_torch_facts()
+    document = {"torch_install": torch_install_key(), "facts": facts.to_dict()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    return facts
+
+
+def recorded_torch_facts(
+    path: Path | None = None, environ: Mapping[str, str] | None = None
+) -> TorchFacts | None:
+    """The recorded facts when they hold here; None when torch must be asked.
+
+    They hold when this host shows no accelerator device node, ``RUNTIME_PROBE`` is not
+    ``torch``, and the installed torch is the one recorded. oneCCL's bindings may come in a
+    layer above the record, so whether they are installed is looked up now.
+
+    Example:
+        >>> recorded_torch_facts(Path("/nonexistent.json")) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    if env.get(PROBE_ENV) == "torch" or any(glob.glob(p) for p in _ACCELERATOR_NODES):
+        return None
+    try:
+        document = json.loads((RECORD_FILE if path is None else path).read_text(encoding="utf-8"))
+        if document["torch_install"] is None or document["torch_install"] != torch_install_key():
+            return None
+        facts = TorchFacts.from_dict(document["facts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no record (a host install, a foreign build), or a damaged one: ask torch
+    if facts.distributed_available:
+        facts.distributed_backends["ccl"] = importlib.util.find_spec(_CCL_BINDINGS) is not None
+    return facts
+
+
 def gather_torch_facts_isolated(
     measure_bandwidth: bool = False, timeout: float | None = None
 ) -> TorchFacts:
@@ -322,12 +404,13 @@ def _gather_distributed(facts: TorchFacts) -> None:
         check = getattr(dist, f"is_{name}_available", None)
         if check is not None:
             facts.distributed_backends[name] = bool(_safe(facts, f"is_{name}_available", check, False))
-    # Before torch 2.8, Intel GPUs use the "ccl" backend from oneCCL's bindings.
-    facts.distributed_backends["ccl"] = importlib.util.find_spec("oneccl_bindings_for_pytorch") is not None
+    facts.distributed_backends["ccl"] = importlib.util.find_spec(_CCL_BINDINGS) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ml_runtime.facts [--bandwidth]``: print the facts as one marked JSON line.
+
+    ``--record FILE`` writes them instead, for :func:`recorded_torch_facts` (the image build).
 
     Example:
         >>> main([])  # doctest: +ELLIPSIS
@@ -335,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         0
     """
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--record"] and len(args) == 2:
+        facts = record_torch_facts(Path(args[1]))
+        if facts.torch_version is None:
+            print(f"torch facts not recorded: {facts.import_error}", file=sys.stderr)
+            return 1
+        return 0
     facts = gather_torch_facts(measure_bandwidth="--bandwidth" in args)
     print(_MARKER + json.dumps(facts.to_dict()), flush=True)
     return 0

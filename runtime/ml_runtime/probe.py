@@ -35,6 +35,7 @@ from ml_runtime.facts import (
     gather_torch_facts,
     gather_torch_facts_isolated,
     metadata_torch_facts,
+    recorded_torch_facts,
 )
 from ml_runtime.host import HostFacts, gather_host_facts
 
@@ -325,8 +326,11 @@ def probe_host(
         >>> probe_host().backend in ("cuda", "rocm", "xpu", "cpu")
         True
     """
+    recorded = recorded_torch_facts() if torch_needed and not measure_bandwidth else None
     if not torch_needed:  # versions only: package metadata, torch never imported
         facts = metadata_torch_facts()
+    elif recorded is not None:  # no accelerator node: what torch said at build time still holds
+        facts = recorded
     elif isolated:
         facts = gather_torch_facts_isolated(measure_bandwidth)
     else:

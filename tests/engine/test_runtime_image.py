@@ -19,8 +19,12 @@ def cpu_image(cpu_project) -> str:
     return yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"] + ":cpu"
 
 
-def run_in(image: str, command: str, volumes: list[tuple[str, str]] = ()) -> tuple[int, str, str]:
+def run_in(
+    image: str, command: str, volumes: list[tuple[str, str]] = (), env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     container = DockerContainer(image).with_command(command)
+    for key, value in (env or {}).items():
+        container = container.with_env(key, value)
     for host, path in volumes:
         container = container.with_volume_mapping(host, path, "ro")
     container.start()
@@ -57,6 +61,19 @@ def test_probe_describes_the_cpu(cpu_image, no_leftovers):
     probe = json.loads(out[out.index("{"):out.rindex("}") + 1])
     assert probe["vendor"] == "none" and probe["backend"] == "cpu"
     assert probe["torch"]["version"] == "2.13.0+cpu"
+
+
+def test_start_reads_the_build_time_torch_facts_with_the_same_verdicts(cpu_image, no_leftovers):
+    # No accelerator is visible, so the entrypoint reads what torch said at build time instead of
+    # importing it; RUNTIME_PROBE=torch imports it. Both must give the same report.
+    command = "runtime-check check --json"
+    status, recorded, err = run_in(cpu_image, command)
+    assert status == 0, recorded + err
+    status, imported, err = run_in(cpu_image, command, env={"RUNTIME_PROBE": "torch"})
+    assert status == 0, imported + err
+    assert json.loads(recorded) == json.loads(imported)
+    status, out, err = run_in(cpu_image, "test -s /opt/venv/share/ml-runtime/torch-facts.json")
+    assert status == 0, out + err
 
 
 @pytest.mark.classic

@@ -40,7 +40,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,
  && set -- /usr/share/python-wheels/pip-*.whl \
  && python3 "$1/pip" install --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/common -r /tmp/common.lock \
  && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
@@ -55,7 +55,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,
     if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
  && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
  && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
@@ -78,10 +78,14 @@ FROM torch AS runtime
 # no source tree (or its checkout times) in a layer, so these layers are reproducible too.
 # pip byte-compiles what it installs, so the runtime starts without compiling; with
 # SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
+# The runtime then records what torch says here, with no accelerator: a container start that
+# sees no accelerator reads that instead of importing torch (not under qemu, see EMULATED above).
+ARG EMULATED
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/runtime,rw --mount=type=bind,source=examples,target=/tmp/examples \
     touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
  && cp -R /tmp/examples /opt/examples \
+ && if [ -z "$EMULATED" ]; then python -m ml_runtime.facts --record /opt/venv/share/ml-runtime/torch-facts.json; fi \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 # The target's own packages last: targets that differ only in them share every layer below.
 ARG WHEELS_TOOLS
@@ -90,7 +94,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,
     if [ -n "$WHEELS_PACKAGES" ]; then touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
  && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --no-index --no-deps --require-hashes \
+ && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/packages -r /tmp/packages.lock \
  && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi

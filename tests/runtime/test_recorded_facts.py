@@ -1,0 +1,85 @@
+"""Container start without importing torch: the facts recorded at image build stand in for it.
+
+The image build runs ``python -m ml_runtime.facts --record FILE`` (no accelerator is visible
+there); a start that sees no accelerator device node reads the file instead of importing torch.
+These tests record with the real CPU torch installed for the test suite. The "device node" of
+the last tests is a file in a temporary folder laid out like /dev (we have no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ml_runtime import facts as facts_module
+from ml_runtime.checks import run_checks
+from ml_runtime.facts import gather_torch_facts, record_torch_facts, recorded_torch_facts
+from ml_runtime.host import gather_host_facts
+from ml_runtime.probe import build_probe, classify
+from ml_runtime.spec import DEFAULT_SPEC_PATH, load_yaml_mapping, parse_spec
+
+SPECS = [
+    {"dependencies": [{"name": "pytorch", "version_range": ">=2.0", "full_distribution": True}]},
+    {"dependencies": [{"name": "pytorch", "version_range": ">=3.0", "full_distribution": True}]},
+    {"dependencies": [{"name": "pytorch", "version_range": ">=2.0", "vendor_agnostic_wheel": True}]},
+    {"required_features": [{"gpu_compute_capability": "sm_80"}, {"device_memory_gb": 40}]},
+    {"required_features": [{"driver_version_min": "535.54.03"}],
+     "dependencies": [{"name": "accelerate", "version_range": ">=0.20"}]},
+]
+
+
+@pytest.fixture(autouse=True)
+def no_accelerator_nodes(monkeypatch, tmp_path):
+    # Whatever this host has, the tests decide which device nodes exist.
+    monkeypatch.setattr(facts_module, "_ACCELERATOR_NODES", (str(tmp_path / "dev" / "nvidia[0-9]*"),))
+    return tmp_path / "dev"
+
+
+@pytest.fixture
+def record(tmp_path) -> Path:
+    path = tmp_path / "share" / "ml-runtime" / "torch-facts.json"
+    assert facts_module.main(["--record", str(path)]) == 0
+    return path
+
+
+def verdicts(spec_data: dict, facts) -> list[dict]:
+    vendor, _ = classify(facts)
+    probe = build_probe(facts, gather_host_facts(vendor, facts))
+    spec = parse_spec(spec_data, "runtime-spec.yaml")
+    return [r.to_dict("strict") for r in run_checks(spec, probe, probe.devices)]
+
+
+def test_the_record_is_what_torch_says_and_byte_stable(record, tmp_path):
+    assert recorded_torch_facts(record, environ={}).to_dict() == gather_torch_facts().to_dict()
+    again = tmp_path / "again.json"
+    record_torch_facts(again)
+    assert again.read_bytes() == record.read_bytes()  # same torch, same bytes: the layer stays reproducible
+
+
+@pytest.mark.parametrize("spec_data", SPECS + [load_yaml_mapping(DEFAULT_SPEC_PATH, "default-spec.yaml")])
+def test_every_verdict_is_the_same_as_importing_torch(record, spec_data):
+    assert verdicts(spec_data, recorded_torch_facts(record, environ={})) == verdicts(spec_data, gather_torch_facts())
+
+
+def test_runtime_probe_torch_ignores_the_record(record):
+    assert recorded_torch_facts(record, environ={"RUNTIME_PROBE": "torch"}) is None
+
+
+def test_another_torch_than_the_recorded_one_ignores_the_record(record):
+    document = json.loads(record.read_text())
+    document["torch_install"] = "0" * 64  # as if torch had been reinstalled in a derived image
+    record.write_text(json.dumps(document))
+    assert recorded_torch_facts(record, environ={}) is None
+
+
+def test_a_damaged_or_missing_record_is_ignored(record, tmp_path):
+    record.write_text("{not json")
+    assert recorded_torch_facts(record, environ={}) is None
+    assert recorded_torch_facts(tmp_path / "none.json", environ={}) is None
+
+
+def test_an_accelerator_device_node_means_asking_torch(record, no_accelerator_nodes):
+    no_accelerator_nodes.mkdir()
+    (no_accelerator_nodes / "nvidia0").touch()
+    assert recorded_torch_facts(record, environ={}) is None
