@@ -54,13 +54,15 @@ def build_labels(root: Path) -> dict[str, str]:
 
 def build_request(
     project: Project, target: ResolvedTarget, *, stage: str | None = None, cache_from: Sequence[str] = (),
-    nocache: bool = False, contexts: dict[str, str] | None = None,
+    nocache: bool = False, contexts: dict[str, str] | None = None, registry_cache: bool = False,
 ) -> buildkit.BuildRequest:
     """The build of one target view (or one stage of it), as data: what ``builder bake`` writes too.
 
     The wheels arrive as the named context ``wheels`` (no network); the base pin, each layer's
     wheels and EMULATED (a foreign platform under qemu here) as build arguments; inline cache
     metadata goes into the image, so a runner that lacks it can use the published image as cache.
+    With *registry_cache* every step's cache also goes to :func:`cache_ref` (mode=max), which a
+    fresh runner then reads first.
     SOURCE_DATE_EPOCH (the commit time, as the ``created`` label) fixes the image config's own
     times, so two runners building one commit from cache make the very same image; BuildKit
     keeps it out of every step's cache key.
@@ -77,11 +79,33 @@ def build_request(
         labels={} if stage else labels,
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
-        cache_to=("type=inline",),
+        cache_to=("type=inline", *([registry_cache_sink(target)] if registry_cache else [])),
         no_cache=nocache,
         builder=os.environ.get("BUILDX_BUILDER") or None,
         compression=target.compression,
     )
+
+
+def cache_ref(target: ResolvedTarget) -> str:
+    """Where ``--push`` keeps a target view's BuildKit cache: a tag beside its images.
+
+    Example:
+        >>> cache_ref(project.target("nvidia-cu130").on("linux/arm64"))
+        'localhost:5000/ml-runtime:buildcache-nvidia-cu130-arm64'
+    """
+    return f"{target.primary_ref.rsplit(':', 1)[0]}:buildcache-{target.name}-{target.arch}"
+
+
+def registry_cache_sink(target: ResolvedTarget) -> str:
+    """``--cache-to`` for :func:`cache_ref`: every step (mode=max), in the target's compression."""
+    force = ",force-compression=true" if target.compression != "gzip" else ""
+    return f"type=registry,ref={cache_ref(target)},mode=max,compression={target.compression}{force}"
+
+
+def registry_cache_supported(client: docker.DockerClient) -> bool:
+    """Whether builds here can export a registry cache: the docker driver can with the containerd
+    image store only; a builder the user selects (docker-container, remote, kubernetes) always can."""
+    return bool(os.environ.get("BUILDX_BUILDER")) or engine.image_store(client.info()) == "containerd"
 
 
 def wheels_context(project: Project, target: ResolvedTarget) -> Path:
@@ -102,14 +126,17 @@ def docker_build(
     on_log: Callable[[str], None] = lambda line: None,
     cancel: threading.Event | None = None,
     nocache: bool = False,
-) -> tuple[str, int, int]:
-    """Build one target view (or one stage of it) through BuildKit; return (image ID, steps, steps from cache)."""
-    request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache)
+    registry_cache: bool = False,
+) -> tuple[str, int, int, tuple[str, ...]]:
+    """Build one target view (or one stage of it) through BuildKit; return (image ID, steps, steps
+    from cache, the registry caches read)."""
+    request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache,
+                            registry_cache=registry_cache)
     host = registry.Ref.parse(target.primary_ref).host
     # BuildKit reads the base and the cache from the registry itself, with the same credentials.
     result = buildkit.run(request, on_step=on_step, on_log=on_log, cancel=cancel, registry_host=host,
                           creds=registry.credentials(host), cwd=project.root)
-    return engine.image_id(client, result.ids), result.steps, result.cached
+    return engine.image_id(client, result.ids), result.steps, result.cached, result.cache_read
 
 
 def remove_smoke_containers(client: docker.DockerClient, say: Callable[[str], None] = print,
@@ -167,7 +194,8 @@ def process(
     start = time.monotonic()
     ui.start(target.unit)
     try:
-        _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, nocache=nocache)
+        _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, nocache=nocache,
+               registry_cache=push and registry_cache_supported(client))
         if push:
             ui.step(target.unit, out.steps, out.steps, "push")
             _publish(client, project, target, out, out.image_id or "")
@@ -256,10 +284,11 @@ def _build(
     smoke: bool,
     cancel: threading.Event,
     nocache: bool,
+    registry_cache: bool = False,
 ) -> None:
     cache_from = [] if nocache else _cache_sources(client, target)
-    out.image_id, out.steps, out.cached_steps = docker_build(
-        client, project, target, cache_from=cache_from, cancel=cancel, nocache=nocache,
+    out.image_id, out.steps, out.cached_steps, out.cache_read = docker_build(
+        client, project, target, cache_from=cache_from, cancel=cancel, nocache=nocache, registry_cache=registry_cache,
         on_step=lambda n, total, text: ui.step(target.unit, n, total, text),
         on_log=lambda line: ui.log(target.unit, line),
     )
@@ -314,7 +343,8 @@ def _current_revision(project: Project) -> str:
 
 
 def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[str]:
-    """On a fresh runner, the target's published image as a cache source (its inline cache metadata).
+    """On a fresh runner, the registry cache ``--push`` exported (:func:`cache_ref`), else the
+    target's published image (its inline cache metadata), as the cache source.
 
     Returns [] when the image is already local (BuildKit's own cache covers it). BuildKit reads
     the registry itself, layer by layer as needed: nothing is pulled first.
@@ -324,7 +354,7 @@ def _cache_sources(client: docker.DockerClient, target: ResolvedTarget) -> list[
         client.api.inspect_image(ref)
         return []
     except docker.errors.ImageNotFound:
-        return registry_cache_source(ref)
+        return registry_cache_source(cache_ref(target)) or registry_cache_source(ref)
 
 
 def registry_cache_source(ref: str) -> list[str]:

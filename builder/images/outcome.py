@@ -26,6 +26,8 @@ class Outcome:
     result: str | None = None
     #: <registry>:<target>-<12 hex>: this exact content, built and smoke-tested
     content_tag: str | None = None
+    #: the registry caches the build read (``--push`` exports one per target and platform)
+    cache_read: tuple[str, ...] = ()
     #: what the smoke test left out, and why (no GPU here, emulation)
     notes: list[str] = field(default_factory=list)
 

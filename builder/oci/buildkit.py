@@ -105,6 +105,8 @@ class BuildResult:
     ids: tuple[str, ...]
     steps: int
     cached: int
+    #: the registry caches BuildKit read (its "importing cache manifest from REF" steps)
+    cache_read: tuple[str, ...] = ()
 
 
 def version() -> str:
@@ -172,6 +174,8 @@ def _events(stream: IO[str]) -> Iterator[dict[str, Any]]:
 #: A Dockerfile step's vertex: ``[stage n/m] INSTRUCTION ...`` (``[internal]``, ``[context x]`` and
 #: ``[auth]`` vertices are BuildKit's own work, no step).
 STEP = re.compile(r"^\[[^\]]* \d+/\d+\] (?!FROM )")
+#: BuildKit's vertex for reading a registry cache (``--cache-from type=registry,ref=REF``).
+CACHE_IMPORT = re.compile(r"^importing cache manifest from (?P<ref>\S+)")
 
 
 class Steps:
@@ -185,10 +189,13 @@ class Steps:
         self.names: set[str] = set()
         self.done: set[str] = set()
         self.cached: set[str] = set()
+        self.cache_read: dict[str, None] = {}
 
     def update(self, vertex: dict[str, Any]) -> str | None:
         """Record one vertex event; return the step's name when it just started."""
         name = vertex.get("name", "")
+        if (imported := CACHE_IMPORT.match(name)) and vertex.get("completed") and not vertex.get("error"):
+            self.cache_read[imported["ref"]] = None
         if not STEP.match(name):
             return None
         started = name not in self.names
@@ -317,7 +324,7 @@ def run(
     ids = tuple(d for key in ("containerimage.digest", "containerimage.config.digest") if (d := made.get(key)))
     if not ids:
         raise TargetFailed("BuildKit finished the build without naming the image it made")
-    return BuildResult(ids, len(steps.names), len(steps.cached))
+    return BuildResult(ids, len(steps.names), len(steps.cached), tuple(steps.cache_read))
 
 
 def _cancel_on(proc: subprocess.Popen[str], cancel: threading.Event) -> None:

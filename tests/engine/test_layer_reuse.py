@@ -85,7 +85,7 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
     project = load_project(cpu_project / "matrix.yaml")
     cpu = project.target("cpu")
     cached = engine.api.inspect_image(cpu.primary_ref)["RootFS"]["Layers"]
-    image_id, steps, from_cache = docker_build(engine, project, cpu, nocache=True)
+    image_id, steps, from_cache, _ = docker_build(engine, project, cpu, nocache=True)
     try:
         fresh = engine.api.inspect_image(image_id)["RootFS"]["Layers"]
         assert from_cache == 0 and steps > 0

@@ -10,10 +10,11 @@ What the test cannot run, by one rule (:data:`SKIPPED`): ``uses:`` steps (action
 steps that provision a GitHub runner (apt-get, sudo sysctl, freeing disk, creating the venv):
 this machine has the tools, and each checkout gets the venv the tests run in as ``.venv``.
 
-Scenario: runner A builds, smoke-tests and pushes cpu; runner B (empty) finds it unchanged and
-reuses it from the registry without pulling anything; after a change under runtime/, runner B
-rebuilds only what follows the shared stages, with the published image pulled as cache and the
-pinned base pulled by digest (never bootstrapped).
+Scenario: runner A builds, smoke-tests and pushes cpu, and with it the BuildKit cache of every
+step (``<repo>:buildcache-cpu-<arch>``); runner B (empty) finds it unchanged and reuses it from
+the registry without pulling anything; after a change under runtime/, runner B rebuilds only what
+follows the shared stages, those read from the registry cache, and the pinned base pulled by
+digest (never bootstrapped).
 """
 
 from __future__ import annotations
@@ -173,6 +174,9 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
             assert set(record["tags"]) == {content_a, *tags}, record["tags"]
             assert "bootstrapping" not in a.log and "pulled the locked base" in a.log, a.log[-4000:]
             assert f"Registry: `{repo}`" in a.summary.read_text()
+            # --push exported the BuildKit cache of every step beside the images.
+            cache = f"{repo}:buildcache-cpu-{host_platform().split('/')[1]}"
+            assert oci.manifest_digest(cache, creds) is not None, f"no registry cache at {cache}"
 
         with dockerd(tmp_path, "b") as host_b, contextlib.closing(docker.DockerClient(base_url=host_b)) as client_b:
             # Runner B: empty engine, unchanged target: reused from the registry, nothing pulled or built.
@@ -195,6 +199,7 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
             assert content_b != content_a and content_b.startswith(f"{repo}:cpu-")
             shared = _shared_steps((b2.root / "images" / "cpu" / "Dockerfile").read_text())
             assert rebuilt["cached_steps"] == shared < rebuilt["steps"], (shared, rebuilt)
+            assert rebuilt["cache_read"] == [cache], rebuilt  # the shared steps came from the registry cache
             assert "bootstrapping" not in b2.log and "pulled the locked base" in b2.log, b2.log[-4000:]
             assert base_ref in client_b.api.inspect_image(base_ref)["RepoDigests"]
             for ref in [content_b, *tags]:
