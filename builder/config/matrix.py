@@ -99,7 +99,8 @@ class Base(_Strict):
     )
     bootstrap: Bootstrap | None = Field(None, description="Build the base locally with mmdebstrap.")
     suite: DebName | None = Field(
-        None, description="With image: the Debian suite the image is based on (for Python and glibc)."
+        None, description="With image only: the Debian suite the image is based on (for Python and glibc); "
+        "with bootstrap, base.bootstrap.suite is the suite."
     )
 
     @model_validator(mode="after")
@@ -228,7 +229,8 @@ class Matrix(_Strict):
     )
     startup_imports: list[Annotated[str, _grammar(g.MODULE, "a Python module name like torch")]] = Field(
         default_factory=lambda: ["torch"],
-        description="Modules imported once at build time so their bytecode ships in the image (fast start).",
+        description="Modules imported once at build time so their bytecode ships in the image (fast start); "
+        "at least one, each installed in every target (torch, torch_packages, common_packages).",
     )
     layers: list[Layer] = Field(
         default_factory=lambda: [Layer(name="wheels", match=["*"])], min_length=1,

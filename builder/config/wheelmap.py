@@ -99,7 +99,8 @@ class VendorFacts(_Strict):
     env: dict[
         Annotated[str, AfterValidator(lambda v: g.check(re.compile(r"[A-Z_][A-Z0-9_]*"), v, "an ENV name"))],
         Annotated[str, AfterValidator(lambda v: g.check(g.LABEL_VALUE, v, "an env value"))]] = Field(
-        default_factory=dict, description="ENV set in images of this vendor (NVIDIA container runtime)."
+        default_factory=dict, description="ENV set in images of this vendor (NVIDIA container runtime); "
+        "not a variable the builder sets itself (BUILDER_ENV, ML_RUNTIME_*, WHEELS_*)."
     )
 
 
