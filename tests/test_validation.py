@@ -134,6 +134,20 @@ MATRIX_CASES = [
      ["layers[4] (nccl): nvidia-nccl* always match(es) an earlier layer first"]),
     ("layer-no-backend", lambda d: d["layers"].append({"name": "extra", "match": ["foo"], "backends": []}),
      ["backends: [] applies to no target"]),
+    ("base-suite-ignored-with-bootstrap", _set("base.suite", "trixie"),
+     ["matrix.yaml: base: suite: 'trixie' is ignored with 'bootstrap'", "set base.bootstrap.suite"]),
+    ("bootstrap-variant-without-useradd", _set("base.bootstrap.variant", "essential"),
+     ["matrix.yaml: base.bootstrap: variant: essential has no groupadd/useradd", "add passwd to packages"]),
+    ("startup-imports-none", _set("startup_imports", []),
+     ["matrix.yaml: startup_imports: [] leaves the build's start-up step 'import' with no module"]),
+    ("startup-import-of-some-targets", _also(_set("targets[1].packages", ["transformers>=4"]),
+                                             _set("startup_imports", ["torch", "transformers"])),
+     ["matrix.yaml: startup_imports[1]: 'transformers' is installed only by the packages of nvidia-cu130",
+      "cpu, nvidia-cu118"]),
+    ("platforms-for-no-target", lambda d: [t.update(platforms=["linux/amd64"]) for t in d["targets"]],
+     ["matrix.yaml: platforms: ['linux/amd64'] applies to no target (every target names its own platforms)"]),
+    ("k8s-resource-of-another-vendor", _set("targets[1].k8s_resource", "amd.com/gpu"),
+     ["matrix.yaml: targets[1]: k8s_resource: amd.com/gpu is not a resource of backend cuda"]),
 ]
 
 
@@ -180,6 +194,23 @@ MAPPING_CASES = [
      ["entries.cu118.packages[0]: 'torch==2.0.1': torch comes from"]),
     ("mapping-duplicate-pair", lambda m: m["entries"].update(cu118b=dict(m["entries"]["cu118"])),
      ["same backend and version as entries.cu118"]),
+    # Silent overrides: a variable the builder sets itself, a suffix the entry contradicts.
+    ("mapping-env-path", lambda m: m["vendors"]["nvidia"]["env"].update(PATH="/usr/local/cuda/bin:/usr/bin"),
+     ["wheel-mapping.json: vendors.nvidia.env.PATH: the builder sets this variable itself"]),
+    ("mapping-env-virtual-env", lambda m: m["vendors"]["amd"].update(env={"VIRTUAL_ENV": "/opt/rocm"}),
+     ["wheel-mapping.json: vendors.amd.env.VIRTUAL_ENV: the builder sets this variable itself"]),
+    ("mapping-env-runtime", lambda m: m["vendors"]["cpu"].update(env={"ML_RUNTIME_TORCH": "2.0"}),
+     ["wheel-mapping.json: vendors.cpu.env.ML_RUNTIME_TORCH: the builder sets this variable itself"]),
+    ("mapping-env-build-argument", lambda m: m["vendors"]["intel"].update(env={"WHEELS_TORCH": "x"}),
+     ["wheel-mapping.json: vendors.intel.env.WHEELS_TORCH: the builder sets this variable itself"]),
+    ("mapping-suffix-of-another-build", lambda m: m["entries"]["cu118"].update(local_version="+cu121"),
+     ["wheel-mapping.json: entries.cu118.local_version: '+cu121' is the suffix of another build than cuda 11.8",
+      "write '+cu118'"]),
+    ("mapping-suffix-of-another-backend", lambda m: m["entries"]["xpu"].update(local_version="+cpu"),
+     ["entries.xpu.local_version: '+cpu' is the suffix of another build than xpu; write '+xpu'"]),
+    ("mapping-suffix-on-pypi", lambda m: m["entries"]["cu130"].update(local_version="+cu130"),
+     ["wheel-mapping.json: entries.cu130.local_version: '+cu130': https://pypi.org/simple publishes no local",
+      "write '' or point index_url"]),
 ]
 
 
@@ -260,3 +291,46 @@ def test_valid_inputs_keep_working_extras_crlf_bom(project, valid_doc):
     mapping.write_bytes("\ufeff".encode() + mapping.read_text().replace("\n", "\r\n").encode())
     proj = load_project(project / "matrix.yaml")
     assert proj.matrix.torch_packages == ["accelerate[testing]>=1.0"] and proj.targets
+
+
+def test_valid_neighbours_of_the_refusals(project, valid_doc):
+    """What the refusals must let through: a custom local suffix, a vendor variable of its own, a
+    bootstrap variant with passwd, a start-up module every target's packages install, a target's
+    own platforms beside the top level's."""
+    from builder.config.project import load_project
+
+    doc = copy.deepcopy(valid_doc)
+    doc["base"]["bootstrap"]["variant"] = "apt"
+    doc["base"]["bootstrap"]["packages"].append("passwd")
+    for t in doc["targets"]:
+        t["packages"] = ["transformers>=4"]
+    doc["startup_imports"] = ["torch", "transformers"]
+    doc["layers"].append({"name": "hf", "match": ["transformers"]})
+    doc["targets"][0]["platforms"] = ["linux/amd64"]
+    (project / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    path = project / "wheel-mapping.json"
+    mapping = json.loads(path.read_text())
+    mapping["entries"]["cu118"]["local_version"] = "+cu118.site"
+    mapping["vendors"]["nvidia"]["env"]["NCCL_DEBUG"] = "WARN"
+    path.write_text(json.dumps(mapping))
+    proj = load_project(project / "matrix.yaml", allow_unpinned=True)
+    assert proj.target("nvidia-cu118").torch_pin == "2.7.1+cu118.site"
+    assert proj.target("nvidia-cu130").env["NCCL_DEBUG"] == "WARN"
+
+
+def test_reserved_env_covers_the_template(project):
+    """Every ENV and ARG the Dockerfile template writes itself is one a vendor's env may not set."""
+    import re
+
+    from builder.config.project import load_project
+    from builder.config.wheelmap import BUILDER_ENV, BUILDER_ENV_PREFIXES
+    from builder.images import render
+
+    proj = load_project(project / "matrix.yaml")
+    for target in proj.targets:
+        text = next(iter(render.render(proj, [target]).values())).replace("\\\n", " ")
+        names = set(re.findall(r"^ARG ([A-Z_][A-Z0-9_]*)", text, re.MULTILINE))
+        for line in re.findall(r"^ENV (.*)$", text, re.MULTILINE):
+            names |= set(re.findall(r"(?:^| )([A-Z_][A-Z0-9_]*)=", line))
+        own = names - set(target.env)
+        assert own and all(n in BUILDER_ENV or n.startswith(BUILDER_ENV_PREFIXES) for n in own), sorted(own)

@@ -83,6 +83,9 @@ class Bootstrap(_Strict):
         missing = {"python3", "python3-venv", "tini"} - set(self.packages)
         if missing:
             raise ValueError(f"packages must include {', '.join(sorted(missing))} (the images' Python and init)")
+        if self.variant in ("essential", "apt") and "passwd" not in self.packages:
+            raise ValueError(f"variant: {self.variant} has no groupadd/useradd (Debian's passwd, Priority required), "
+                             "which the Dockerfile's common stage runs; add passwd to packages or use minbase")
         return self
 
 
@@ -96,7 +99,8 @@ class Base(_Strict):
     )
     bootstrap: Bootstrap | None = Field(None, description="Build the base locally with mmdebstrap.")
     suite: DebName | None = Field(
-        None, description="With image: the Debian suite the image is based on (for Python and glibc)."
+        None, description="With image only: the Debian suite the image is based on (for Python and glibc); "
+        "with bootstrap, base.bootstrap.suite is the suite."
     )
 
     @model_validator(mode="after")
@@ -105,6 +109,9 @@ class Base(_Strict):
             raise ValueError("give exactly one of 'image' (pinned by digest) or 'bootstrap'")
         if self.image is not None and self.suite not in SUITE_PYTHON:
             raise ValueError(f"with 'image', set 'suite' to one of: {', '.join(SUITE_PYTHON)}")
+        if self.bootstrap is not None and self.suite is not None:
+            raise ValueError(f"suite: {self.suite!r} is ignored with 'bootstrap' (its suite, "
+                             f"{self.bootstrap.suite!r}, is the base's); remove base.suite or set base.bootstrap.suite")
         return self
 
     @property
@@ -222,7 +229,8 @@ class Matrix(_Strict):
     )
     startup_imports: list[Annotated[str, _grammar(g.MODULE, "a Python module name like torch")]] = Field(
         default_factory=lambda: ["torch"],
-        description="Modules imported once at build time so their bytecode ships in the image (fast start).",
+        description="Modules imported once at build time so their bytecode ships in the image (fast start); "
+        "at least one, each installed in every target (torch, torch_packages, common_packages).",
     )
     layers: list[Layer] = Field(
         default_factory=lambda: [Layer(name="wheels", match=["*"])], min_length=1,
@@ -281,7 +289,10 @@ class Matrix(_Strict):
             if group in names:
                 problems.append(f"groups.{group}: a target has this name too (-t {group} means the target); "
                                 "rename the group")
-        problems += _torch_elsewhere(self) + _dead_layers(self.layers)
+        if self.platforms and all(t.platforms for t in self.targets):
+            problems.append(f"platforms: {self.platforms} applies to no target (every target names its own "
+                            "platforms); remove it, or the platforms of the targets that should use it")
+        problems += _torch_elsewhere(self) + _startup_problems(self) + _dead_layers(self.layers)
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -314,6 +325,25 @@ def _torch_elsewhere(m: Matrix) -> list[str]:
             elif where.startswith("targets") and _req_name(r) in common:
                 problems.append(f"{where}[{j}]: {r!r} is in common_packages too ({common[_req_name(r)]!r}), whose "
                                 "pin every target shares; keep it in one of the two")
+    return problems
+
+
+def _startup_problems(m: Matrix) -> list[str]:
+    """startup_imports the build can never import: none at all (``import`` with no module is a syntax
+    error), or a module only some targets' own packages install (every target's build imports it)."""
+    if not m.startup_imports:
+        return [("startup_imports: [] leaves the build's start-up step 'import' with no module (a syntax error); "
+                 "list at least torch, or leave the key out (default: [torch])")]
+    everywhere = {"torch", *map(_req_name, m.common_packages), *map(_req_name, m.torch_packages)}
+    problems = []
+    for i, module in enumerate(m.startup_imports):
+        name = canonicalize_name(module.split(".")[0])
+        having = [t.name for t in m.targets if name in map(_req_name, t.packages)]
+        if name not in everywhere and having and len(having) < len(m.targets):
+            lacking = [t.name for t in m.targets if t.name not in having]
+            problems.append(f"startup_imports[{i}]: {module!r} is installed only by the packages of "
+                            f"{', '.join(having)}, but every target's build imports it ({', '.join(lacking)} "
+                            "too); add it to torch_packages or common_packages, or remove it here")
     return problems
 
 

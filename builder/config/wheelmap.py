@@ -26,6 +26,38 @@ Vendor = Literal["nvidia", "amd", "intel", "cpu"]
 #: The vendor behind each backend (ROCm is AMD's, XPU Intel's); a fact, not configuration.
 BACKEND_VENDOR: dict[str, Vendor] = {"cuda": "nvidia", "rocm": "amd", "xpu": "intel", "cpu": "cpu"}
 
+#: Variables a vendor's ``env`` may not set, because the builder sets them itself: the template's
+#: ENV of the common stage (the vendor's ENV comes later and would override them: the venv's
+#: PATH...) and of the last stage (which overrides the vendor's), the template's build arguments
+#: (an ENV of the same name overrides an ARG), the base's fixed file times, and what
+#: ``builder k8s``/``builder slurm`` set in every container of a job.
+BUILDER_ENV = frozenset({
+    "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK",
+    "VIRTUAL_ENV", "PATH", "TINI_SUBREAPER", "BASE", "EMULATED", "SOURCE_DATE_EPOCH",
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK",
+})
+#: Prefixes of builder-owned variables: the in-image runtime's (ML_RUNTIME_TORCH ...) and the
+#: layer plan's build arguments (WHEELS_<LAYER>).
+BUILDER_ENV_PREFIXES = ("ML_RUNTIME_", "WHEELS_")
+#: The local version suffix PyTorch's own indexes give torch, per backend (cuda/rocm: with the version).
+PYTORCH_SUFFIX = re.compile(r"\+(cu[0-9]+|rocm[0-9.]+|xpu|cpu)")
+#: Indexes that publish no local versions (PyPI refuses uploads with one).
+NO_LOCAL_VERSIONS = re.compile(r"https://(pypi\.org|pypi\.python\.org|files\.pythonhosted\.org)/.*")
+
+
+def pytorch_suffix(backend: str, version: str | None) -> str:
+    """The suffix PyTorch's index for a backend and accelerator version gives torch.
+
+    Example:
+        >>> pytorch_suffix("cuda", "11.8"), pytorch_suffix("rocm", "5.7"), pytorch_suffix("xpu", None)
+        ('+cu118', '+rocm5.7', '+xpu')
+    """
+    if backend == "cuda":
+        return f"+cu{(version or '').replace('.', '')}"
+    if backend == "rocm":
+        return f"+rocm{version or ''}"
+    return f"+{backend}"
+
 
 def _specifier(value: str) -> str:
     try:
@@ -67,7 +99,8 @@ class VendorFacts(_Strict):
     env: dict[
         Annotated[str, AfterValidator(lambda v: g.check(re.compile(r"[A-Z_][A-Z0-9_]*"), v, "an ENV name"))],
         Annotated[str, AfterValidator(lambda v: g.check(g.LABEL_VALUE, v, "an env value"))]] = Field(
-        default_factory=dict, description="ENV set in images of this vendor (NVIDIA container runtime)."
+        default_factory=dict, description="ENV set in images of this vendor (NVIDIA container runtime); "
+        "not a variable the builder sets itself (BUILDER_ENV, ML_RUNTIME_*, WHEELS_*)."
     )
 
 
@@ -103,20 +136,30 @@ class WheelMapping(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> WheelMapping:
+        problems = []
         seen: dict[tuple[str, str | None], str] = {}
         for key, entry in self.entries.items():
             pair = (entry.backend, entry.version)
             if pair in seen:
-                raise ValueError(f"entries.{key}: same backend and version as entries.{seen[pair]}")
-            seen[pair] = key
+                problems.append(f"entries.{key}: same backend and version as entries.{seen[pair]}")
+            seen.setdefault(pair, key)
         for key, entry in self.entries.items():
             for j, r in enumerate(entry.packages):
                 if canonicalize_name(PipRequirement(r).name) == "torch":
-                    raise ValueError(f"entries.{key}.packages[{j}]: {r!r}: torch comes from the target's 'torch' "
-                                     "and this entry's local_version; remove it")
+                    problems.append(f"entries.{key}.packages[{j}]: {r!r}: torch comes from the target's 'torch' "
+                                    "and this entry's local_version; remove it")
+            problems += _suffix_problems(key, entry)
         missing = {BACKEND_VENDOR[e.backend] for e in self.entries.values()} - set(self.vendors)
         if missing:
-            raise ValueError(f"vendors: missing {', '.join(sorted(missing))}")
+            problems.append(f"vendors: missing {', '.join(sorted(missing))}")
+        for vendor, facts in self.vendors.items():
+            for name in facts.env:
+                if name in BUILDER_ENV or name.startswith(BUILDER_ENV_PREFIXES):
+                    problems.append(f"vendors.{vendor}.env.{name}: the builder sets this variable itself (the "
+                                    "Dockerfile's ENV or build arguments, the runtime, the cluster launchers), "
+                                    "so one of the two values would be overridden; remove it")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     def find(self, backend: str, version: str | None) -> tuple[str, Entry] | None:
@@ -125,6 +168,22 @@ class WheelMapping(_Strict):
             if entry.backend == backend and entry.version == version:
                 return key, entry
         return None
+
+
+def _suffix_problems(key: str, entry: Entry) -> list[str]:
+    """A local_version that contradicts the entry: PyTorch's suffix of another build, or one on an
+    index that publishes no local versions (torch==<release><suffix> could never resolve there)."""
+    suffix, expected = entry.local_version, pytorch_suffix(entry.backend, entry.version)
+    where = f"entries.{key}.local_version"
+    if PYTORCH_SUFFIX.fullmatch(suffix) and suffix != expected:
+        version = f" {entry.version}" if entry.version else ""
+        return [(f"{where}: {suffix!r} is the suffix of another build than {entry.backend}{version}; write "
+                 f"{expected!r} (or '' where the index publishes torch without one)")]
+    if suffix and NO_LOCAL_VERSIONS.fullmatch(entry.index_url):
+        return [(f"{where}: {suffix!r}: {entry.index_url} publishes no local versions, so "
+                 f"torch==<release>{suffix} never resolves there; write '' or point index_url at the index that "
+                 "has them")]
+    return []
 
 
 def index_env_var(key: str) -> str:
