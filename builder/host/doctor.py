@@ -111,11 +111,12 @@ def check_buildkit(ctx: Context) -> list[Check]:
     """docker buildx (BuildKit's client): every build goes through it."""
     from builder.oci import buildkit
 
-    problem = buildkit.available()
-    if problem is not None:
+    found = buildkit.version()  # one `docker buildx version`; the reason only when it failed
+    if not found:
+        problem = buildkit.available() or "docker buildx version failed"
         return [Check("fail", "buildx", problem, "apt-get install docker.io docker-buildx (scripts/setup-host.sh)")]
     builder = os.environ.get("BUILDX_BUILDER") or "the engine's own (docker driver)"
-    return [Check("ok", "buildx", f"{buildkit.version()}; builder: {builder}")]
+    return [Check("ok", "buildx", f"{found}; builder: {builder}")]
 
 
 def check_compression(ctx: Context) -> list[Check]:

@@ -111,6 +111,8 @@ class BuildResult:
 
 def version() -> str:
     """``docker buildx version``'s line (empty when buildx is missing)."""
+    if shutil.which("docker") is None:
+        return ""
     proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False)
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
