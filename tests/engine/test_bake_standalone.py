@@ -15,7 +15,8 @@ import subprocess
 import pytest
 from helpers import run_builder
 
-from devtools.support import copy_project, edit_matrix, retarget_base_lock
+from builder.images.publish import push_ref
+from devtools.support import base_pin, copy_project, edit_matrix, retarget_base_lock
 
 pytestmark = [pytest.mark.engine, pytest.mark.classic]
 
@@ -25,7 +26,11 @@ def test_plain_buildx_bake_builds_the_emitted_file(cpu_project, registry, engine
     repo = f"{registry}/bake-standalone"
     copy_project(root)
     edit_matrix(root, registry=repo)
-    retarget_base_lock(cpu_project, root, repo)
+    # BuildKit resolves FROM in the registry: the pinned base goes there first (same image, same digest).
+    pinned = base_pin(cpu_project)["reference"]
+    engine.api.tag(pinned, f"{repo}/base", "bake")
+    digest = push_ref(engine, f"{repo}/base:bake")
+    retarget_base_lock(cpu_project, root, repo, digest)
     written = run_builder("bake", "-t", "cpu", "-o", str(root / "docker-bake.json"), cwd=root)
     assert written.returncode == 0, written.stderr
     definition = json.loads((root / "docker-bake.json").read_text())
@@ -41,5 +46,5 @@ def test_plain_buildx_bake_builds_the_emitted_file(cpu_project, registry, engine
         out = engine.containers.run(tags[0], ["python", "-c", "print('BAKED RAN')"], remove=True, stderr=True)
         assert b"[CHECK] pytorch: 2.13.0+cpu -> OK" in out and b"BAKED RAN" in out
     finally:
-        for tag in tags:
+        for tag in [*tags, f"{repo}/base:bake"]:
             subprocess.run([docker, "image", "rm", tag], capture_output=True, check=False)
