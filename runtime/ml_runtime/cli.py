@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ml_runtime import __version__
+from ml_runtime.contract.spec import MODES, env_mode, load_spec, resolve_mode
 from ml_runtime.errors import (
     EXIT_CONTRACT,
     EXIT_NOT_EXECUTABLE,
@@ -48,7 +49,6 @@ from ml_runtime.errors import (
     RuntimeCheckError,
 )
 from ml_runtime.home import private_home
-from ml_runtime.spec import MODES, env_mode, load_spec, resolve_mode
 
 PROG = "runtime-check"
 
@@ -249,8 +249,8 @@ def run_contract(
 
 def _load_config(cli_path: str | None) -> Any:
     """The accelerator config (None when absent); a spec passed as --config is named as such."""
-    from ml_runtime.selection import load_accelerator_config, looks_like_spec, resolve_config_path
-    from ml_runtime.spec import load_yaml_mapping
+    from ml_runtime.contract.spec import load_yaml_mapping
+    from ml_runtime.policy.selection import load_accelerator_config, looks_like_spec, resolve_config_path
 
     try:
         return load_accelerator_config(cli_path)
@@ -288,9 +288,9 @@ def _report_off(args: argparse.Namespace, stream: TextIO) -> None:
 def _checked(
     args: argparse.Namespace, spec: Any, config: Any, mode: str, stream: TextIO, style: str
 ) -> tuple[int, dict[str, str]]:
-    from ml_runtime.checks import notes_lines, run_checks, summary_line
-    from ml_runtime.probe import probe_host
-    from ml_runtime.selection import select_devices
+    from ml_runtime.contract.checks import notes_lines, run_checks, summary_line
+    from ml_runtime.devices.probe import probe_host
+    from ml_runtime.policy.selection import select_devices
 
     # Isolated: this process is about to exec the command and must not hold an accelerator context.
     # torch is imported (once, in the child) only when a check needs more than versions.
@@ -458,12 +458,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         vendor: ...
         0
     """
-    from ml_runtime.probe import format_probe, probe_host
+    from ml_runtime.devices.probe import format_probe, probe_host
 
     result = probe_host()
     report = result.to_dict()
     if getattr(args, "self_test", False):
-        from ml_runtime.selftest import self_test
+        from ml_runtime.devices.selftest import self_test
 
         report["self_test"] = self_test()
     if args.json:
@@ -488,8 +488,8 @@ def cmd_select(args: argparse.Namespace) -> int:
         {...
         0
     """
-    from ml_runtime.probe import probe_host
-    from ml_runtime.selection import AcceleratorConfig, load_accelerator_config, select_devices
+    from ml_runtime.devices.probe import probe_host
+    from ml_runtime.policy.selection import AcceleratorConfig, load_accelerator_config, select_devices
 
     mode = args.mode or env_mode() or "strict"
     config = load_accelerator_config(args.config)
@@ -517,7 +517,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         {...
         0
     """
-    from ml_runtime.metrics import collect_metrics
+    from ml_runtime.devices.metrics import collect_metrics
 
     report = collect_metrics()
     if args.json:

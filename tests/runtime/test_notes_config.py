@@ -13,10 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ml_runtime.capability import amd_capability, intel_capability, nvidia_capability
+from ml_runtime.devices.capability import amd_capability, intel_capability, nvidia_capability
+from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 from ml_runtime.errors import ConfigError
-from ml_runtime.probe import DeviceInfo, ProbeResult
-from ml_runtime.selection import (
+from ml_runtime.policy.selection import (
     AcceleratorConfig,
     PolicyCriterion,
     load_accelerator_config,

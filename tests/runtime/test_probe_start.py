@@ -35,7 +35,7 @@ def test_a_hanging_probe_fails_within_the_timeout_naming_it(run_cli, hanging_tor
 
 
 def test_the_default_timeout_is_a_few_seconds():
-    from ml_runtime import facts
+    from ml_runtime.devices import facts
 
     assert facts.probe_timeout() <= 15
 

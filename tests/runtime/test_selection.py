@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from ml_runtime.devices.facts import TorchFacts
+from ml_runtime.devices.probe import build_probe
 from ml_runtime.errors import ConfigError
-from ml_runtime.facts import TorchFacts
-from ml_runtime.probe import build_probe
-from ml_runtime.selection import (
+from ml_runtime.policy.selection import (
     load_accelerator_config,
     parse_accelerator_config,
     resolve_config_path,

@@ -51,7 +51,7 @@ What a priority policy promises (decisions, for users who read it closely):
   across priorities, and ``count`` never moves the choice to a later
   priority: too few qualifying devices is a problem, as in the compact form.
 * ``gpu_compute_capability`` is compared with the vendor rules of
-  :mod:`ml_runtime.capability`; a device of another vendor never satisfies
+  :mod:`ml_runtime.devices.capability`; a device of another vendor never satisfies
   it, so ``min: sm_80`` also means "an NVIDIA GPU". ``equals`` means the same
   architecture (sm_86 does not equal sm_80).
 * ``driver_version`` is the host's driver (NVIDIA driver, amdgpu or Intel
@@ -99,8 +99,8 @@ Config file: ``--config``, else ``$ACCELERATOR_CONFIG``, else
 ``/workspace/accelerator-config.yaml`` when present.
 
 Example:
-    >>> from ml_runtime.probe import ProbeResult, DeviceInfo
-    >>> from ml_runtime.capability import nvidia_capability
+    >>> from ml_runtime.devices.probe import ProbeResult, DeviceInfo
+    >>> from ml_runtime.devices.capability import nvidia_capability
     >>> devs = [DeviceInfo(0, "T4", "nvidia", nvidia_capability(7, 5), 16 * 10**9),
     ...         DeviceInfo(1, "A100", "nvidia", nvidia_capability(8, 0), 80 * 10**9)]
     >>> cfg = parse_accelerator_config({"criteria": [{"min_compute_capability": "sm_80"}]}, "a.yaml")
@@ -124,10 +124,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ml_runtime.capability import VENDOR_LABEL, Capability, satisfies
-from ml_runtime.errors import ConfigError
-from ml_runtime.probe import VENDOR_OF_BACKEND, VISIBILITY_VARIABLE, DeviceInfo, ProbeResult
-from ml_runtime.spec import (
+from ml_runtime.contract.spec import (
     capability_value,
     driver_version,
     load_yaml_mapping,
@@ -136,6 +133,9 @@ from ml_runtime.spec import (
     unknown_key,
     workspace_dir,
 )
+from ml_runtime.devices.capability import VENDOR_LABEL, Capability, satisfies
+from ml_runtime.devices.probe import VENDOR_OF_BACKEND, VISIBILITY_VARIABLE, DeviceInfo, ProbeResult
+from ml_runtime.errors import ConfigError
 
 CONFIG_FILENAME = "accelerator-config.yaml"
 BACKENDS = ("auto", "cuda", "rocm", "xpu", "cpu")
@@ -185,7 +185,7 @@ _NUMBERS = re.compile(r"\d+")
 class PolicyCriterion:
     """One ``{type: T, min: X}`` or ``{type: T, equals: X}`` of a priority.
 
-    ``value`` is a :class:`~ml_runtime.capability.Capability`, a vendor name,
+    ``value`` is a :class:`~ml_runtime.devices.capability.Capability`, a vendor name,
     a number of GB or a string, by type; ``type`` is spelled as in the file.
 
     Example:
@@ -779,7 +779,7 @@ def select_devices(
     """Choose devices per ``config`` and compute the child's environment.
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult
+        >>> from ml_runtime.devices.probe import ProbeResult
         >>> cfg = AcceleratorConfig("a.yaml", backend="cuda")
         >>> select_devices(cfg, ProbeResult("none", "cpu"), environ={}).problems
         ['backend cuda requested but this host has no NVIDIA accelerator (found: none, CPU only)']

@@ -30,7 +30,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ml_runtime.tools import Runner, parse_csv_table, parse_number, pick, run_tool
+from ml_runtime.devices.tools import Runner, parse_csv_table, parse_number, pick, run_tool
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",
@@ -436,7 +436,7 @@ def collect_metrics(runner: Runner = run_tool) -> MetricsReport:
     """Query every vendor's sources; never raises.
 
     Example:
-        >>> from ml_runtime.tools import ToolResult
+        >>> from ml_runtime.devices.tools import ToolResult
         >>> report = collect_metrics(lambda argv: ToolResult(False, "", f"{argv[0]} not found on PATH"))
         >>> report.devices, report.notes[-1]
         ([], 'no accelerator metrics available on this host (CPU only?)')

@@ -45,11 +45,11 @@ from typing import Any
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from ml_runtime.capability import Capability, parse_capability
+from ml_runtime.devices.capability import Capability, parse_capability
 from ml_runtime.errors import ConfigError
 
 SPEC_FILENAME = "runtime-spec.yaml"
-DEFAULT_SPEC_PATH = Path(__file__).resolve().with_name("default-spec.yaml")
+DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[1] / "default-spec.yaml"
 DEFAULT_WORKSPACE = "/workspace"
 MODES = ("strict", "warn", "off")
 

@@ -44,7 +44,7 @@ TIMEOUT_ENV = "RUNTIME_PROBE_TIMEOUT"
 
 
 #: The facts torch gives on a machine without an accelerator, written once at image build
-#: (``python -m ml_runtime.facts --record FILE``; importing torch takes seconds). A container
+#: (``python -m ml_runtime.devices.facts --record FILE``; importing torch takes seconds). A container
 #: start that sees no accelerator device node reads them instead of importing torch, for as long
 #: as the installed torch is the one they were recorded from.
 RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "torch-facts.json"
@@ -164,7 +164,7 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     """Collect :class:`TorchFacts` from the real torch; never raises.
 
     With ``measure_bandwidth`` every visible device also gets a measured
-    device-to-device copy bandwidth (see :mod:`ml_runtime.bandwidth`).
+    device-to-device copy bandwidth (see :mod:`ml_runtime.devices.bandwidth`).
 
     Example:
         >>> facts = gather_torch_facts()
@@ -285,10 +285,10 @@ def gather_torch_facts_isolated(
         >>> gather_torch_facts_isolated().torch_version == gather_torch_facts().torch_version
         True
     """
-    package_parent = str(Path(__file__).resolve().parents[1])  # the same ml_runtime, installed or copied
+    package_parent = str(Path(__file__).resolve().parents[2])  # the same ml_runtime, installed or copied
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-m", "ml_runtime.facts", *(["--bandwidth"] if measure_bandwidth else [])]
+    argv = [sys.executable, "-m", "ml_runtime.devices.facts", *(["--bandwidth"] if measure_bandwidth else [])]
     timeout = probe_timeout() if timeout is None else timeout
     try:
         proc = subprocess.run(
@@ -323,7 +323,7 @@ def gather_torch_facts_isolated(
 
 
 def _measure_bandwidth(facts: TorchFacts) -> None:
-    from ml_runtime.bandwidth import measure_device_bandwidth
+    from ml_runtime.devices.bandwidth import measure_device_bandwidth
 
     for device in facts.devices:
         try:
@@ -408,7 +408,7 @@ def _gather_distributed(facts: TorchFacts) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ml_runtime.facts [--bandwidth]``: print the facts as one marked JSON line.
+    """``python -m ml_runtime.devices.facts [--bandwidth]``: print the facts as one marked JSON line.
 
     ``--record FILE`` writes them instead, for :func:`recorded_torch_facts` (the image build).
 

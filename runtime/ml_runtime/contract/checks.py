@@ -1,4 +1,4 @@
-"""Evaluating a :class:`~ml_runtime.spec.Spec` against a probe.
+"""Evaluating a :class:`~ml_runtime.contract.spec.Spec` against a probe.
 
 Every GPU feature must hold on every device the command will see (all visible
 devices, or the ones chosen by accelerator-config.yaml); the report names the
@@ -12,9 +12,9 @@ Report lines::
     [CHECK] <item>: <found> -> WARN (<why / what is required>)   # warn mode
 
 Example:
-    >>> from ml_runtime.facts import TorchFacts
-    >>> from ml_runtime.probe import build_probe
-    >>> from ml_runtime.spec import parse_spec
+    >>> from ml_runtime.devices.facts import TorchFacts
+    >>> from ml_runtime.devices.probe import build_probe
+    >>> from ml_runtime.contract.spec import parse_spec
     >>> spec = parse_spec({"required_features": [{"gpu_compute_capability": "sm_80"}]}, "s.yaml")
     >>> result = run_checks(spec, build_probe(TorchFacts(torch_version="2.6.0+cpu")))
     >>> result[0].line("strict")
@@ -32,9 +32,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ml_runtime import capability as cap
-from ml_runtime.probe import DeviceInfo, ProbeResult
-from ml_runtime.spec import Dependency, DriverRequirement, Spec
+from ml_runtime.contract.spec import Dependency, DriverRequirement, Spec
+from ml_runtime.devices import capability as cap
+from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 
 _TOKENS = re.compile(r"\d+")
 
@@ -88,9 +88,9 @@ def run_checks(
     """Evaluate every item of ``spec``; ``devices`` defaults to all visible.
 
     Example:
-        >>> from ml_runtime.facts import TorchFacts
-        >>> from ml_runtime.probe import build_probe
-        >>> from ml_runtime.spec import parse_spec
+        >>> from ml_runtime.devices.facts import TorchFacts
+        >>> from ml_runtime.devices.probe import build_probe
+        >>> from ml_runtime.contract.spec import parse_spec
         >>> spec = parse_spec({"dependencies": [{"name": "pytorch", "version_range": ">=2.0"}]}, "s")
         >>> run_checks(spec, build_probe(TorchFacts(torch_version="2.13.0+cpu")))[0].ok
         True
@@ -145,7 +145,7 @@ def check_capability(
     """``gpu_compute_capability``: every device, same vendor, new enough.
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult, DeviceInfo
+        >>> from ml_runtime.devices.probe import ProbeResult, DeviceInfo
         >>> amd = DeviceInfo(0, "AMD Instinct MI250X", "amd", cap.amd_capability("gfx90a"))
         >>> p = ProbeResult(vendor="amd", backend="rocm", devices=[amd])
         >>> check_capability(cap.parse_capability("sm_80"), p, p.devices).reason
@@ -181,7 +181,7 @@ def check_memory(required_gb: float, probe: ProbeResult, devices: Sequence[Devic
     """``device_memory_gb``: the smallest device has at least this many GB.
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult, DeviceInfo
+        >>> from ml_runtime.devices.probe import ProbeResult, DeviceInfo
         >>> d = DeviceInfo(0, "NVIDIA A100-SXM4-40GB", "nvidia", cap.nvidia_capability(8, 0), 42_505_273_344)
         >>> check_memory(40, ProbeResult("nvidia", "cuda", devices=[d]), [d]).line("strict")
         '[CHECK] device_memory_gb: 42.5 GB -> OK'
@@ -214,7 +214,7 @@ def check_bandwidth(required: float | str, probe: ProbeResult, devices: Sequence
     The figures come from the probe (``probe_host(measure_bandwidth=True)``).
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult, DeviceInfo
+        >>> from ml_runtime.devices.probe import ProbeResult, DeviceInfo
         >>> d = DeviceInfo(0, "NVIDIA H100", "nvidia", cap.nvidia_capability(9, 0), bandwidth_gbps=2900.4)
         >>> check_bandwidth(2000.0, ProbeResult("nvidia", "cuda", devices=[d]), [d]).found
         '2900 GB/s (measured)'
@@ -270,7 +270,7 @@ def check_driver(required: DriverRequirement, probe: ProbeResult, spec_vendor: s
     the host has; the mapping form gives one minimum per vendor.
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult, DeviceInfo
+        >>> from ml_runtime.devices.probe import ProbeResult, DeviceInfo
         >>> d = DeviceInfo(0, "NVIDIA H200", "nvidia", cap.nvidia_capability(9, 0))
         >>> p = ProbeResult("nvidia", "cuda", devices=[d], driver_version="570.86.15", driver_source="nvml")
         >>> check_driver(DriverRequirement({None: "535.54.03"}), p, "nvidia").line("strict")
@@ -343,7 +343,7 @@ def check_dependency(dep: Dependency, probe: ProbeResult) -> CheckResult:
 
     Example:
         >>> from packaging.specifiers import SpecifierSet
-        >>> from ml_runtime.probe import ProbeResult
+        >>> from ml_runtime.devices.probe import ProbeResult
         >>> p = ProbeResult("none", "cpu", torch={"version": "2.13.0+cpu"})
         >>> dep = Dependency("pytorch", SpecifierSet(">=2.1.0,<2.2.0"), True, "d", ">=2.1.0,<2.2.0")
         >>> check_dependency(dep, p).line("strict")
@@ -372,7 +372,7 @@ def check_distribution(dep: Dependency, probe: ProbeResult) -> CheckResult:
     """``full_distribution``: torch.distributed plus this host's backend.
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult
+        >>> from ml_runtime.devices.probe import ProbeResult
         >>> p = ProbeResult("none", "cpu", torch={"version": "2.13.0+cpu"}, distributed_available=True,
         ...                 distributed_backends={"gloo": True})
         >>> check_distribution(Dependency("pytorch", None, True, "d"), p).line("strict")
@@ -419,7 +419,7 @@ def check_wheel(dep: Dependency, probe: ProbeResult, environ: Mapping[str, str] 
     ``2.5.0a0+872d972e41.nv24.08``.
 
     Example:
-        >>> from ml_runtime.probe import ProbeResult
+        >>> from ml_runtime.devices.probe import ProbeResult
         >>> p = ProbeResult("none", "cpu", torch={"version": "2.13.0+cpu", "flavour": "cpu"})
         >>> check_wheel(Dependency("pytorch", None, False, "d"), p, {"ML_RUNTIME_TORCH": "2.13.0+cpu",
         ...             "ML_RUNTIME_FLAVOUR": "cpu"}).line("strict")
