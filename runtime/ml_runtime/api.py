@@ -80,7 +80,7 @@ def notes_fields(device: Any) -> dict[str, Any]:
     """One :class:`ml_runtime.devices.metrics.DeviceMetrics` under the notes' field names and units.
 
     Example:
-        >>> from ml_runtime.devices.metrics import DeviceMetrics
+        >>> from ml_runtime.devices.smi import DeviceMetrics
         >>> notes_fields(DeviceMetrics(0, "nvidia", "NVIDIA H200", 0.0, 39.0, 615.0625, 143771.0, "nvml"))
         ... # doctest: +NORMALIZE_WHITESPACE
         {'index': 0, 'gpu_vendor': 'nvidia', 'gpu_model': 'NVIDIA H200', 'gpu_util_percent': 0.0,

@@ -6,11 +6,13 @@ fixtures/torch_facts_*.json are recordings of torch on machines we lack.
 from __future__ import annotations
 
 import pytest
-from ml_runtime.contract.checks import run_checks, summary_line, version_tuple
+from ml_runtime.contract.checks import run_checks
+from ml_runtime.contract.fields import version_tuple
 from ml_runtime.contract.spec import parse_spec
 from ml_runtime.devices.facts import TorchFacts
 from ml_runtime.devices.host import HostFacts
 from ml_runtime.devices.probe import build_probe
+from ml_runtime.report.text import summary_line
 
 
 def spec(**data):

@@ -12,8 +12,8 @@ import sys
 import types
 
 import pytest
-from ml_runtime.devices.metrics import (
-    collect_metrics,
+from ml_runtime.devices.metrics import collect_metrics
+from ml_runtime.devices.smi import (
     parse_amd_smi_metric_json,
     parse_amd_smi_static,
     parse_nvidia_smi_csv,

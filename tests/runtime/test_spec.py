@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from ml_runtime.contract.fields import load_yaml_mapping
 from ml_runtime.contract.spec import (
     DEFAULT_SPEC_PATH,
     env_mode,
     load_spec,
-    load_yaml_mapping,
     parse_spec,
     resolve_mode,
     resolve_spec_path,

@@ -29,15 +29,9 @@ from ml_runtime.devices.capability import (
     intel_capability,
     nvidia_capability,
 )
-from ml_runtime.devices.facts import (
-    DeviceFacts,
-    TorchFacts,
-    gather_torch_facts,
-    gather_torch_facts_isolated,
-    metadata_torch_facts,
-    recorded_torch_facts,
-)
+from ml_runtime.devices.facts import DeviceFacts, TorchFacts, gather_torch_facts, metadata_torch_facts
 from ml_runtime.devices.host import HostFacts, gather_host_facts
+from ml_runtime.devices.isolated import gather_torch_facts_isolated, recorded_torch_facts
 
 BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu", "none": "cpu"}
 VENDOR_OF_BACKEND = {backend: vendor for vendor, backend in BACKEND_OF_VENDOR.items()}
