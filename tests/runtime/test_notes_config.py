@@ -18,11 +18,11 @@ from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 from ml_runtime.errors import ConfigError
 from ml_runtime.policy.config import (
     AcceleratorConfig,
-    PolicyCriterion,
     load_accelerator_config,
     looks_like_spec,
     parse_accelerator_config,
 )
+from ml_runtime.policy.priorities import PolicyCriterion
 from ml_runtime.policy.selection import select_devices
 
 NOTES = Path(__file__).resolve().parents[1] / "fixtures" / "notes"

@@ -67,6 +67,7 @@ def run_checks(
             results.append(check_wheel(dep, probe))
     return results
 
+
 def _no_accelerator(item: str, probe: ProbeResult, need: str, suggestion: str) -> CheckResult | None:
     # GPU-only features fail on CPU hosts; say why there is no accelerator.
     if probe.devices:
@@ -79,6 +80,7 @@ def _no_accelerator(item: str, probe: ProbeResult, need: str, suggestion: str) -
     why = "torch is not importable" if probe.torch.get("version") is None else "no accelerator was found"
     return CheckResult(item, found, False, need, f"requires {need} but {why}", suggestion)
 
+
 def _describe_devices(devices: Sequence[DeviceInfo]) -> str:
     texts = []
     for d in devices:
@@ -88,6 +90,7 @@ def _describe_devices(devices: Sequence[DeviceInfo]) -> str:
     if len(set(texts)) == 1:
         return texts[0] + (f" x{len(texts)}" if len(texts) > 1 else "")
     return ", ".join(f"[{d.index}] {t}" for d, t in zip(devices, texts))
+
 
 def check_capability(
     required: cap.Capability, probe: ProbeResult, devices: Sequence[DeviceInfo]
@@ -126,6 +129,7 @@ def check_capability(
             return CheckResult(item, found, False, required.text, prefix + why, hint)
     return CheckResult(item, found, True, required.text)
 
+
 def check_memory(required_gb: float, probe: ProbeResult, devices: Sequence[DeviceInfo]) -> CheckResult:
     """``device_memory_gb``: the smallest device has at least this many GB.
 
@@ -155,6 +159,7 @@ def check_memory(required_gb: float, probe: ProbeResult, devices: Sequence[Devic
         else ""
     )
     return CheckResult(item, found, False, need, f"{prefix}requires {need}", hint)
+
 
 def check_bandwidth(required: float | str, probe: ProbeResult, devices: Sequence[DeviceInfo]) -> CheckResult:
     """``memory_bandwidth_gbps``: the measured copy bandwidth of every device; "auto" only reports.
@@ -192,6 +197,7 @@ def check_bandwidth(required: float | str, probe: ProbeResult, devices: Sequence
         return CheckResult(item, found, True, need)
     prefix = f"device {slowest.index} ({slowest.name}): " if len(devices) > 1 else ""
     return CheckResult(item, found, False, need, f"{prefix}requires {need}", hint)
+
 
 def check_driver(required: DriverRequirement, probe: ProbeResult, spec_vendor: str | None) -> CheckResult:
     """``driver_version_min``: numeric dotted comparison on the host vendor's driver.

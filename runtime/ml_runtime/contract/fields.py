@@ -52,6 +52,7 @@ def type_name(value: Any) -> str:
         return "a mapping" if value else "an empty mapping"
     return type(value).__name__
 
+
 def did_you_mean(word: str, allowed: tuple[str, ...]) -> str:
     """``"did you mean 'X'? "`` for the closest allowed word, else ``""``.
 
@@ -73,6 +74,7 @@ def unknown_key(source: str, path: str, key: Any, allowed: tuple[str, ...]) -> C
     hint = did_you_mean(str(key), allowed)
     where = f"{path}.{key}" if path else str(key)
     return ConfigError(f"{source}: {where}: unknown key ({hint}allowed: {', '.join(allowed)})")
+
 
 def load_yaml_mapping(path: Path, label: str) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (empty file -> {}).
@@ -102,6 +104,7 @@ def load_yaml_mapping(path: Path, label: str) -> dict[str, Any]:
         raise ConfigError(f"{label}: the top level must be a mapping, not {type_name(data)}")
     return data
 
+
 def capability_value(value: Any, where: str) -> Capability:
     """Validate a compute capability value; ``where`` prefixes the error.
 
@@ -119,6 +122,7 @@ def capability_value(value: Any, where: str) -> Capability:
         return parse_capability(value)
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
 
 def positive_number(value: Any) -> float | None:
     """``value`` as a float when it is a positive int/float (not a bool), else None.

@@ -39,6 +39,7 @@ def installed_version(dep: Dependency, probe: ProbeResult) -> tuple[str | None, 
     except importlib.metadata.PackageNotFoundError:
         return None, "not installed"
 
+
 def check_dependency(dep: Dependency, probe: ProbeResult) -> CheckResult:
     """A dependency is installed and in range (local ``+cpu`` etc. ignored).
 
@@ -67,6 +68,7 @@ def check_dependency(dep: Dependency, probe: ProbeResult) -> CheckResult:
     if dep.version_range.contains(public, prereleases=True):
         return CheckResult(dep.name, version, True, need)
     return CheckResult(dep.name, version, False, need, f"requires {need}", f"{hint} (found {version})")
+
 
 def check_distribution(dep: Dependency, probe: ProbeResult) -> CheckResult:
     """``full_distribution``: torch.distributed plus this host's backend.
@@ -101,12 +103,14 @@ def check_distribution(dep: Dependency, probe: ProbeResult) -> CheckResult:
         return CheckResult(item, found, True, need)
     return CheckResult(item, found, False, need, f"requires the {backend} backend for {probe.backend}", hint)
 
+
 #: Local labels of the official PyTorch indexes (PyPI's default CUDA build carries none in its
 #: metadata but reports e.g. +cu130 in torch.__version__).
 _OFFICIAL_LOCAL = re.compile(r"^(cpu|cu\d{2,3}|rocm\d+(\.\d+){1,2}|xpu)$")
 
 #: Set in every image by the builder from wheel-mapping.json: the torch pin and its build flavour.
 WHEEL_VARIABLES = ("ML_RUNTIME_TORCH", "ML_RUNTIME_FLAVOUR")
+
 
 def check_wheel(dep: Dependency, probe: ProbeResult, environ: Mapping[str, str] | None = None) -> CheckResult:
     """``vendor_agnostic_wheel``: torch is the official build the image's wheel mapping names.

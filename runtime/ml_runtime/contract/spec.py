@@ -66,6 +66,7 @@ DEPENDENCY_KEYS = ("name", "version_range", "full_distribution", "vendor_agnosti
 DRIVER_VENDORS = ("nvidia", "amd", "intel")
 TORCH_NAMES = ("pytorch", "torch")
 
+
 @dataclass(frozen=True)
 class DriverRequirement:
     """Minimum driver version, for any vendor (key ``None``) or per vendor.

@@ -55,6 +55,7 @@ def metadata_torch_facts() -> TorchFacts:
         return TorchFacts(torch_version=None, import_error="No module named 'torch'")
     return TorchFacts(torch_version=version, xpu_build=version.endswith("+xpu"))
 
+
 @dataclass
 class DeviceFacts:
     """Raw properties of one visible device, as torch reports them.
@@ -75,6 +76,7 @@ class DeviceFacts:
     uuid: str | None = None
     bandwidth_gbps: float | None = None  # measured device-to-device copy, when asked for
     bandwidth_error: str | None = None
+
 
 @dataclass
 class TorchFacts:
@@ -124,6 +126,7 @@ class TorchFacts:
         values["devices"] = [DeviceFacts(**d) for d in data.get("devices", [])]
         return cls(**values)
 
+
 def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     """Collect :class:`TorchFacts` from the real torch; never raises.
 
@@ -170,6 +173,7 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
         _measure_bandwidth(facts)
     return facts
 
+
 def _measure_bandwidth(facts: TorchFacts) -> None:
     from ml_runtime.devices.bandwidth import measure_device_bandwidth
 
@@ -181,6 +185,7 @@ def _measure_bandwidth(facts: TorchFacts) -> None:
         except Exception as exc:  # e.g. out of memory on a busy device: report it, do not crash
             device.bandwidth_error = f"{type(exc).__name__}: {exc}"
 
+
 def _safe(facts: TorchFacts, what: str, fn: Any, default: Any = None) -> Any:
     # A probe must never crash the entrypoint: record the failure as a note.
     try:
@@ -189,11 +194,13 @@ def _safe(facts: TorchFacts, what: str, fn: Any, default: Any = None) -> Any:
         facts.notes.append(f"{what} failed: {type(exc).__name__}: {exc}")
         return default
 
+
 def _current_type(accelerator: Any) -> str | None:
     if hasattr(accelerator, "is_available") and not accelerator.is_available():
         return None
     device = accelerator.current_accelerator()  # None (or raises on some versions) without one
     return getattr(device, "type", None)
+
 
 def _cuda_devices(torch: Any) -> list[DeviceFacts]:
     devices = []
@@ -215,6 +222,7 @@ def _cuda_devices(torch: Any) -> list[DeviceFacts]:
         )
     return devices
 
+
 def _xpu_devices(torch: Any) -> list[DeviceFacts]:
     devices = []
     for index in range(torch.xpu.device_count()):
@@ -233,6 +241,7 @@ def _xpu_devices(torch: Any) -> list[DeviceFacts]:
         )
     return devices
 
+
 def _gather_distributed(facts: TorchFacts) -> None:
     try:
         import torch.distributed as dist
@@ -248,6 +257,7 @@ def _gather_distributed(facts: TorchFacts) -> None:
         if check is not None:
             facts.distributed_backends[name] = bool(_safe(facts, f"is_{name}_available", check, False))
     facts.distributed_backends["ccl"] = importlib.util.find_spec(CCL_BINDINGS) is not None
+
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ml_runtime.devices.facts [--bandwidth]``: print the facts as one marked JSON line.

@@ -58,6 +58,7 @@ def probe_timeout() -> float:
         return ISOLATED_TIMEOUT_S
     return value if value > 0 else ISOLATED_TIMEOUT_S
 
+
 def torch_install_key() -> str | None:
     """A digest of the installed torch's version and file list (its RECORD), None without torch.
 
@@ -74,6 +75,7 @@ def torch_install_key() -> str | None:
         return None
     record = dist.read_text("RECORD") or ""
     return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
+
 
 def record_torch_facts(path: Path) -> TorchFacts:
     """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
@@ -92,6 +94,7 @@ def record_torch_facts(path: Path) -> TorchFacts:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     return facts
+
 
 def recorded_torch_facts(
     path: Path | None = None, environ: Mapping[str, str] | None = None
@@ -119,6 +122,7 @@ def recorded_torch_facts(
     if facts.distributed_available:
         facts.distributed_backends["ccl"] = importlib.util.find_spec(CCL_BINDINGS) is not None
     return facts
+
 
 def gather_torch_facts_isolated(
     measure_bandwidth: bool = False, timeout: float | None = None

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ml_runtime.devices.smi import (
     DeviceMetrics,
@@ -75,6 +75,19 @@ class MetricsReport:
         """JSON form (``metrics --json``)."""
         return {"devices": [asdict(d) for d in self.devices], "sources": self.sources, "notes": self.notes}
 
+
+def _from_tool(
+    report: MetricsReport, runner: Runner, argv: list[str], parse: Callable[[str], list[DeviceMetrics]]
+) -> None:
+    """The devices a vendor tool lists (the tool's name is the source), or a note why not."""
+    result = runner(argv)
+    if not result.ok:
+        report.notes.append(f"{argv[0]}: {result.note}")
+        return
+    report.devices.extend(parse(result.stdout))
+    report.sources.append(argv[0])
+
+
 def _collect_nvidia(report: MetricsReport, runner: Runner) -> None:
     try:
         import pynvml
@@ -87,12 +100,8 @@ def _collect_nvidia(report: MetricsReport, runner: Runner) -> None:
             return
         except Exception as exc:  # NVMLError_LibraryNotFound on hosts without the driver
             report.notes.append(f"nvml: {type(exc).__name__}: {exc}")
-    result = runner(NVIDIA_SMI_QUERY)
-    if not result.ok:
-        report.notes.append(f"nvidia-smi: {result.note}")
-        return
-    report.devices.extend(parse_nvidia_smi_csv(result.stdout))
-    report.sources.append("nvidia-smi")
+    _from_tool(report, runner, NVIDIA_SMI_QUERY, parse_nvidia_smi_csv)
+
 
 def _collect_amd(report: MetricsReport, runner: Runner) -> None:
     result = runner(AMD_SMI_METRIC)
@@ -113,12 +122,8 @@ def _collect_amd(report: MetricsReport, runner: Runner) -> None:
             return
     else:
         report.notes.append(f"amd-smi: {result.note}")
-    result = runner(ROCM_SMI_QUERY)
-    if not result.ok:
-        report.notes.append(f"rocm-smi: {result.note}")
-        return
-    report.devices.extend(parse_rocm_smi_csv(result.stdout))
-    report.sources.append("rocm-smi")
+    _from_tool(report, runner, ROCM_SMI_QUERY, parse_rocm_smi_csv)
+
 
 def _collect_intel(report: MetricsReport, runner: Runner) -> None:
     result = runner(XPU_SMI_DISCOVERY)
@@ -149,6 +154,7 @@ def _collect_intel(report: MetricsReport, runner: Runner) -> None:
             )
         )
     report.sources.append("xpu-smi")
+
 
 def collect_metrics(runner: Runner = run_tool) -> MetricsReport:
     """Query every vendor's sources; never raises.

@@ -71,6 +71,7 @@ class DeviceMetrics:
             f"mem {num(self.memory_used_mib)}/{num(self.memory_total_mib)} MiB ({self.source})"
         )
 
+
 def parse_nvidia_smi_csv(text: str) -> list[DeviceMetrics]:
     """Parse ``nvidia-smi --query-gpu=... --format=csv[,nounits]`` output.
 
@@ -95,6 +96,7 @@ def parse_nvidia_smi_csv(text: str) -> list[DeviceMetrics]:
             )
         )
     return devices
+
 
 def collect_nvml(pynvml: Any) -> list[DeviceMetrics]:
     """Metrics through an imported ``pynvml`` module (NVML).
@@ -134,17 +136,20 @@ def collect_nvml(pynvml: Any) -> list[DeviceMetrics]:
     finally:
         pynvml.nvmlShutdown()
 
+
 def _amd_value(node: Any) -> tuple[float | None, str | None]:
     # amd-smi prints {"value": 35, "unit": "C"}, a bare number, or "N/A" by version.
     if isinstance(node, dict):
         return parse_number(node.get("value")), node.get("unit")
     return parse_number(node), None
 
+
 def _amd_mib(node: Any) -> float | None:
     value, unit = _amd_value(node)
     if value is None:
         return None
     return value * _MEMORY_UNITS_TO_MIB.get((unit or "MB").strip().lower(), 1.0)
+
 
 def _first(section: Any, *keys: str) -> Any:
     if not isinstance(section, dict):
@@ -153,6 +158,7 @@ def _first(section: Any, *keys: str) -> Any:
         if key in section and _amd_value(section[key])[0] is not None:
             return section[key]
     return None
+
 
 def parse_amd_smi_metric_json(text: str) -> list[DeviceMetrics]:
     """Parse ``amd-smi metric --json`` (a list, or ``{"gpu_data": [...]}`` in newer versions).
@@ -189,6 +195,7 @@ def parse_amd_smi_metric_json(text: str) -> list[DeviceMetrics]:
         )
     return devices
 
+
 def parse_amd_smi_static(text: str) -> dict[int, dict[str, str]]:
     """Parse ``amd-smi static`` text into ``{gpu: {KEY: value}}`` (leaf keys upper-case).
 
@@ -210,6 +217,7 @@ def parse_amd_smi_static(text: str) -> dict[int, dict[str, str]]:
         elif current is not None and value:
             current.setdefault(key, value)  # first occurrence wins (e.g. VERSION under DRIVER vs IFWI)
     return result
+
 
 def parse_rocm_smi_csv(text: str) -> list[DeviceMetrics]:
     """Parse ``rocm-smi --showuse --showtemp --showmeminfo vram --showproductname --csv``.
@@ -269,6 +277,7 @@ def parse_xpu_smi_discovery_csv(text: str) -> dict[int, dict[str, Any]]:
         }
         for device, row in _rows_by_device(text, "device id")
     }
+
 
 def parse_xpu_smi_dump_csv(text: str) -> dict[int, dict[str, float | None]]:
     """Parse ``xpu-smi dump -m 0,3,18 -n 1``; the last row per device wins.

@@ -31,7 +31,8 @@ from typing import Any
 from ml_runtime.contract.fields import version_at_least, version_tuple
 from ml_runtime.devices.capability import VENDOR_LABEL, Capability, satisfies
 from ml_runtime.devices.probe import VENDOR_OF_BACKEND, VISIBILITY_VARIABLE, DeviceInfo, ProbeResult
-from ml_runtime.policy.config import AcceleratorConfig, PolicyCriterion, PolicyEntry
+from ml_runtime.policy.config import AcceleratorConfig
+from ml_runtime.policy.priorities import PolicyCriterion, PolicyEntry
 from ml_runtime.policy.tuning import MIXED_PRECISION_VARIABLE, XNACK_VARIABLE
 
 
@@ -102,6 +103,7 @@ class Selection:
         out.extend(f"[SELECT] note: {n}" for n in self.notes)
         return out
 
+
 def _matches(device: DeviceInfo, key: str, value: Any) -> bool:
     if key == "vendor":
         return device.vendor == value
@@ -110,6 +112,7 @@ def _matches(device: DeviceInfo, key: str, value: Any) -> bool:
     if key == "min_memory_gb":
         return device.memory_gb is not None and device.memory_gb >= value
     return value.lower() in device.name.lower()
+
 
 def _sort_key(device: DeviceInfo, criteria: tuple[tuple[str, Any], ...]) -> tuple:
     # Larger is better for capability and memory; negate for an ascending sort.
@@ -121,11 +124,13 @@ def _sort_key(device: DeviceInfo, criteria: tuple[tuple[str, Any], ...]) -> tupl
             key.append(-(device.memory_total_bytes or 0))
     return (*key, device.index)
 
+
 def _describe(criteria: tuple[tuple[str, Any], ...]) -> str:
     parts = []
     for name, value in criteria:
         parts.append(f"{name} {value.text if isinstance(value, Capability) else value}")
     return ", ".join(parts) or "no criteria"
+
 
 def _policy_failure(device: DeviceInfo, criterion: PolicyCriterion, probe: ProbeResult) -> str | None:
     """Why ``device`` fails ``criterion`` (None when it holds)."""
@@ -166,10 +171,12 @@ def _policy_failure(device: DeviceInfo, criterion: PolicyCriterion, probe: Probe
         )
     return None if value.lower() in device.name.lower() else f"name does not contain {value!r}"
 
+
 def _policy_sort_names(entry: PolicyEntry) -> tuple[tuple[str, Any], ...]:
     names = {"gpu_compute_capability": "min_compute_capability", "memory_gb": "min_memory_gb"}
     names["device_memory_gb"] = "min_memory_gb"
     return tuple((names[c.type], c.value) for c in entry.criteria if c.type in names)
+
 
 def visible_tokens(variable: str, indices: list[int], environ: Mapping[str, str]) -> str:
     """Visibility value for ``indices``, mapped through an existing mask.
@@ -180,6 +187,7 @@ def visible_tokens(variable: str, indices: list[int], environ: Mapping[str, str]
     """
     existing = [t.strip() for t in environ.get(variable, "").split(",") if t.strip()]
     return ",".join(existing[i] if i < len(existing) else str(i) for i in indices)
+
 
 def select_devices(
     config: AcceleratorConfig, probe: ProbeResult, environ: Mapping[str, str] | None = None
@@ -201,6 +209,7 @@ def select_devices(
     selection = _select(config, probe, env)
     _apply_config_env(config, selection, env)
     return selection
+
 
 def _select(config: AcceleratorConfig, probe: ProbeResult, env: Mapping[str, str]) -> Selection:
     host_backend = probe.backend if probe.has_accelerator else "cpu"
@@ -266,6 +275,7 @@ def _select(config: AcceleratorConfig, probe: ProbeResult, env: Mapping[str, str
         selection.env[variable] = visible_tokens(variable, [d.index for d in selection.devices], env)
     return selection
 
+
 def _select_by_policy(
     config: AcceleratorConfig, probe: ProbeResult, selection: Selection
 ) -> tuple[list[DeviceInfo], str]:
@@ -304,11 +314,13 @@ def _select_by_policy(
     selection.variable = VISIBILITY_VARIABLE.get(probe.vendor)
     return [], ""
 
+
 def _driver_note(selection: Selection, driver_unknown: bool) -> None:
     if driver_unknown:
         selection.notes.append(
             "the host driver version could not be determined, so no driver_version criterion holds"
         )
+
 
 def _apply_config_env(config: AcceleratorConfig, selection: Selection, env: Mapping[str, str]) -> None:
     """Add ``config.env`` where it fits the selected backend; warnings into ``selection``."""
@@ -343,6 +355,7 @@ def _apply_config_env(config: AcceleratorConfig, selection: Selection, env: Mapp
                 "accelerate.Accelerator() without mixed_precision=; `accelerate launch` passes its own "
                 "--mixed_precision (default no), and plain PyTorch code must use torch.autocast itself"
             )
+
 
 def _xnack_notes(selection: Selection) -> None:
     unsupported = [

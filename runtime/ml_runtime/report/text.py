@@ -69,6 +69,7 @@ NOTES_TITLES = {
     "device_memory_gb": "Device memory",
 }
 
+
 def notes_title(item: str) -> str:
     """The notes' title of a contract item.
 
@@ -84,6 +85,7 @@ def notes_title(item: str) -> str:
     title = "PyTorch" if name.lower() in ("pytorch", "torch") else name
     return {"": f"{title} version", "full_distribution": f"{title} distributed",
             "vendor_agnostic_wheel": f"{title} wheel"}.get(flag, item)
+
 
 def notes_lines(results: Sequence[CheckResult], mode: str) -> list[str]:
     """The design notes' report: ``[CHECK] ... -> OK (required: ...)`` or ``[ERROR] ... Suggestion: ...``.
