@@ -42,11 +42,11 @@ from ml_runtime.errors import (
     EXIT_CONTRACT,
     EXIT_OK,
     EXIT_USAGE,
+    PROG,
     RuntimeCheckError,
 )
 from ml_runtime.launch import command_problem, exec_command
-from ml_runtime.report.items import off_items, report_items
-from ml_runtime.report.text import OFF_LINE, PROG, report_lines, summary_line
+from ml_runtime.report.text import OFF_LINE, report_lines, summary_line
 from ml_runtime.verdict import evaluate, read_contract
 
 
@@ -220,6 +220,8 @@ def run_contract(
     verdict = read_contract(args.spec, args.config, args.mode)
     if verdict.skipped:
         if args.json:
+            from ml_runtime.report.items import off_items
+
             _dump(off_items(), stream)
         else:
             print(OFF_LINE, file=stream, flush=True)
@@ -227,6 +229,8 @@ def run_contract(
     try:
         evaluate(verdict)
         if args.json:
+            from ml_runtime.report.items import report_items
+
             _dump(report_items(verdict), stream)
         else:
             print("\n".join(report_lines(verdict, style)), file=stream, flush=True)

@@ -16,10 +16,8 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from ml_runtime.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND
+from ml_runtime.errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, PROG
 from ml_runtime.home import private_home
-
-PROG = "runtime-check"
 
 
 def command_problem(name: str) -> tuple[int, str] | None:

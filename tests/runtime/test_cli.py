@@ -189,6 +189,22 @@ def test_help_and_spec_parsing_do_not_import_torch(cli_env):
     assert result.stdout.strip() == "False", result.stderr
 
 
+def test_mode_off_imports_no_probe_selection_or_checks(cli_env):
+    # Every container start pays for what the entrypoint imports; mode off needs none of these.
+    code = (
+        "import sys, contextlib, io\n"
+        "from ml_runtime import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['check', '--mode', 'off'])\n"
+        "heavy = ('ml_runtime.devices.probe', 'ml_runtime.policy', 'ml_runtime.contract.checks', 'ml_runtime.report.items')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.stdout.strip() == "[]", result.stderr
+
+
 class Execed(Exception):
     """Raised by the os.execvpe stand-in."""
 

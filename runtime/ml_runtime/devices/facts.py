@@ -269,10 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         ML_RUNTIME_FACTS {"torch_version": ...
         0
     """
-    from ml_runtime.devices.isolated import record_torch_facts
-
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--record"] and len(args) == 2:
+        from ml_runtime.devices.isolated import record_torch_facts  # the image build only
+
         facts = record_torch_facts(Path(args[1]))
         if facts.torch_version is None:
             print(f"torch facts not recorded: {facts.import_error}", file=sys.stderr)

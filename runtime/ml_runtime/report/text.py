@@ -22,12 +22,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ml_runtime.contract.result import CheckResult
+from ml_runtime.errors import PROG
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # only the types: a container start in mode off imports this module alone
+    from ml_runtime.contract.result import CheckResult
     from ml_runtime.verdict import Verdict
 
-PROG = "runtime-check"
 OFF_LINE = "[CHECK] all checks skipped (mode off)"
 
 
@@ -91,6 +91,7 @@ def notes_lines(results: Sequence[CheckResult], mode: str) -> list[str]:
     """The design notes' report: ``[CHECK] ... -> OK (required: ...)`` or ``[ERROR] ... Suggestion: ...``.
 
     Example:
+        >>> from ml_runtime.contract.result import CheckResult
         >>> ok = CheckResult("pytorch", "2.13.0+cpu", True, "pytorch >=2.1")
         >>> bad = CheckResult("gpu_compute_capability", "none (CPU only)", False, "an NVIDIA GPU (sm_80)",
         ...                   "requires an NVIDIA GPU (sm_80)", "run on an NVIDIA GPU host")
@@ -122,6 +123,7 @@ def summary_line(
     """The one-line suggestion after failures of the checks or of the selection (None when all held).
 
     Example:
+        >>> from ml_runtime.contract.result import CheckResult
         >>> r = CheckResult("x", "y", False, "z", "why", "run on a GPU host")
         >>> summary_line([r], "strict")
         'runtime-check: 1 of 1 checks failed: run on a GPU host, or set RUNTIME_CHECK_MODE=warn'
