@@ -5,7 +5,7 @@ runs on a temporary copy of the project with its own registry and wheel-server p
 tree, its tags and a concurrent ``builder build`` are never touched.
 
 Example:
-    >>> layers(client, "localhost:5000/ml-runtime:cpu")[0].created_by
+    >>> layers(client, "localhost:5000/ml-runtime:cpu")[0].created_by  # doctest: +SKIP
     'mmdebstrap bookworm (python3, python3-venv, ca-certificates)'
 """
 
@@ -37,7 +37,7 @@ def registry(folder: Path) -> Iterator[str]:
     """A private docker-registry on a free loopback port for the block; yields host:port, removes its data.
 
     Example:
-        >>> with registry(Path("/tmp/bench/registry")) as host:
+        >>> with registry(Path("/tmp/bench/registry")) as host:  # doctest: +SKIP
         ...     host.startswith("127.0.0.1:")
         True
     """

@@ -7,7 +7,8 @@ private ``docker-registry`` (:func:`start_registry`, :func:`stop`), and the rule
 prerequisite in a test (:func:`fail_or_skip`: fail under CI, skip elsewhere).
 
 Example:
-    >>> root = copy_project(Path("/tmp/work/project"))
+    >>> import tempfile
+    >>> root = copy_project(Path(tempfile.mkdtemp()) / "project")
     >>> edit_matrix(root, registry=f"127.0.0.1:{free_port()}/ml-runtime")["registry"].startswith("127.0.0.1:")
     True
 """
@@ -38,7 +39,8 @@ def copy_project(dest: Path) -> Path:
     """A private copy of the project: what a build reads, nothing else.
 
     Example:
-        >>> copy_project(Path("/tmp/bench/project")).joinpath("matrix.yaml").is_file()
+        >>> import tempfile
+        >>> copy_project(Path(tempfile.mkdtemp()) / "project").joinpath("matrix.yaml").is_file()
         True
     """
     dest.mkdir(parents=True, exist_ok=True)

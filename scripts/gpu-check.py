@@ -50,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "runtime"))
     from ml_runtime import get_device, get_gpu_metrics
-    from ml_runtime.facts import gather_torch_facts
+    from ml_runtime.devices.facts import gather_torch_facts
 
     checks: dict[str, dict[str, Any]] = {}
     raw: dict[str, Any] = {}

@@ -27,3 +27,13 @@ def test_import_contracts_are_kept():
 def test_mypy_is_clean_on_builder_bench_and_runtime():
     proc = _run(sys.executable, "-m", "mypy", "builder", "bench", "runtime/ml_runtime")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_runtime_module_is_over_400_lines():
+    """runtime/README.md's "Layout" says where a new check, probe or config key goes instead."""
+    over = {
+        str(path.relative_to(REPO)): lines
+        for path in sorted((REPO / "runtime").rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert over == {}

@@ -132,7 +132,7 @@ def image_reference(project: Project, target: ResolvedTarget) -> tuple[str, str]
     A multi-platform target's record is its index: each node pulls its own platform.
 
     Example:
-        >>> image_reference(project, project.target("cpu"))
+        >>> image_reference(project, project.target("cpu"))  # doctest: +SKIP
         ('localhost:5000/ml-runtime@sha256:...', 'digest from dist/published.json')
     """
     path = published_path(project.root)

@@ -208,7 +208,7 @@ def write_script(job: SlurmJob, path: Path) -> Path:
     """Write the script (mode 0755) to *path*, or into *path* as ``<job name>.sbatch`` when it is a folder.
 
     Example:
-        >>> write_script(job, Path("slurm"))
+        >>> write_script(plan_job(project, "cpu", ["train.py"], nodes=2), Path("slurm"))
         PosixPath('slurm/cpu-train.sbatch')
     """
     if path.is_dir() or not path.suffix:
@@ -234,7 +234,7 @@ def submit(path: Path, *, wait: bool = False) -> int:
     With *wait*, that is the job's exit status, i.e. the training's.
 
     Example:
-        >>> submit(Path("slurm/cpu-train.sbatch"), wait=True)
+        >>> submit(Path("slurm/cpu-train.sbatch"), wait=True)  # doctest: +SKIP
         0
     """
     try:

@@ -12,6 +12,9 @@ class UserError(Exception):
 
     Example:
         >>> raise UserError("matrix.yaml: targets[0].torch: '2.x' is not a version")
+        Traceback (most recent call last):
+        ...
+        builder.config.errors.UserError: matrix.yaml: targets[0].torch: '2.x' is not a version
     """
 
     def __init__(self, *lines: str) -> None:

@@ -5,9 +5,10 @@ and for problems the exact fix. GPU checks run only for the vendors whose GPUs a
 PCI bus. The config check never stops the others: a broken matrix.yaml is one FAIL item.
 
 Example:
-    >>> for check in run_checks(Path("matrix.yaml")):
+    >>> for check in run_checks(Path("matrix.yaml")):  # doctest: +SKIP
     ...     print(check.line())
-    [OK]   docker daemon: Docker 20.10.24 (API 1.41) at unix:///var/run/docker.sock
+    [OK]   docker daemon: Docker 26.1.5+dfsg1 (API 1.45) at unix:///var/run/docker.sock, containerd image store ...
+    ...
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ contract checker gives a UID without a home a private, writable ``HOME``. Root, 
 ``--user image``, keeps the image's user (uid 1001); ``--user UID[:GID]`` picks another.
 
 Example:
-    >>> plan = build_plan(project, ["python", "train.py"])
-    >>> print(format_dry_run(plan))
+    >>> plan = build_plan(project, ["python", "train.py"])  # doctest: +SKIP
+    >>> print(format_dry_run(plan))  # doctest: +SKIP
     # target: nvidia-cu130 (localhost:5000/ml-runtime:nvidia-cu130)
     # why: host has usable nvidia GPU(s): 0000:01:00.0 (0x2335); nvidia-cu130 carries latest-nvidia
     docker run --rm --label io.ml-image-builder.run=1 ... --gpus all --shm-size 8g ... python train.py

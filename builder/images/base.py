@@ -50,6 +50,7 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str) -> list[str]:
     A foreign architecture's maintainer scripts run under qemu (binfmt_misc), as in its containers.
 
     Example:
+        >>> spec = project.matrix.base.bootstrap
         >>> mmdebstrap_argv(spec, Path("/tmp/rootfs.tar"), "linux/arm64")[:4]
         ['mmdebstrap', '--variant=minbase', '--arch=arm64', '--format=tar']
     """

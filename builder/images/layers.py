@@ -67,7 +67,7 @@ def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
         >>> layer_of(project.matrix, "cuda", "nvidia_cublas")
         'cuda-blas'
         >>> layer_of(project.matrix, "cpu", "accelerate")
-        'packages'
+        'accelerate'
     """
     name = canonicalize_name(wheel)
     for layer in matrix.layers:

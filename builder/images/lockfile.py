@@ -6,9 +6,10 @@ under a header whose ``# inputs:`` line records the fingerprint of what was reso
 unchanged lock is reused, never re-resolved).
 
 Example:
-    >>> write_lock(Path("images/tools.lock"), "the build-time installer", "sha256:...", pins)
+    >>> pins = [Pin("uv", "0.9.5", "ab" * 32, "uv-0.9.5-py3-none-manylinux_2_17_x86_64.whl")]
+    >>> write_lock(Path("images/tools.lock"), "the build-time installer", "sha256:0123", pins)
     >>> read_lock(Path("images/tools.lock"))[0]
-    'sha256:...'
+    'sha256:0123'
 """
 
 from __future__ import annotations

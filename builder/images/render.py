@@ -51,6 +51,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
     """Render one target's build files, keyed by file name.
 
     Example:
+        >>> env = environment(project.root / "templates")
         >>> render_target(env, project, project.target("cpu"))["Dockerfile"].splitlines()[0]
         '# Rendered by `builder render` from templates/: do not edit; change matrix.yaml or templates/.'
     """

@@ -17,7 +17,7 @@ An image index (a multi-platform target's tags) gets a ``sig`` of its own; its p
 carry all three.
 
 Example:
-    >>> attest(project, cpu, "localhost:5000/ml-runtime@sha256:ab...", content_tag, key)
+    >>> attest(project, cpu, "localhost:5000/ml-runtime@sha256:ab...", content_tag, key)  # doctest: +SKIP
     {'sig': 'sha256:...', 'sbom': 'sha256:...', 'att': 'sha256:...'}
 """
 

@@ -7,7 +7,7 @@ whether the tree was dirty), the base by digest, each lock the image installs an
 Dockerfile, each with its SHA-256; ``runDetails.builder`` the builder and its version.
 
 Example:
-    >>> st = statement(project, project.target("cpu"), "localhost:5000/ml-runtime@sha256:ab...", content_tag)
+    >>> st = statement(project, project.target("cpu"), "localhost:5000/ml-runtime@sha256:ab...", None)
     >>> st["predicateType"], st["subject"][0]["digest"]
     ('https://slsa.dev/provenance/v1', {'sha256': 'ab...'})
 """
@@ -73,6 +73,7 @@ def statement(project: Project, target: ResolvedTarget, image: str, content_tag:
     """The provenance statement of *target*'s image *image* (``host/repo@sha256:<hex>``).
 
     Example:
+        >>> image, tag = "localhost:5000/ml-runtime@sha256:ab...", "localhost:5000/ml-runtime:cpu-0123"
         >>> statement(project, cpu, image, tag)["predicate"]["buildDefinition"]["externalParameters"]["target"]
         'cpu'
     """

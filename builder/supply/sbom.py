@@ -12,9 +12,10 @@ component with its digest. The image itself, once pushed, is the BOM's ``metadat
 schema before it is returned.
 
 Example:
-    >>> doc = json.loads(sbom_json(project, project.target("cpu"), "localhost:5000/ml-runtime@sha256:ab..."))
+    >>> image = "localhost:5000/ml-runtime@sha256:" + "ab" * 32
+    >>> doc = json.loads(sbom_json(project, project.target("cpu"), image))
     >>> doc["specVersion"], doc["metadata"]["component"]["version"]
-    ('1.6', 'sha256:ab...')
+    ('1.6', 'sha256:abab...')
 """
 
 from __future__ import annotations

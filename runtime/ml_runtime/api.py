@@ -64,23 +64,23 @@ def get_gpu_metrics(runner: Any = None) -> list[dict[str, Any]]:
     Fields: ``index``, ``gpu_vendor`` (nvidia/amd/intel), ``gpu_model``, ``gpu_util_percent``,
     ``gpu_temp_c``, ``gpu_mem_used_mb`` and ``gpu_mem_total_mb`` (MB = 10**6 bytes), ``source``
     (nvml, amd-smi, rocm-smi, xpu-smi); a value the tool did not report is None. ``runner``
-    replaces the tool runner of :func:`ml_runtime.metrics.collect_metrics` (tests).
+    replaces the tool runner of :func:`ml_runtime.devices.metrics.collect_metrics` (tests).
 
     Example:
         >>> get_gpu_metrics()  # no GPU here
         []
     """
-    from ml_runtime.metrics import collect_metrics
+    from ml_runtime.devices.metrics import collect_metrics
 
     report = collect_metrics(runner) if runner else collect_metrics()
     return [notes_fields(d) for d in report.devices]
 
 
 def notes_fields(device: Any) -> dict[str, Any]:
-    """One :class:`ml_runtime.metrics.DeviceMetrics` under the notes' field names and units.
+    """One :class:`ml_runtime.devices.metrics.DeviceMetrics` under the notes' field names and units.
 
     Example:
-        >>> from ml_runtime.metrics import DeviceMetrics
+        >>> from ml_runtime.devices.smi import DeviceMetrics
         >>> notes_fields(DeviceMetrics(0, "nvidia", "NVIDIA H200", 0.0, 39.0, 615.0625, 143771.0, "nvml"))
         ... # doctest: +NORMALIZE_WHITESPACE
         {'index': 0, 'gpu_vendor': 'nvidia', 'gpu_model': 'NVIDIA H200', 'gpu_util_percent': 0.0,

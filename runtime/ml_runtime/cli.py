@@ -31,26 +31,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from ml_runtime import __version__
+from ml_runtime.contract.spec import MODES, env_mode
 from ml_runtime.errors import (
     EXIT_CONTRACT,
-    EXIT_NOT_EXECUTABLE,
-    EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_USAGE,
-    ConfigError,
+    PROG,
     RuntimeCheckError,
 )
-from ml_runtime.home import private_home
-from ml_runtime.spec import MODES, env_mode, load_spec, resolve_mode
-
-PROG = "runtime-check"
+from ml_runtime.launch import command_problem, exec_command
+from ml_runtime.report.text import OFF_LINE, report_lines, summary_line
+from ml_runtime.verdict import evaluate, read_contract
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,7 +206,7 @@ def _dump(data: Any, stream: TextIO) -> None:
 def run_contract(
     args: argparse.Namespace, stream: TextIO, style: str = "check"
 ) -> tuple[int, dict[str, str]]:
-    """Config + spec + selection + checks; returns (exit code, child env updates).
+    """Config + spec + selection + checks; prints the report; returns (exit code, child env updates).
 
     ``style`` is ``check`` (runtime-check's lines) or ``notes`` (runtime-checker's, the design
     notes' ``[INFO]``/``[CHECK]``/``[SUCCESS]``/``[ERROR] ... Suggestion:`` format).
@@ -220,152 +217,41 @@ def run_contract(
         >>> run_contract(ns, io.StringIO())
         (0, {})
     """
-    mode = args.mode or env_mode()
-    if mode != "off":
-        config = _load_config(args.config)
-        contract = config.runtime_contract if config else None
-        spec = load_spec(args.spec, contract=contract)
-        mode = resolve_mode(args.mode, spec.mode)
-    if mode == "off":
-        _report_off(args, stream)
+    verdict = read_contract(args.spec, args.config, args.mode)
+    if verdict.skipped:
+        if args.json:
+            from ml_runtime.report.items import off_items
+
+            _dump(off_items(), stream)
+        else:
+            print(OFF_LINE, file=stream, flush=True)
         return EXIT_OK, {}
     try:
-        return _checked(args, spec, config, mode, stream, style)
+        evaluate(verdict)
+        if args.json:
+            from ml_runtime.report.items import report_items
+
+            _dump(report_items(verdict), stream)
+        else:
+            print("\n".join(report_lines(verdict, style)), file=stream, flush=True)
+        summary = summary_line(verdict.results, verdict.mode, verdict.selection_problems)
+        if summary:
+            _err(summary)
     except RuntimeCheckError:
         raise
     except Exception as exc:  # a checker bug must not silently pass a strict contract
         if os.environ.get("RUNTIME_CHECK_DEBUG"):
             traceback.print_exc()
         message = f"{PROG}: internal error while checking: {type(exc).__name__}: {exc}"
-        if mode == "strict":
+        if verdict.mode == "strict":
             _err(
                 f"{message} (set RUNTIME_CHECK_MODE=warn or off to bypass, "
                 "RUNTIME_CHECK_DEBUG=1 for a traceback)"
             )
             return EXIT_CONTRACT, {}
-        _err(f"{message} (mode {mode}, continuing)")
+        _err(f"{message} (mode {verdict.mode}, continuing)")
         return EXIT_OK, {}
-
-
-def _load_config(cli_path: str | None) -> Any:
-    """The accelerator config (None when absent); a spec passed as --config is named as such."""
-    from ml_runtime.selection import load_accelerator_config, looks_like_spec, resolve_config_path
-    from ml_runtime.spec import load_yaml_mapping
-
-    try:
-        return load_accelerator_config(cli_path)
-    except ConfigError:
-        found = resolve_config_path(cli_path)
-        if found is not None and looks_like_spec(load_yaml_mapping(*found)):
-            raise ConfigError(
-                f"{found[1]}: this is a runtime spec (required_features/dependencies), not an accelerator "
-                f"config: pass it with --spec {found[1]} (--config takes accelerator-config.yaml; the notes' "
-                f"runtime-checker --config takes the spec)"
-            ) from None
-        raise
-
-
-def _report_off(args: argparse.Namespace, stream: TextIO) -> None:
-    if args.json:
-        _dump(
-            [
-                {
-                    "item": "all",
-                    "found": "",
-                    "required": "",
-                    "status": "SKIPPED",
-                    "ok": True,
-                    "reason": "mode off",
-                    "suggestion": None,
-                }
-            ],
-            stream,
-        )
-    else:
-        print("[CHECK] all checks skipped (mode off)", file=stream, flush=True)
-
-
-def _checked(
-    args: argparse.Namespace, spec: Any, config: Any, mode: str, stream: TextIO, style: str
-) -> tuple[int, dict[str, str]]:
-    from ml_runtime.checks import notes_lines, run_checks, summary_line
-    from ml_runtime.probe import probe_host
-    from ml_runtime.selection import select_devices
-
-    # Isolated: this process is about to exec the command and must not hold an accelerator context.
-    # torch is imported (once, in the child) only when a check needs more than versions.
-    needs_torch = bool(spec.features) or config is not None or any(
-        d.full_distribution or d.vendor_agnostic_wheel for d in spec.dependencies
-    )
-    probe = probe_host(
-        isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features, torch_needed=needs_torch
-    )
-    selection = select_devices(config, probe) if config else None
-    devices = selection.devices if selection and selection.devices else probe.devices
-    results = run_checks(spec, probe, devices)
-    warnings = list(selection.warnings) if selection else []
-
-    failed = [r for r in results if not r.ok]
-    selection_failed = selection is not None and not selection.ok
-    if args.json:
-        items: list[dict[str, Any]] = []
-        if selection:
-            items.append(
-                {
-                    "item": "device_selection",
-                    "found": " ".join(f"{k}={v}" for k, v in selection.env.items())
-                    or "environment unchanged",
-                    "required": config.source if config else "",
-                    "ok": selection.ok,
-                    "status": "OK" if selection.ok else ("FAIL" if mode == "strict" else "WARN"),
-                    "reason": "; ".join(selection.problems) or None,
-                    "suggestion": None,
-                    "selection": selection.to_dict(),
-                },
-            )
-        files = {  # last, shaped like a check: which files this report used, and their warnings
-            "item": "contract_files",
-            "found": f"spec {spec.source}; accelerator config {config.source if config else 'none'}",
-            "required": "",
-            "status": "OK",
-            "ok": True,
-            "reason": None,
-            "suggestion": None,
-            "spec": spec.source,
-            "accelerator_config": config.source if config else None,
-            "warnings": warnings,
-        }
-        _dump(items + [r.to_dict(mode) for r in results] + [files], stream)
-    else:
-        lines = [f"[INFO] Loading runtime contract from {spec.source}",
-                 f"[INFO] Accelerator config: {config.source if config else 'none (all devices)'}"]
-        lines += [f"[WARN] {w}" for w in warnings]
-        lines += selection.lines(mode) if selection else []
-        if style == "notes":
-            lines += notes_lines(results, mode)
-            if selection is not None and selection_failed:
-                lines.append(f"[ERROR] Device selection failed: {'; '.join(selection.problems)} "
-                             f"Suggestion: change device_selection_policy in {config.source}, or run on a "
-                             f"host with a matching device.")
-            if not failed and not selection_failed:
-                lines.append("[SUCCESS] All checks passed. Environment is compatible.")
-        else:
-            lines += [r.line(mode) for r in results]
-        print("\n".join(lines), file=stream, flush=True)
-
-    summary = summary_line(results, mode)
-    if selection is not None and selection_failed:
-        what = f"device selection failed ({'; '.join(selection.problems)})"
-        if summary:
-            summary = summary.replace(f"{PROG}: ", f"{PROG}: {what}; ", 1)
-        else:
-            tail = ", or set RUNTIME_CHECK_MODE=warn" if mode == "strict" else f" (mode {mode}, continuing)"
-            summary = f"{PROG}: {what}{tail}"
-    if summary:
-        _err(summary)
-    if (failed or selection_failed) and mode == "strict":
-        return EXIT_CONTRACT, {}
-    return EXIT_OK, selection.env if selection else {}
+    return verdict.exit_code, verdict.env
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -403,50 +289,6 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return exec_command(args.command, env_updates)
 
 
-def command_problem(name: str) -> tuple[int, str] | None:
-    """(exit code, message) when ``name`` cannot be executed, else None.
-
-    Example:
-        >>> command_problem("sh") is None, command_problem("no-such-cmd-xyz")[0]
-        (True, 127)
-    """
-    if shutil.which(name):
-        return None
-    if os.sep in name and os.path.exists(name):
-        return EXIT_NOT_EXECUTABLE, f"{PROG}: permission denied: {name} (not an executable file)"
-    return EXIT_NOT_FOUND, f"{PROG}: command not found: {name}"
-
-
-def exec_command(command: Sequence[str], env_updates: dict[str, str]) -> int:
-    """``os.execvpe`` the command with ``env_updates`` for it alone.
-
-    Returns only when exec fails: 127 not found, 126 not executable.
-
-    Example:
-        >>> exec_command(["/nonexistent/tool"], {})
-        127
-    """
-    env = dict(os.environ)
-    env.update(env_updates)
-    home = private_home(env.get("HOME", ""))
-    if home is not None:  # any UID (docker run -u, runAsUser) gets a writable HOME for its caches
-        env["HOME"] = home
-    sys.stdout.flush()
-    sys.stderr.flush()
-    try:
-        os.execvpe(command[0], list(command), env)
-    except FileNotFoundError:
-        _err(f"{PROG}: command not found: {command[0]}")
-        return EXIT_NOT_FOUND
-    except PermissionError:
-        _err(f"{PROG}: permission denied: {command[0]} (not executable?)")
-        return EXIT_NOT_EXECUTABLE
-    except OSError as exc:
-        _err(f"{PROG}: cannot execute {command[0]}: {exc.strerror or exc}")
-        return EXIT_NOT_EXECUTABLE
-    return EXIT_NOT_EXECUTABLE  # unreachable: execvpe does not return
-
-
 # ---------------------------------------------------------------- diagnostics
 
 
@@ -458,12 +300,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
         vendor: ...
         0
     """
-    from ml_runtime.probe import format_probe, probe_host
+    from ml_runtime.devices.probe import format_probe, probe_host
 
     result = probe_host()
     report = result.to_dict()
     if getattr(args, "self_test", False):
-        from ml_runtime.selftest import self_test
+        from ml_runtime.devices.selftest import self_test
 
         report["self_test"] = self_test()
     if args.json:
@@ -488,8 +330,9 @@ def cmd_select(args: argparse.Namespace) -> int:
         {...
         0
     """
-    from ml_runtime.probe import probe_host
-    from ml_runtime.selection import AcceleratorConfig, load_accelerator_config, select_devices
+    from ml_runtime.devices.probe import probe_host
+    from ml_runtime.policy.config import AcceleratorConfig, load_accelerator_config
+    from ml_runtime.policy.selection import select_devices
 
     mode = args.mode or env_mode() or "strict"
     config = load_accelerator_config(args.config)
@@ -517,7 +360,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         {...
         0
     """
-    from ml_runtime.metrics import collect_metrics
+    from ml_runtime.devices.metrics import collect_metrics
 
     report = collect_metrics()
     if args.json:

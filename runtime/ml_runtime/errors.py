@@ -11,6 +11,9 @@ Example:
 
 from __future__ import annotations
 
+#: The name every message of the runtime starts with (``runtime-check: ...``).
+PROG = "runtime-check"
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_CONTRACT = 3

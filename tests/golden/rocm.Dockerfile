@@ -85,7 +85,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runti
     touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
  && cp -R /tmp/examples /opt/examples \
- && if [ -z "$EMULATED" ]; then python -m ml_runtime.facts --record /opt/venv/share/ml-runtime/torch-facts.json; fi \
+ && if [ -z "$EMULATED" ]; then python -m ml_runtime.devices.facts --record /opt/venv/share/ml-runtime/torch-facts.json; fi \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 # The target's own packages last: targets that differ only in them share every layer below.
 ARG WHEELS_TOOLS

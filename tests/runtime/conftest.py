@@ -63,7 +63,7 @@ def fixture_text():
 @pytest.fixture
 def recorded_facts():
     """Load recorded TorchFacts (NVIDIA, AMD, Intel machines) by vendor name."""
-    from ml_runtime.facts import TorchFacts
+    from ml_runtime.devices.facts import TorchFacts
 
     def load(vendor: str, **overrides):
         data = json.loads((FIXTURES / f"torch_facts_{vendor}.json").read_text(encoding="utf-8"))

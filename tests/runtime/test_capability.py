@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ml_runtime.capability import (
+from ml_runtime.devices.capability import (
     amd_capability,
     intel_capability,
     intel_device_id_from_name,

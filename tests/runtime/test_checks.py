@@ -6,11 +6,13 @@ fixtures/torch_facts_*.json are recordings of torch on machines we lack.
 from __future__ import annotations
 
 import pytest
-from ml_runtime.checks import run_checks, summary_line, version_tuple
-from ml_runtime.facts import TorchFacts
-from ml_runtime.host import HostFacts
-from ml_runtime.probe import build_probe
-from ml_runtime.spec import parse_spec
+from ml_runtime.contract.checks import run_checks
+from ml_runtime.contract.fields import version_tuple
+from ml_runtime.contract.spec import parse_spec
+from ml_runtime.devices.facts import TorchFacts
+from ml_runtime.devices.host import HostFacts
+from ml_runtime.devices.probe import build_probe
+from ml_runtime.report.text import summary_line
 
 
 def spec(**data):
@@ -134,7 +136,7 @@ def test_bandwidth_measurement_failure_is_reported(recorded_facts):
 
 def test_copy_bandwidth_arithmetic_on_cpu_tensors():
     import torch  # the CPU build must be installed for these tests (see tests/runtime/conftest.py)
-    from ml_runtime.bandwidth import copy_bandwidth_gbps
+    from ml_runtime.devices.bandwidth import copy_bandwidth_gbps
 
     assert copy_bandwidth_gbps(torch.device("cpu"), lambda: None, size_bytes=8 << 20, repeats=2) > 0.1
 

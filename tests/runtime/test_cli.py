@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from ml_runtime import cli
-from ml_runtime.probe import build_probe
+from ml_runtime.devices.probe import build_probe
 
 GPU_SPEC = 'required_features:\n  - gpu_compute_capability: "sm_80"\n'
 
@@ -174,7 +174,10 @@ def test_metrics_and_select_on_this_cpu_host(run_cli):
 def test_help_and_spec_parsing_do_not_import_torch(cli_env):
     code = (
         "import sys, contextlib, io\n"
-        "from ml_runtime import cli, spec, selection, checks, metrics\n"
+        "from ml_runtime import cli\n"
+        "from ml_runtime.contract import checks, spec\n"
+        "from ml_runtime.devices import metrics\n"
+        "from ml_runtime.policy import selection\n"
         "spec.load_spec(environ={'RUNTIME_WORKSPACE': '/nonexistent'})\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass\n"
@@ -184,6 +187,22 @@ def test_help_and_spec_parsing_do_not_import_torch(cli_env):
         [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60, check=False
     )
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_mode_off_imports_no_probe_selection_or_checks(cli_env):
+    # Every container start pays for what the entrypoint imports; mode off needs none of these.
+    code = (
+        "import sys, contextlib, io\n"
+        "from ml_runtime import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['check', '--mode', 'off'])\n"
+        "heavy = ('ml_runtime.devices.probe', 'ml_runtime.policy', 'ml_runtime.contract.checks', 'ml_runtime.report.items')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.stdout.strip() == "[]", result.stderr
 
 
 class Execed(Exception):
@@ -210,7 +229,7 @@ def test_selection_reaches_only_the_child_environment(
     )
     (workspace / "runtime-spec.yaml").write_text(GPU_SPEC, encoding="utf-8")
     probe = build_probe(recorded_facts("nvidia"))  # T4 (sm_75), A100 (sm_80), H100 (sm_90)
-    monkeypatch.setattr("ml_runtime.probe.probe_host", lambda **_: probe)
+    monkeypatch.setattr("ml_runtime.devices.probe.probe_host", lambda **_: probe)
     with pytest.raises(Execed):
         cli.main(["exec", "--", "python", "train.py"])
     ((file, args, env),) = fake_exec
@@ -232,7 +251,7 @@ def test_selection_reaches_only_the_child_environment(
 def test_backend_mismatch_is_exit_3_in_strict_mode(workspace, recorded_facts, fake_exec, monkeypatch, capsys):
     (workspace / "accelerator-config.yaml").write_text("backend: cuda\n", encoding="utf-8")
     probe = build_probe(recorded_facts("amd"))
-    monkeypatch.setattr("ml_runtime.probe.probe_host", lambda **_: probe)
+    monkeypatch.setattr("ml_runtime.devices.probe.probe_host", lambda **_: probe)
     assert cli.main(["exec", "--", "python", "train.py"]) == 3
     assert fake_exec == []
     err = capsys.readouterr().err
@@ -247,7 +266,7 @@ def test_checker_bug_fails_strict_but_not_warn(workspace, fake_exec, monkeypatch
     def broken(**_):
         raise ValueError("surprise")
 
-    monkeypatch.setattr("ml_runtime.probe.probe_host", broken)
+    monkeypatch.setattr("ml_runtime.devices.probe.probe_host", broken)
     assert cli.main(["check"]) == 3
     assert "internal error while checking: ValueError: surprise" in capsys.readouterr().err
     assert cli.main(["check", "--mode", "warn"]) == 0

@@ -11,7 +11,7 @@ import pytest
 
 MODULES = sorted(
     m.name
-    for m in pkgutil.iter_modules(ml_runtime.__path__, "ml_runtime.")
+    for m in pkgutil.walk_packages(ml_runtime.__path__, "ml_runtime.")
     if m.name != "ml_runtime.__main__"
 )
 

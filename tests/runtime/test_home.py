@@ -7,8 +7,8 @@ import stat
 import subprocess
 import sys
 
+from ml_runtime.devices.selftest import EXPECTED_SUM, compute_check, process_facts
 from ml_runtime.home import private_home
-from ml_runtime.selftest import EXPECTED_SUM, compute_check, process_facts
 
 
 def test_writable_home_is_kept(tmp_path):

@@ -12,8 +12,8 @@ import sys
 import types
 
 import pytest
-from ml_runtime.metrics import (
-    collect_metrics,
+from ml_runtime.devices.metrics import collect_metrics
+from ml_runtime.devices.smi import (
     parse_amd_smi_metric_json,
     parse_amd_smi_static,
     parse_nvidia_smi_csv,
@@ -21,7 +21,7 @@ from ml_runtime.metrics import (
     parse_xpu_smi_discovery_csv,
     parse_xpu_smi_dump_csv,
 )
-from ml_runtime.tools import ToolResult, normalize_header, parse_csv_table, parse_number
+from ml_runtime.devices.tools import ToolResult, normalize_header, parse_csv_table, parse_number
 
 
 def test_nvidia_smi_with_units_in_headers_and_values(fixture_text):

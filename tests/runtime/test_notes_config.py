@@ -13,17 +13,17 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ml_runtime.capability import amd_capability, intel_capability, nvidia_capability
+from ml_runtime.devices.capability import amd_capability, intel_capability, nvidia_capability
+from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 from ml_runtime.errors import ConfigError
-from ml_runtime.probe import DeviceInfo, ProbeResult
-from ml_runtime.selection import (
+from ml_runtime.policy.config import (
     AcceleratorConfig,
-    PolicyCriterion,
     load_accelerator_config,
     looks_like_spec,
     parse_accelerator_config,
-    select_devices,
 )
+from ml_runtime.policy.priorities import PolicyCriterion
+from ml_runtime.policy.selection import select_devices
 
 NOTES = Path(__file__).resolve().parents[1] / "fixtures" / "notes"
 POLICY_FILE = NOTES / "accelerator-config.yaml"

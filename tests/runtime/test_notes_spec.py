@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from ml_runtime import get_device, get_gpu_metrics
-from ml_runtime.capability import intel_capability, parse_capability
-from ml_runtime.checks import check_capability, check_wheel
-from ml_runtime.probe import DeviceInfo, ProbeResult
-from ml_runtime.spec import Dependency, load_spec
+from ml_runtime.contract.checks import check_capability
+from ml_runtime.contract.packages import check_wheel
+from ml_runtime.contract.spec import Dependency, load_spec
+from ml_runtime.devices.capability import intel_capability, parse_capability
+from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 
 NOTES = Path(__file__).resolve().parents[1] / "fixtures" / "notes"
 CHECKER = "import sys; from ml_runtime.cli import checker_main; sys.exit(checker_main(sys.argv[1:]))"
@@ -118,7 +119,7 @@ def test_get_device_is_cpu_here():
 
 
 def test_get_gpu_metrics_uses_the_notes_field_names(fixture_text, monkeypatch):
-    from ml_runtime.tools import ToolResult
+    from ml_runtime.devices.tools import ToolResult
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # the recorded nvidia-smi answers instead
 

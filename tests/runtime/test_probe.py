@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from ml_runtime.facts import TorchFacts, gather_torch_facts
-from ml_runtime.host import (
+from ml_runtime.devices.facts import TorchFacts, gather_torch_facts
+from ml_runtime.devices.host import (
     HostFacts,
     cpu_model,
     gather_host_facts,
@@ -19,8 +19,8 @@ from ml_runtime.host import (
     parse_rocm_smi_driver,
     parse_xpu_smi_driver,
 )
-from ml_runtime.probe import build_probe, choose_distributed_backend, format_probe, probe_host
-from ml_runtime.tools import ToolResult
+from ml_runtime.devices.probe import build_probe, choose_distributed_backend, format_probe, probe_host
+from ml_runtime.devices.tools import ToolResult
 
 
 def test_real_probe_on_this_cpu_machine():

@@ -35,9 +35,9 @@ def test_a_hanging_probe_fails_within_the_timeout_naming_it(run_cli, hanging_tor
 
 
 def test_the_default_timeout_is_a_few_seconds():
-    from ml_runtime import facts
+    from ml_runtime.devices import isolated
 
-    assert facts.probe_timeout() <= 15
+    assert isolated.probe_timeout() <= 15
 
 
 def test_a_versions_only_contract_never_imports_torch(run_cli, hanging_torch, workspace):

@@ -1,6 +1,6 @@
 """Container start without importing torch: the facts recorded at image build stand in for it.
 
-The image build runs ``python -m ml_runtime.facts --record FILE`` (no accelerator is visible
+The image build runs ``python -m ml_runtime.devices.facts --record FILE`` (no accelerator is visible
 there); a start that sees no accelerator device node reads the file instead of importing torch.
 These tests record with the real CPU torch installed for the test suite. The "device node" of
 the last tests is a file in a temporary folder laid out like /dev (we have no GPU).
@@ -12,12 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
-from ml_runtime import facts as facts_module
-from ml_runtime.checks import run_checks
-from ml_runtime.facts import gather_torch_facts, record_torch_facts, recorded_torch_facts
-from ml_runtime.host import gather_host_facts
-from ml_runtime.probe import build_probe, classify
-from ml_runtime.spec import DEFAULT_SPEC_PATH, load_yaml_mapping, parse_spec
+from ml_runtime.contract.checks import run_checks
+from ml_runtime.contract.fields import load_yaml_mapping
+from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, parse_spec
+from ml_runtime.devices import facts as facts_module
+from ml_runtime.devices import isolated
+from ml_runtime.devices.facts import gather_torch_facts
+from ml_runtime.devices.host import gather_host_facts
+from ml_runtime.devices.isolated import record_torch_facts, recorded_torch_facts
+from ml_runtime.devices.probe import build_probe, classify
 
 SPECS = [
     {"dependencies": [{"name": "pytorch", "version_range": ">=2.0", "full_distribution": True}]},
@@ -32,7 +35,7 @@ SPECS = [
 @pytest.fixture(autouse=True)
 def no_accelerator_nodes(monkeypatch, tmp_path):
     # Whatever this host has, the tests decide which device nodes exist.
-    monkeypatch.setattr(facts_module, "_ACCELERATOR_NODES", (str(tmp_path / "dev" / "nvidia[0-9]*"),))
+    monkeypatch.setattr(isolated, "_ACCELERATOR_NODES", (str(tmp_path / "dev" / "nvidia[0-9]*"),))
     return tmp_path / "dev"
 
 

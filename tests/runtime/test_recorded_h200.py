@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 
 from ml_runtime.api import notes_fields
-from ml_runtime.capability import parse_capability
-from ml_runtime.checks import check_wheel, run_checks
-from ml_runtime.metrics import DeviceMetrics
-from ml_runtime.probe import DeviceInfo, ProbeResult
-from ml_runtime.selection import load_accelerator_config, select_devices
-from ml_runtime.spec import Dependency, load_spec
+from ml_runtime.contract.checks import run_checks
+from ml_runtime.contract.packages import check_wheel
+from ml_runtime.contract.spec import Dependency, load_spec
+from ml_runtime.devices.capability import parse_capability
+from ml_runtime.devices.probe import DeviceInfo, ProbeResult
+from ml_runtime.devices.smi import DeviceMetrics
+from ml_runtime.policy.config import load_accelerator_config
+from ml_runtime.policy.selection import select_devices
 
 RECORDED = Path(__file__).parent / "fixtures" / "recorded"
 NOTES = Path(__file__).resolve().parents[1] / "fixtures" / "notes"

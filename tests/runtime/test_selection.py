@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from ml_runtime.devices.facts import TorchFacts
+from ml_runtime.devices.probe import build_probe
 from ml_runtime.errors import ConfigError
-from ml_runtime.facts import TorchFacts
-from ml_runtime.probe import build_probe
-from ml_runtime.selection import (
-    load_accelerator_config,
-    parse_accelerator_config,
-    resolve_config_path,
-    select_devices,
-    visible_tokens,
-)
+from ml_runtime.policy.config import load_accelerator_config, parse_accelerator_config, resolve_config_path
+from ml_runtime.policy.selection import select_devices, visible_tokens
 
 EXAMPLE = """\
 backend: auto            # auto | cuda | rocm | xpu | cpu

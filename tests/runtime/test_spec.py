@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ml_runtime.capability import Capability
-from ml_runtime.errors import ConfigError
-from ml_runtime.spec import (
+from ml_runtime.contract.fields import load_yaml_mapping
+from ml_runtime.contract.spec import (
     DEFAULT_SPEC_PATH,
     env_mode,
     load_spec,
-    load_yaml_mapping,
     parse_spec,
     resolve_mode,
     resolve_spec_path,
 )
+from ml_runtime.devices.capability import Capability
+from ml_runtime.errors import ConfigError
 
 # The format exactly as users write it today (comments included).
 USER_SPEC = """\

@@ -24,8 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ml_runtime.facts import TorchFacts
-from ml_runtime.tools import Runner, parse_csv_table, pick, run_tool
+from ml_runtime.devices.facts import TorchFacts
+from ml_runtime.devices.tools import Runner, parse_csv_table, pick, run_tool
 
 _PROC_NVIDIA = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+(?:\.\d+)+)")
 _VERSION_TOKEN = re.compile(r"\d+(?:\.\d+)+")

@@ -1,12 +1,4 @@
-"""Unified per-device metrics from the vendors' own tools.
-
-Sources, per vendor (a missing or failing source is skipped with a note):
-
-* NVIDIA: NVML through ``pynvml``; else ``nvidia-smi --query-gpu=... --format=csv``.
-* AMD: ``amd-smi metric --json`` plus ``amd-smi static`` (names); else
-  ``rocm-smi --showuse --showtemp --showmeminfo vram --showproductname --csv``.
-* Intel: ``xpu-smi discovery --dump 1,2,16`` (names, memory size) plus
-  ``xpu-smi dump -d IDS -m 0,3,18 -n 1`` (utilisation, temperature, memory used).
+"""The vendors' tools' metric output, parsed into :class:`DeviceMetrics`.
 
 The parsers are pure functions of each tool's text output. CSV headers are
 matched case-insensitively with units stripped (``memory.total [MiB]``),
@@ -27,29 +19,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from ml_runtime.tools import Runner, parse_csv_table, parse_number, pick, run_tool
-
-NVIDIA_SMI_QUERY = [
-    "nvidia-smi",
-    "--query-gpu=index,name,utilization.gpu,temperature.gpu,memory.used,memory.total",
-    "--format=csv",
-]
-AMD_SMI_METRIC = ["amd-smi", "metric", "--json"]
-AMD_SMI_STATIC = ["amd-smi", "static"]
-ROCM_SMI_QUERY = [
-    "rocm-smi",
-    "--showuse",
-    "--showtemp",
-    "--showmeminfo",
-    "vram",
-    "--showproductname",
-    "--csv",
-]
-XPU_SMI_DISCOVERY = ["xpu-smi", "discovery", "--dump", "1,2,16"]
-XPU_SMI_METRICS = "0,3,18"  # GPU Utilization (%), GPU Core Temperature, GPU Memory Used (MiB)
+from ml_runtime.devices.tools import parse_csv_table, parse_number, pick
 
 _MEMORY_UNITS_TO_MIB = {
     "b": 1 / 2**20,
@@ -96,27 +70,6 @@ class DeviceMetrics:
             f"util {num(self.utilization_pct, '%')} temp {num(self.temperature_c, 'C')} "
             f"mem {num(self.memory_used_mib)}/{num(self.memory_total_mib)} MiB ({self.source})"
         )
-
-
-@dataclass
-class MetricsReport:
-    """All devices from all sources plus notes about skipped sources.
-
-    Example:
-        >>> MetricsReport().to_dict()
-        {'devices': [], 'sources': [], 'notes': []}
-    """
-
-    devices: list[DeviceMetrics] = field(default_factory=list)
-    sources: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form (``metrics --json``)."""
-        return {"devices": [asdict(d) for d in self.devices], "sources": self.sources, "notes": self.notes}
-
-
-# ---------------------------------------------------------------- NVIDIA
 
 
 def parse_nvidia_smi_csv(text: str) -> list[DeviceMetrics]:
@@ -182,9 +135,6 @@ def collect_nvml(pynvml: Any) -> list[DeviceMetrics]:
         return devices
     finally:
         pynvml.nvmlShutdown()
-
-
-# ---------------------------------------------------------------- AMD
 
 
 def _amd_value(node: Any) -> tuple[float | None, str | None]:
@@ -304,7 +254,12 @@ def parse_rocm_smi_csv(text: str) -> list[DeviceMetrics]:
     return devices
 
 
-# ---------------------------------------------------------------- Intel
+def _rows_by_device(text: str, *id_columns: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """(device id, row) for the CSV rows whose first present id column is a number."""
+    for row in parse_csv_table(text):
+        device = parse_number(next((row[c] for c in id_columns if c in row), None))
+        if device is not None:
+            yield int(device), row
 
 
 def parse_xpu_smi_discovery_csv(text: str) -> dict[int, dict[str, Any]]:
@@ -315,16 +270,13 @@ def parse_xpu_smi_discovery_csv(text: str) -> dict[int, dict[str, Any]]:
         >>> parse_xpu_smi_discovery_csv(text)[0]["memory_total_mib"]
         65536.0
     """
-    result: dict[int, dict[str, Any]] = {}
-    for row in parse_csv_table(text):
-        device = parse_number(row.get("device id"))
-        if device is None:
-            continue
-        result[int(device)] = {
+    return {
+        device: {
             "name": pick(row, "device name"),
             "memory_total_mib": parse_number(row.get("memory physical size")),
         }
-    return result
+        for device, row in _rows_by_device(text, "device id")
+    }
 
 
 def parse_xpu_smi_dump_csv(text: str) -> dict[int, dict[str, float | None]]:
@@ -337,11 +289,8 @@ def parse_xpu_smi_dump_csv(text: str) -> dict[int, dict[str, float | None]]:
         12.5
     """
     result: dict[int, dict[str, float | None]] = {}
-    for row in parse_csv_table(text):
-        device = parse_number(row.get("deviceid", row.get("device id")))
-        if device is None:
-            continue
-        result[int(device)] = {
+    for device, row in _rows_by_device(text, "deviceid", "device id"):
+        result[device] = {
             "utilization_pct": parse_number(row.get("gpu utilization (%)")),
             "temperature_c": parse_number(
                 pick(row, "gpu core temperature (celsius degree)", "gpu core temperature (c)")
@@ -349,104 +298,3 @@ def parse_xpu_smi_dump_csv(text: str) -> dict[int, dict[str, float | None]]:
             "memory_used_mib": parse_number(row.get("gpu memory used (mib)")),
         }
     return result
-
-
-# ---------------------------------------------------------------- collection
-
-
-def _collect_nvidia(report: MetricsReport, runner: Runner) -> None:
-    try:
-        import pynvml
-    except ImportError:
-        report.notes.append("nvml: pynvml not installed (pip install nvidia-ml-py); trying nvidia-smi")
-    else:
-        try:
-            report.devices.extend(collect_nvml(pynvml))
-            report.sources.append("nvml")
-            return
-        except Exception as exc:  # NVMLError_LibraryNotFound on hosts without the driver
-            report.notes.append(f"nvml: {type(exc).__name__}: {exc}")
-    result = runner(NVIDIA_SMI_QUERY)
-    if not result.ok:
-        report.notes.append(f"nvidia-smi: {result.note}")
-        return
-    report.devices.extend(parse_nvidia_smi_csv(result.stdout))
-    report.sources.append("nvidia-smi")
-
-
-def _collect_amd(report: MetricsReport, runner: Runner) -> None:
-    result = runner(AMD_SMI_METRIC)
-    if result.ok:
-        try:
-            devices = parse_amd_smi_metric_json(result.stdout)
-        except ValueError as exc:
-            report.notes.append(f"amd-smi: unreadable JSON ({exc}); trying rocm-smi")
-        else:
-            static = runner(AMD_SMI_STATIC)
-            names = parse_amd_smi_static(static.stdout) if static.ok else {}
-            if not static.ok:
-                report.notes.append(f"amd-smi static: {static.note}")
-            for device in devices:
-                device.model = names.get(device.index, {}).get("MARKET_NAME")
-            report.devices.extend(devices)
-            report.sources.append("amd-smi")
-            return
-    else:
-        report.notes.append(f"amd-smi: {result.note}")
-    result = runner(ROCM_SMI_QUERY)
-    if not result.ok:
-        report.notes.append(f"rocm-smi: {result.note}")
-        return
-    report.devices.extend(parse_rocm_smi_csv(result.stdout))
-    report.sources.append("rocm-smi")
-
-
-def _collect_intel(report: MetricsReport, runner: Runner) -> None:
-    result = runner(XPU_SMI_DISCOVERY)
-    if not result.ok:
-        report.notes.append(f"xpu-smi: {result.note}")
-        return
-    found = parse_xpu_smi_discovery_csv(result.stdout)
-    if not found:
-        report.notes.append("xpu-smi: no devices discovered")
-        return
-    ids = ",".join(str(i) for i in sorted(found))
-    dump = runner(["xpu-smi", "dump", "-d", ids, "-m", XPU_SMI_METRICS, "-n", "1"])
-    live = parse_xpu_smi_dump_csv(dump.stdout) if dump.ok else {}
-    if not dump.ok:
-        report.notes.append(f"xpu-smi dump: {dump.note}")
-    for index, info in sorted(found.items()):
-        values = live.get(index, {})
-        report.devices.append(
-            DeviceMetrics(
-                index=index,
-                vendor="intel",
-                model=info["name"],
-                utilization_pct=values.get("utilization_pct"),
-                temperature_c=values.get("temperature_c"),
-                memory_used_mib=values.get("memory_used_mib"),
-                memory_total_mib=info["memory_total_mib"],
-                source="xpu-smi",
-            )
-        )
-    report.sources.append("xpu-smi")
-
-
-def collect_metrics(runner: Runner = run_tool) -> MetricsReport:
-    """Query every vendor's sources; never raises.
-
-    Example:
-        >>> from ml_runtime.tools import ToolResult
-        >>> report = collect_metrics(lambda argv: ToolResult(False, "", f"{argv[0]} not found on PATH"))
-        >>> report.devices, report.notes[-1]
-        ([], 'no accelerator metrics available on this host (CPU only?)')
-    """
-    report = MetricsReport()
-    for collect in (_collect_nvidia, _collect_amd, _collect_intel):
-        try:
-            collect(report, runner)
-        except Exception as exc:  # a parser surprise must not break the command
-            report.notes.append(f"{collect.__name__[9:]}: {type(exc).__name__}: {exc}")
-    if not report.devices:
-        report.notes.append("no accelerator metrics available on this host (CPU only?)")
-    return report

@@ -21,54 +21,21 @@ Example:
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import importlib.util
 import json
-import os
-import subprocess
 import sys
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 # Backends torch.distributed can report through is_<name>_available().
 _DIST_BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+
 # Prefix of the one stdout line the isolated child prints its facts on.
-_MARKER = "ML_RUNTIME_FACTS "
-#: How long the isolated probe may take (a wedged GPU driver must not stall every container
-#: start); ``RUNTIME_PROBE_TIMEOUT`` (seconds) overrides it.
-ISOLATED_TIMEOUT_S = 10.0
-TIMEOUT_ENV = "RUNTIME_PROBE_TIMEOUT"
+FACTS_MARKER = "ML_RUNTIME_FACTS "
 
-
-#: The facts torch gives on a machine without an accelerator, written once at image build
-#: (``python -m ml_runtime.facts --record FILE``; importing torch takes seconds). A container
-#: start that sees no accelerator device node reads them instead of importing torch, for as long
-#: as the installed torch is the one they were recorded from.
-RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "torch-facts.json"
-#: ``RUNTIME_PROBE=torch`` ignores the record: torch is imported as on a host with a device.
-PROBE_ENV = "RUNTIME_PROBE"
-# Device nodes through which torch could see an accelerator: NVIDIA, AMD (KFD), Intel and other
-# DRM render nodes, and WSL's GPU paravirtualisation. With none of them, torch sees no device.
 # Before torch 2.8, Intel GPUs use the "ccl" backend from oneCCL's bindings.
-_CCL_BINDINGS = "oneccl_bindings_for_pytorch"
-_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dri/renderD*", "/dev/dxg")
-
-
-def probe_timeout() -> float:
-    """``$RUNTIME_PROBE_TIMEOUT`` seconds if a positive number, else :data:`ISOLATED_TIMEOUT_S`.
-
-    Example:
-        >>> probe_timeout() > 0
-        True
-    """
-    try:
-        value = float(os.environ.get(TIMEOUT_ENV, ""))
-    except ValueError:
-        return ISOLATED_TIMEOUT_S
-    return value if value > 0 else ISOLATED_TIMEOUT_S
+CCL_BINDINGS = "oneccl_bindings_for_pytorch"
 
 
 def metadata_torch_facts() -> TorchFacts:
@@ -164,7 +131,7 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     """Collect :class:`TorchFacts` from the real torch; never raises.
 
     With ``measure_bandwidth`` every visible device also gets a measured
-    device-to-device copy bandwidth (see :mod:`ml_runtime.bandwidth`).
+    device-to-device copy bandwidth (see :mod:`ml_runtime.devices.bandwidth`).
 
     Example:
         >>> facts = gather_torch_facts()
@@ -207,123 +174,8 @@ def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     return facts
 
 
-def torch_install_key() -> str | None:
-    """A digest of the installed torch's version and file list (its RECORD), None without torch.
-
-    Example:
-        >>> key = torch_install_key()
-        >>> key is None or len(key) == 64
-        True
-    """
-    import importlib.metadata
-
-    try:
-        dist = importlib.metadata.distribution("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    record = dist.read_text("RECORD") or ""
-    return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
-
-
-def record_torch_facts(path: Path) -> TorchFacts:
-    """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
-
-    Run at image build, where no accelerator is visible; the JSON is byte-stable (sorted keys),
-    so the layer holding it stays reproducible.
-
-    Example:
-        >>> import tempfile
-        >>> out = Path(tempfile.mkdtemp()) / "facts.json"
-        >>> record_torch_facts(out).devices
-        []
-    """
-    facts = gather_torch_facts()
-    document = {"torch_install": torch_install_key(), "facts": facts.to_dict()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
-    return facts
-
-
-def recorded_torch_facts(
-    path: Path | None = None, environ: Mapping[str, str] | None = None
-) -> TorchFacts | None:
-    """The recorded facts when they hold here; None when torch must be asked.
-
-    They hold when this host shows no accelerator device node, ``RUNTIME_PROBE`` is not
-    ``torch``, and the installed torch is the one recorded. oneCCL's bindings may come in a
-    layer above the record, so whether they are installed is looked up now.
-
-    Example:
-        >>> recorded_torch_facts(Path("/nonexistent.json")) is None
-        True
-    """
-    env = os.environ if environ is None else environ
-    if env.get(PROBE_ENV) == "torch" or any(glob.glob(p) for p in _ACCELERATOR_NODES):
-        return None
-    try:
-        document = json.loads((RECORD_FILE if path is None else path).read_text(encoding="utf-8"))
-        if document["torch_install"] is None or document["torch_install"] != torch_install_key():
-            return None
-        facts = TorchFacts.from_dict(document["facts"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # no record (a host install, a foreign build), or a damaged one: ask torch
-    if facts.distributed_available:
-        facts.distributed_backends["ccl"] = importlib.util.find_spec(_CCL_BINDINGS) is not None
-    return facts
-
-
-def gather_torch_facts_isolated(
-    measure_bandwidth: bool = False, timeout: float | None = None
-) -> TorchFacts:
-    """:func:`gather_torch_facts` in a child Python; never raises.
-
-    ``runtime-check exec`` replaces itself with the user's command, so it must
-    not initialise an accelerator itself: a device context or open device file
-    could outlive the exec and hold memory. The child exits after reporting.
-
-    Example:
-        >>> gather_torch_facts_isolated().torch_version == gather_torch_facts().torch_version
-        True
-    """
-    package_parent = str(Path(__file__).resolve().parents[1])  # the same ml_runtime, installed or copied
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
-    argv = [sys.executable, "-m", "ml_runtime.facts", *(["--bandwidth"] if measure_bandwidth else [])]
-    timeout = probe_timeout() if timeout is None else timeout
-    try:
-        proc = subprocess.run(
-            argv,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return TorchFacts(
-            torch_version=None,
-            import_error=f"the torch/GPU probe timed out after {timeout:g} s (a wedged GPU driver?); "
-            f"check the driver (nvidia-smi, rocm-smi), or wait longer with {TIMEOUT_ENV}=SECONDS",
-        )
-    except OSError as exc:
-        return TorchFacts(
-            torch_version=None, import_error=f"probe process failed: {type(exc).__name__}: {exc}"
-        )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(_MARKER):
-            try:
-                return TorchFacts.from_dict(json.loads(line[len(_MARKER) :]))
-            except (ValueError, TypeError) as exc:
-                return TorchFacts(torch_version=None, import_error=f"probe process output unreadable: {exc}")
-    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return TorchFacts(
-        torch_version=None, import_error=f"probe process failed (exit {proc.returncode}): {detail}"
-    )
-
-
 def _measure_bandwidth(facts: TorchFacts) -> None:
-    from ml_runtime.bandwidth import measure_device_bandwidth
+    from ml_runtime.devices.bandwidth import measure_device_bandwidth
 
     for device in facts.devices:
         try:
@@ -404,11 +256,11 @@ def _gather_distributed(facts: TorchFacts) -> None:
         check = getattr(dist, f"is_{name}_available", None)
         if check is not None:
             facts.distributed_backends[name] = bool(_safe(facts, f"is_{name}_available", check, False))
-    facts.distributed_backends["ccl"] = importlib.util.find_spec(_CCL_BINDINGS) is not None
+    facts.distributed_backends["ccl"] = importlib.util.find_spec(CCL_BINDINGS) is not None
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ml_runtime.facts [--bandwidth]``: print the facts as one marked JSON line.
+    """``python -m ml_runtime.devices.facts [--bandwidth]``: print the facts as one marked JSON line.
 
     ``--record FILE`` writes them instead, for :func:`recorded_torch_facts` (the image build).
 
@@ -419,13 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--record"] and len(args) == 2:
+        from ml_runtime.devices.isolated import record_torch_facts  # the image build only
+
         facts = record_torch_facts(Path(args[1]))
         if facts.torch_version is None:
             print(f"torch facts not recorded: {facts.import_error}", file=sys.stderr)
             return 1
         return 0
     facts = gather_torch_facts(measure_bandwidth="--bandwidth" in args)
-    print(_MARKER + json.dumps(facts.to_dict()), flush=True)
+    print(FACTS_MARKER + json.dumps(facts.to_dict()), flush=True)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Accelerator probe: vendor, backend, devices and distributed backend.
 
-:func:`build_probe` is a pure function of :class:`~ml_runtime.facts.TorchFacts`
-and :class:`~ml_runtime.host.HostFacts`; :func:`probe_host` gathers both for
+:func:`build_probe` is a pure function of :class:`~ml_runtime.devices.facts.TorchFacts`
+and :class:`~ml_runtime.devices.host.HostFacts`; :func:`probe_host` gathers both for
 real. Vendor rules: a ``"cuda"`` accelerator is AMD when ``torch.version.hip``
 is set (ROCm builds reuse torch.cuda), NVIDIA otherwise; ``"xpu"`` is Intel.
 Distributed backend: ``nccl`` for CUDA and ROCm (RCCL is exposed under the
@@ -9,7 +9,7 @@ nccl name), ``xccl`` for XPU from torch 2.8 (or when the build reports it),
 ``ccl`` before that, ``gloo`` on CPU.
 
 Example:
-    >>> from ml_runtime.facts import TorchFacts
+    >>> from ml_runtime.devices.facts import TorchFacts
     >>> result = build_probe(TorchFacts(torch_version="2.6.0+cpu", distributed_available=True))
     >>> result.vendor, result.backend, result.distributed_backend
     ('none', 'cpu', 'gloo')
@@ -22,22 +22,16 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ml_runtime.capability import (
+from ml_runtime.devices.capability import (
     VENDOR_LABEL,
     Capability,
     amd_capability,
     intel_capability,
     nvidia_capability,
 )
-from ml_runtime.facts import (
-    DeviceFacts,
-    TorchFacts,
-    gather_torch_facts,
-    gather_torch_facts_isolated,
-    metadata_torch_facts,
-    recorded_torch_facts,
-)
-from ml_runtime.host import HostFacts, gather_host_facts
+from ml_runtime.devices.facts import DeviceFacts, TorchFacts, gather_torch_facts, metadata_torch_facts
+from ml_runtime.devices.host import HostFacts, gather_host_facts
+from ml_runtime.devices.isolated import gather_torch_facts_isolated, recorded_torch_facts
 
 BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu", "none": "cpu"}
 VENDOR_OF_BACKEND = {backend: vendor for vendor, backend in BACKEND_OF_VENDOR.items()}
@@ -259,7 +253,7 @@ def build_probe(facts: TorchFacts, host: HostFacts | None = None) -> ProbeResult
     """Combine torch and host facts into a :class:`ProbeResult`.
 
     Example:
-        >>> from ml_runtime.facts import DeviceFacts
+        >>> from ml_runtime.devices.facts import DeviceFacts
         >>> f = TorchFacts(torch_version="2.6.0+xpu", xpu_build=True, accelerator_type="xpu",
         ...                devices=[DeviceFacts(0, "Intel(R) Data Center GPU Max 1550", device_id=0x0BD5)])
         >>> build_probe(f).devices[0].capability.text

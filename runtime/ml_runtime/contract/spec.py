@@ -23,8 +23,9 @@ Format (exactly what users write)::
         vendor_agnostic_wheel: true       # torch is the official build the image's wheel mapping names
     mode: strict                          # strict | warn | off
 
-Validation is by hand (no pydantic in images) and every problem is one line
-``FILE: KEY.PATH: problem`` raised as :class:`~ml_runtime.errors.ConfigError`.
+Validation is by hand (no pydantic in images; the values both files take are in
+:mod:`ml_runtime.contract.fields`) and every problem is one line ``FILE: KEY.PATH: problem``
+raised as :class:`~ml_runtime.errors.ConfigError`.
 
 Example:
     >>> spec = parse_spec({"required_features": [{"device_memory_gb": 40}]}, "runtime-spec.yaml")
@@ -34,23 +35,29 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from ml_runtime.capability import Capability, parse_capability
+from ml_runtime.contract.fields import (
+    capability_value,
+    driver_version,
+    load_yaml_mapping,
+    memory_gb,
+    positive_number,
+    type_name,
+    unknown_key,
+    workspace_dir,
+)
+from ml_runtime.devices.capability import Capability
 from ml_runtime.errors import ConfigError
 
 SPEC_FILENAME = "runtime-spec.yaml"
-DEFAULT_SPEC_PATH = Path(__file__).resolve().with_name("default-spec.yaml")
-DEFAULT_WORKSPACE = "/workspace"
+DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[1] / "default-spec.yaml"
 MODES = ("strict", "warn", "off")
 
 TOP_KEYS = ("required_features", "dependencies", "mode")
@@ -58,8 +65,6 @@ FEATURE_KEYS = ("gpu_compute_capability", "memory_bandwidth_gbps", "driver_versi
 DEPENDENCY_KEYS = ("name", "version_range", "full_distribution", "vendor_agnostic_wheel")
 DRIVER_VENDORS = ("nvidia", "amd", "intel")
 TORCH_NAMES = ("pytorch", "torch")
-
-_DOTTED = re.compile(r"^\d+(\.\d+)*$")
 
 
 @dataclass(frozen=True)
@@ -125,70 +130,6 @@ class Spec:
         return cap.vendor if isinstance(cap, Capability) else None
 
 
-def type_name(value: Any) -> str:
-    """Friendly YAML type name for error messages.
-
-    Example:
-        >>> type_name([1]), type_name(True), type_name(2.5)
-        ('a list', 'a boolean', 'a number')
-    """
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping" if value else "an empty mapping"
-    return type(value).__name__
-
-
-def unknown_key(source: str, path: str, key: Any, allowed: tuple[str, ...]) -> ConfigError:
-    """Error for an unknown key, with a did-you-mean hint.
-
-    Example:
-        >>> print(unknown_key("s.yaml", "dependencies[0]", "versoin_range", DEPENDENCY_KEYS))
-        s.yaml: dependencies[0].versoin_range: unknown key (did you mean 'version_range'? allowed: ...)
-    """
-    close = difflib.get_close_matches(str(key), allowed, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    where = f"{path}.{key}" if path else str(key)
-    return ConfigError(f"{source}: {where}: unknown key ({hint}allowed: {', '.join(allowed)})")
-
-
-def load_yaml_mapping(path: Path, label: str) -> dict[str, Any]:
-    """Read a YAML file whose top level must be a mapping (empty file -> {}).
-
-    Example:
-        >>> load_yaml_mapping(Path("/nonexistent.yaml"), "x.yaml")
-        Traceback (most recent call last):
-        ...
-        ml_runtime.errors.ConfigError: x.yaml: cannot read file: No such file or directory
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{label}: cannot read file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{label}: not a UTF-8 text file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{label}: invalid YAML{where}: {problem}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping, not {type_name(data)}")
-    return data
-
-
 def parse_spec(data: dict[str, Any], source: str) -> Spec:
     """Validate a loaded spec mapping into a :class:`Spec`.
 
@@ -242,25 +183,6 @@ def _parse_features(raw: Any, source: str) -> dict[str, Any]:
     return features
 
 
-def capability_value(value: Any, where: str) -> Capability:
-    """Validate a compute capability value; ``where`` prefixes the error.
-
-    Example:
-        >>> capability_value("gfx942", "s.yaml: x").text
-        'gfx942'
-        >>> capability_value(80, "s.yaml: x")
-        Traceback (most recent call last):
-        ...
-        ml_runtime.errors.ConfigError: s.yaml: x: must be a string such as "sm_80" or "gfx90a", not a number
-    """
-    if not isinstance(value, str):
-        raise ConfigError(f'{where}: must be a string such as "sm_80" or "gfx90a", not {type_name(value)}')
-    try:
-        return parse_capability(value)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
 def _parse_bandwidth(value: Any, where: str) -> float | str:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
@@ -268,25 +190,6 @@ def _parse_bandwidth(value: Any, where: str) -> float | str:
     if number is None:
         raise ConfigError(f'{where}: must be a positive number of GB/s or "auto", not {value!r}')
     return number
-
-
-def _parse_memory(value: Any, where: str) -> float:
-    number = positive_number(value)
-    if number is None:
-        raise ConfigError(f"{where}: must be a positive number of GB (10**9 bytes), not {value!r}")
-    return number
-
-
-def positive_number(value: Any) -> float | None:
-    """``value`` as a float when it is a positive int/float (not a bool), else None.
-
-    Example:
-        >>> positive_number(40), positive_number(True), positive_number(-1)
-        (40.0, None, None)
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return float(value)
 
 
 def _parse_driver(value: Any, where: str) -> DriverRequirement:
@@ -302,31 +205,11 @@ def _parse_driver(value: Any, where: str) -> DriverRequirement:
     return DriverRequirement({None: driver_version(value, where)})
 
 
-def driver_version(value: Any, where: str) -> str:
-    """Validate a dotted driver version; ``where`` prefixes the error.
-
-    Example:
-        >>> driver_version("535.54.03", "s.yaml: x")
-        '535.54.03'
-    """
-    if isinstance(value, float):
-        # YAML reads 535.50 as the number 535.5: the trailing zero is lost.
-        raise ConfigError(f'{where}: quote the version, e.g. "{value}" (YAML reads unquoted X.Y as a number)')
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise ConfigError(
-            f'{where}: must be a dotted version string such as "535.54.03", not {type_name(value)}'
-        )
-    text = str(value).strip()
-    if not _DOTTED.match(text):
-        raise ConfigError(f'{where}: {text!r} is not a dotted numeric version such as "535.54.03"')
-    return text
-
-
 _FEATURE_PARSERS = {
     "gpu_compute_capability": capability_value,
     "memory_bandwidth_gbps": _parse_bandwidth,
     "driver_version_min": _parse_driver,
-    "device_memory_gb": _parse_memory,
+    "device_memory_gb": memory_gb,
 }
 
 
@@ -387,17 +270,6 @@ def _parse_torch_flag(entry: dict[str, Any], key: str, name: str, where: str) ->
     if value and name.lower() not in TORCH_NAMES:
         raise ConfigError(f"{where}.{key}: only supported for pytorch")
     return value
-
-
-def workspace_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The workspace directory (``$RUNTIME_WORKSPACE`` or ``/workspace``).
-
-    Example:
-        >>> str(workspace_dir({"RUNTIME_WORKSPACE": "/tmp/ws"}))
-        '/tmp/ws'
-    """
-    env = os.environ if environ is None else environ
-    return Path(env.get("RUNTIME_WORKSPACE") or DEFAULT_WORKSPACE)
 
 
 def resolve_spec_path(

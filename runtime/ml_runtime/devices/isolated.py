@@ -1,0 +1,174 @@
+"""torch's facts without importing torch in this process: from a child Python, or from the record.
+
+``runtime-check exec`` replaces itself with the user's command, so it never initialises an
+accelerator itself: :func:`gather_torch_facts_isolated` asks a child (``python -m
+ml_runtime.devices.facts``) within :func:`probe_timeout` seconds. On a host without an
+accelerator device node the facts recorded at image build (:func:`record_torch_facts`) are
+read instead, for as long as the installed torch is the one they were recorded from.
+
+Example:
+    >>> recorded_torch_facts(Path("/nonexistent.json")) is None
+    True
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from ml_runtime.devices.facts import CCL_BINDINGS, FACTS_MARKER, TorchFacts, gather_torch_facts
+
+#: How long the isolated probe may take (a wedged GPU driver must not stall every container
+#: start); ``RUNTIME_PROBE_TIMEOUT`` (seconds) overrides it.
+ISOLATED_TIMEOUT_S = 10.0
+
+TIMEOUT_ENV = "RUNTIME_PROBE_TIMEOUT"
+
+
+#: The facts torch gives on a machine without an accelerator, written once at image build
+#: (``python -m ml_runtime.devices.facts --record FILE``; importing torch takes seconds). A container
+#: start that sees no accelerator device node reads them instead of importing torch, for as long
+#: as the installed torch is the one they were recorded from.
+RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "torch-facts.json"
+
+#: ``RUNTIME_PROBE=torch`` ignores the record: torch is imported as on a host with a device.
+PROBE_ENV = "RUNTIME_PROBE"
+# Device nodes through which torch could see an accelerator: NVIDIA, AMD (KFD), Intel and other
+# DRM render nodes, and WSL's GPU paravirtualisation. With none of them, torch sees no device.
+_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dri/renderD*", "/dev/dxg")
+
+
+def probe_timeout() -> float:
+    """``$RUNTIME_PROBE_TIMEOUT`` seconds if a positive number, else :data:`ISOLATED_TIMEOUT_S`.
+
+    Example:
+        >>> probe_timeout() > 0
+        True
+    """
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, ""))
+    except ValueError:
+        return ISOLATED_TIMEOUT_S
+    return value if value > 0 else ISOLATED_TIMEOUT_S
+
+
+def torch_install_key() -> str | None:
+    """A digest of the installed torch's version and file list (its RECORD), None without torch.
+
+    Example:
+        >>> key = torch_install_key()
+        >>> key is None or len(key) == 64
+        True
+    """
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    record = dist.read_text("RECORD") or ""
+    return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
+
+
+def record_torch_facts(path: Path) -> TorchFacts:
+    """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
+
+    Run at image build, where no accelerator is visible; the JSON is byte-stable (sorted keys),
+    so the layer holding it stays reproducible.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "facts.json"
+        >>> record_torch_facts(out).devices
+        []
+    """
+    facts = gather_torch_facts()
+    document = {"torch_install": torch_install_key(), "facts": facts.to_dict()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    return facts
+
+
+def recorded_torch_facts(
+    path: Path | None = None, environ: Mapping[str, str] | None = None
+) -> TorchFacts | None:
+    """The recorded facts when they hold here; None when torch must be asked.
+
+    They hold when this host shows no accelerator device node, ``RUNTIME_PROBE`` is not
+    ``torch``, and the installed torch is the one recorded. oneCCL's bindings may come in a
+    layer above the record, so whether they are installed is looked up now.
+
+    Example:
+        >>> recorded_torch_facts(Path("/nonexistent.json")) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    if env.get(PROBE_ENV) == "torch" or any(glob.glob(p) for p in _ACCELERATOR_NODES):
+        return None
+    try:
+        document = json.loads((RECORD_FILE if path is None else path).read_text(encoding="utf-8"))
+        if document["torch_install"] is None or document["torch_install"] != torch_install_key():
+            return None
+        facts = TorchFacts.from_dict(document["facts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no record (a host install, a foreign build), or a damaged one: ask torch
+    if facts.distributed_available:
+        facts.distributed_backends["ccl"] = importlib.util.find_spec(CCL_BINDINGS) is not None
+    return facts
+
+
+def gather_torch_facts_isolated(
+    measure_bandwidth: bool = False, timeout: float | None = None
+) -> TorchFacts:
+    """:func:`gather_torch_facts` in a child Python; never raises.
+
+    ``runtime-check exec`` replaces itself with the user's command, so it must
+    not initialise an accelerator itself: a device context or open device file
+    could outlive the exec and hold memory. The child exits after reporting.
+
+    Example:
+        >>> gather_torch_facts_isolated().torch_version == gather_torch_facts().torch_version
+        True
+    """
+    package_parent = str(Path(__file__).resolve().parents[2])  # the same ml_runtime, installed or copied
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-m", "ml_runtime.devices.facts", *(["--bandwidth"] if measure_bandwidth else [])]
+    timeout = probe_timeout() if timeout is None else timeout
+    try:
+        proc = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return TorchFacts(
+            torch_version=None,
+            import_error=f"the torch/GPU probe timed out after {timeout:g} s (a wedged GPU driver?); "
+            f"check the driver (nvidia-smi, rocm-smi), or wait longer with {TIMEOUT_ENV}=SECONDS",
+        )
+    except OSError as exc:
+        return TorchFacts(
+            torch_version=None, import_error=f"probe process failed: {type(exc).__name__}: {exc}"
+        )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(FACTS_MARKER):
+            try:
+                return TorchFacts.from_dict(json.loads(line[len(FACTS_MARKER) :]))
+            except (ValueError, TypeError) as exc:
+                return TorchFacts(torch_version=None, import_error=f"probe process output unreadable: {exc}")
+    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return TorchFacts(
+        torch_version=None, import_error=f"probe process failed (exit {proc.returncode}): {detail}"
+    )
