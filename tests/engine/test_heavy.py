@@ -2,7 +2,7 @@
 smoke-tested for real by `make test` (so by CI). Skip it with `-m 'not heavy'` (make test-quick).
 
 Its other platform (arm64 on an x86_64 host), built and smoke-tested under qemu emulation, is
-marked ``emulated`` as well: `make test-emulated` runs it (see the README for why it is apart).
+marked ``emulated`` as well: `make test-emulated` runs it (see docs/testing.md for why it is apart).
 
 The wheels stay in the wheelhouse (~/.cache/ml-image-builder/wheels) for the next run; the
 image and the layers only it uses are removed from the engine afterwards.

@@ -16,7 +16,7 @@ from builder.config.project import load_project
 from builder.images.build import docker_build
 from devtools.support import edit_matrix, host_platform, registry_layers, registry_of
 
-pytestmark = pytest.mark.engine  # containerd store only: see the README (classic store: not reproducible)
+pytestmark = pytest.mark.engine  # containerd store only: see docs/testing.md (classic store: not reproducible)
 
 #: The diff ID of an empty layer (an empty tar): what a step that changes nothing makes in BuildKit.
 EMPTY_LAYER = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef"
