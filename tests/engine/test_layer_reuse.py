@@ -28,10 +28,19 @@ def _get(url: str) -> dict:
 
 
 def repo_layer_blobs(repository: str) -> set[str]:
-    """Every layer blob that some tag of the repository references, read from the registry itself."""
+    """Every layer blob that some tag of the repository references, read from the registry itself:
+    the images' layers, and those of the BuildKit cache ``--push`` exports (an index of blobs)."""
     host, name = repository.split("/", 1)
     tags = _get(f"http://{host}/v2/{name}/tags/list").get("tags") or []
-    return {digest for tag in tags for digest in manifest_layers(f"{repository}:{tag}")}
+    blobs = {digest for tag in tags if not tag.startswith("buildcache-")
+             for digest in manifest_layers(f"{repository}:{tag}")}
+    for tag in (t for t in tags if t.startswith("buildcache-")):
+        request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}",
+                                         headers={"Accept": "application/vnd.oci.image.index.v1+json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            blobs |= {m["digest"] for m in json.loads(response.read())["manifests"]
+                      if "layer" in m["mediaType"]}
+    return blobs
 
 
 def manifest_layers(ref: str) -> list[str]:
