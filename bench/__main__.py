@@ -54,6 +54,7 @@ from builder.config.platforms import host_platform
 from builder.config.project import Project, ResolvedTarget, load_project
 from builder.images import build as builds
 from builder.images import lockfile, locks, render, wheelhouse
+from builder.images.base import base_tag, ensure_base
 from builder.images.publish import push_ref
 from builder.oci.engine import connect
 from devtools.support import (
@@ -62,7 +63,6 @@ from devtools.support import (
     copy_project,
     edit_matrix,
     registry_layers,
-    retarget_base_lock,
 )
 
 REPEATS = 3
@@ -116,19 +116,17 @@ class Made:
 
 
 def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made, repository: str = "ml-bench",
-                  **changes: Any) -> Project:
-    """Copy the project, point it at the private registry (and *changes* to matrix.yaml), re-pin the base there."""
+                  lock_from: Path = REPO, **changes: Any) -> Project:
+    """Copy the project, point it at the private registry (and *changes* to matrix.yaml), and pin the
+    base there: *lock_from*'s base, moved to it when local (or in its registry), else bootstrapped."""
     copy_project(root)
+    shutil.copy(lock_from / "base.lock.json", root / "base.lock.json")
     new_registry = f"{host}/{repository}"
     edit_matrix(root, registry=new_registry, **changes)
-    lock = base_pin(REPO)
-    tag = f"{new_registry}/base:bench"
-    client.api.tag(lock["reference"], f"{new_registry}/base", "bench")
-    made.borrowed.append(tag)
-    digest = push_ref(client, tag)  # same layers, same config: same digest, so the pin stays exact
-    retarget_base_lock(REPO, root, new_registry, digest)
-    made.borrowed.append(f"{new_registry}/base@{digest}")
-    return load_project(root / "matrix.yaml")
+    pinned = ensure_base(client, load_project(root / "matrix.yaml"), host_platform(), update=True, say=say)
+    project = load_project(root / "matrix.yaml")
+    made.refs += [base_tag(project, host_platform()), pinned.reference]  # the bench registry goes: so do they
+    return project
 
 
 def locked_wheels(project: Project, target: ResolvedTarget) -> list[lockfile.Pin]:
@@ -365,7 +363,8 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     target: the bytes a push uploads, read from the registry.
     """
     name, platform = "nvidia-cu130", host_platform()
-    gzip_ = setup_project(client, tmp / "gzip", host, made, repository="ml-bench-gzip", compression="gzip")
+    gzip_ = setup_project(client, tmp / "gzip", host, made, repository="ml-bench-gzip", lock_from=project.root,
+                          compression="gzip")
     lock_and_render(gzip_, [gzip_.target(name).on(platform)])
     zstd_root = project.root
     edit_matrix(zstd_root, compression="zstd")
