@@ -123,7 +123,8 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     shutil.copy(lock_from / "base.lock.json", root / "base.lock.json")
     new_registry = f"{host}/{repository}"
     edit_matrix(root, registry=new_registry, **changes)
-    pinned = ensure_base(client, load_project(root / "matrix.yaml"), host_platform(), update=True, say=say)
+    unpinned = load_project(root / "matrix.yaml", allow_unpinned=True)  # the lock names the old registry
+    pinned = ensure_base(client, unpinned, host_platform(), update=True, say=say)
     project = load_project(root / "matrix.yaml")
     made.refs += [base_tag(project, host_platform()), pinned.reference]  # the bench registry goes: so do they
     return project
