@@ -63,6 +63,7 @@ from devtools.support import (
     copy_project,
     edit_matrix,
     registry_layers,
+    retarget_base_lock,
 )
 
 REPEATS = 3
@@ -125,6 +126,8 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     edit_matrix(root, registry=new_registry, **changes)
     unpinned = load_project(root / "matrix.yaml", allow_unpinned=True)  # the lock names the old registry
     pinned = ensure_base(client, unpinned, host_platform(), update=True, say=say)
+    # The other platforms' pins keep their digests, named in this registry (the emulated row moves its own).
+    retarget_base_lock(root, root, new_registry, pinned.reference.split("@", 1)[1])
     project = load_project(root / "matrix.yaml")
     made.refs += [base_tag(project, host_platform()), pinned.reference]  # the bench registry goes: so do they
     return project
