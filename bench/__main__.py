@@ -462,7 +462,7 @@ def start_cost(project: Project, targets: list[ResolvedTarget], made: Made) -> d
     docker_cli = shutil.which("docker") or "docker"
     out: dict[str, Any] = {"checked_s": {}, "bare_s": {}, "added_s": {}, "samples_s": {}}
     for t in targets:
-        image = builder_build(project.root, t.name, smoke=True)[1]["image_id"]
+        image = builder_build(project.root, t.name, "--platform", host_platform(), smoke=True)[1]["image_id"]
         made.ids.append(image)
         argv = {"checked": [docker_cli, "run", "--rm", image, "true"],
                 "bare": [docker_cli, "run", "--rm", "--entrypoint", "/usr/bin/tini", image, "--", "true"]}
