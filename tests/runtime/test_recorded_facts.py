@@ -16,7 +16,7 @@ from ml_runtime.contract.checks import run_checks
 from ml_runtime.contract.fields import load_yaml_mapping
 from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, parse_spec
 from ml_runtime.devices import facts as facts_module
-from ml_runtime.devices import isolated
+from ml_runtime.devices import host
 from ml_runtime.devices.facts import gather_torch_facts
 from ml_runtime.devices.host import gather_host_facts
 from ml_runtime.devices.isolated import record_torch_facts, recorded_torch_facts
@@ -35,7 +35,7 @@ SPECS = [
 @pytest.fixture(autouse=True)
 def no_accelerator_nodes(monkeypatch, tmp_path):
     # Whatever this host has, the tests decide which device nodes exist.
-    monkeypatch.setattr(isolated, "_ACCELERATOR_NODES", (str(tmp_path / "dev" / "nvidia[0-9]*"),))
+    monkeypatch.setattr(host, "ACCELERATOR_NODES", (str(tmp_path / "dev" / "nvidia[0-9]*"),))
     return tmp_path / "dev"
 
 

@@ -127,6 +127,16 @@ class TorchFacts:
         return cls(**values)
 
 
+def ccl_bindings_installed() -> bool:
+    """Whether oneCCL's bindings (the "ccl" backend of Intel GPUs before torch 2.8) are installed.
+
+    Example:
+        >>> isinstance(ccl_bindings_installed(), bool)
+        True
+    """
+    return importlib.util.find_spec(CCL_BINDINGS) is not None
+
+
 def gather_torch_facts(measure_bandwidth: bool = False) -> TorchFacts:
     """Collect :class:`TorchFacts` from the real torch; never raises.
 
@@ -256,7 +266,7 @@ def _gather_distributed(facts: TorchFacts) -> None:
         check = getattr(dist, f"is_{name}_available", None)
         if check is not None:
             facts.distributed_backends[name] = bool(_safe(facts, f"is_{name}_available", check, False))
-    facts.distributed_backends["ccl"] = importlib.util.find_spec(CCL_BINDINGS) is not None
+    facts.distributed_backends["ccl"] = ccl_bindings_installed()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 from dataclasses import dataclass, field
@@ -29,6 +30,21 @@ from ml_runtime.devices.tools import Runner, parse_csv_table, pick, run_tool
 
 _PROC_NVIDIA = re.compile(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+(?:\.\d+)+)")
 _VERSION_TOKEN = re.compile(r"\d+(?:\.\d+)+")
+
+
+# Device nodes through which torch could see an accelerator: NVIDIA, AMD (KFD), Intel and other
+# DRM render nodes, and WSL's GPU paravirtualisation. With none of them, torch sees no device.
+ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dri/renderD*", "/dev/dxg")
+
+
+def accelerator_nodes() -> list[str]:
+    """The accelerator device nodes present here (:data:`ACCELERATOR_NODES`), sorted.
+
+    Example:
+        >>> all(p.startswith("/dev/") for p in accelerator_nodes())
+        True
+    """
+    return sorted(p for pattern in ACCELERATOR_NODES for p in glob.glob(pattern))
 
 
 @dataclass
@@ -57,7 +73,7 @@ def gather_host_facts(vendor: str, facts: TorchFacts | None = None, runner: Runn
         True
     """
     host = HostFacts(cpu_model=cpu_model(), cpu_cores=usable_cores(), cpu_logical=os.cpu_count())
-    host.device_nodes = [p for p in ("/dev/nvidiactl", "/dev/kfd", "/dev/dri") if os.path.exists(p)]
+    host.device_nodes = accelerator_nodes()
     if vendor == "nvidia":
         _first_driver(
             host,

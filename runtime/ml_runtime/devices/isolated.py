@@ -13,9 +13,7 @@ Example:
 
 from __future__ import annotations
 
-import glob
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,7 +21,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ml_runtime.devices.facts import CCL_BINDINGS, FACTS_MARKER, TorchFacts, gather_torch_facts
+from ml_runtime.devices.facts import FACTS_MARKER, TorchFacts, ccl_bindings_installed, gather_torch_facts
+from ml_runtime.devices.host import accelerator_nodes
 
 #: How long the isolated probe may take (a wedged GPU driver must not stall every container
 #: start); ``RUNTIME_PROBE_TIMEOUT`` (seconds) overrides it.
@@ -40,9 +39,6 @@ RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "torch-facts.json"
 
 #: ``RUNTIME_PROBE=torch`` ignores the record: torch is imported as on a host with a device.
 PROBE_ENV = "RUNTIME_PROBE"
-# Device nodes through which torch could see an accelerator: NVIDIA, AMD (KFD), Intel and other
-# DRM render nodes, and WSL's GPU paravirtualisation. With none of them, torch sees no device.
-_ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dri/renderD*", "/dev/dxg")
 
 
 def probe_timeout() -> float:
@@ -110,7 +106,7 @@ def recorded_torch_facts(
         True
     """
     env = os.environ if environ is None else environ
-    if env.get(PROBE_ENV) == "torch" or any(glob.glob(p) for p in _ACCELERATOR_NODES):
+    if env.get(PROBE_ENV) == "torch" or accelerator_nodes():
         return None
     try:
         document = json.loads((RECORD_FILE if path is None else path).read_text(encoding="utf-8"))
@@ -120,7 +116,7 @@ def recorded_torch_facts(
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no record (a host install, a foreign build), or a damaged one: ask torch
     if facts.distributed_available:
-        facts.distributed_backends["ccl"] = importlib.util.find_spec(CCL_BINDINGS) is not None
+        facts.distributed_backends["ccl"] = ccl_bindings_installed()
     return facts
 
 
