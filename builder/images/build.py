@@ -184,10 +184,12 @@ def process(
     cancel: threading.Event,
     nocache: bool = False,
     content_tag: str | None = None,
+    registry_cache: bool = False,
 ) -> Outcome:
     """Build, smoke-test and tag (the content tag only once tested), then push one target.
 
-    Never raises for the target's own failures.
+    With *registry_cache* (``--push`` where :func:`registry_cache_supported`) the build's cache
+    goes to the registry too. Never raises for the target's own failures.
     """
     out = Outcome(target.name, target.platform,
                   content_tag=content_tag or content.content_tags(project, [target])[target.unit])
@@ -195,7 +197,7 @@ def process(
     ui.start(target.unit)
     try:
         _build(client, project, target, out, ui, smoke=smoke, cancel=cancel, nocache=nocache,
-               registry_cache=push and registry_cache_supported(client))
+               registry_cache=registry_cache)
         if push:
             ui.step(target.unit, out.steps, out.steps, "push")
             _publish(client, project, target, out, out.image_id or "")
@@ -468,6 +470,7 @@ def _reuse_or_build(
         project = dataclasses.replace(project, base_refs={**project.base_refs, **pins})
         tags = content.content_tags(project, targets, rendered)  # BASE is a build argument: in the tag
         ui.say(f"re-pinned the base {pins} in base.lock.json; commit it")
+    registry_cache = push and registry_cache_supported(client)  # one engine request, not one per target
     cancel, halt = threading.Event(), threading.Event()
     futures: list[Future[Outcome | None]] = []
 
@@ -476,6 +479,7 @@ def _reuse_or_build(
             return None  # not started: interrupted, or a target failed without --keep-going
         try:
             outcome = process(client, project, t, ui, push=push, smoke=smoke, cancel=cancel, nocache=rebuild,
+                              registry_cache=registry_cache,
                               content_tag=tags[t.unit])
         except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
             outcome = Outcome(t.name, t.platform, content_tag=tags[t.unit], error=faults.describe(exc).line)
