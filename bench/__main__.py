@@ -436,10 +436,11 @@ def pull_parts(ref: str, compression: str, folder: Path) -> dict[str, float]:
     folder.mkdir(parents=True)
     repository = ref.rsplit(":", 1)[0]
     host, name = repository.split("/", 1)
-    blobs = [folder / digest.replace(":", "-") for digest, _ in registry_layers(ref)]
+    digests = [digest for digest, _ in registry_layers(ref)]
+    blobs = [folder / digest.replace(":", "-") for digest in digests]
 
     def download() -> None:
-        for (digest, _), path in zip(registry_layers(ref), blobs, strict=True):
+        for digest, path in zip(digests, blobs, strict=True):
             with urllib.request.urlopen(f"http://{host}/v2/{name}/blobs/{digest}", timeout=600) as response, \
                     path.open("wb") as handle:
                 shutil.copyfileobj(response, handle, 1 << 20)

@@ -183,9 +183,7 @@ def test_help_and_spec_parsing_do_not_import_torch(cli_env):
         "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass\n"
         "print('torch' in sys.modules)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60, check=False
-    )
+    result = python_prints(code, cli_env)
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -199,10 +197,14 @@ def test_mode_off_imports_no_probe_selection_or_checks(cli_env):
         "heavy = ('ml_runtime.devices.probe', 'ml_runtime.policy', 'ml_runtime.contract.checks', 'ml_runtime.report.items')\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60, check=False
-    )
+    result = python_prints(code, cli_env)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def python_prints(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """*code* in a new interpreter (so sys.modules shows only what it imported)."""
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
 
 
 class Execed(Exception):
@@ -280,7 +282,5 @@ def test_the_checker_never_imports_torch_itself(cli_env):
         "code, env = run_contract(ns, io.StringIO())\n"
         "print(code, 'torch' in sys.modules)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=120, check=False
-    )
+    result = python_prints(code, cli_env)
     assert result.stdout.strip() == "0 False", result.stderr
