@@ -411,7 +411,7 @@ def run_checks(
     """All checks, in order; never raises for a host or config problem.
 
     Example:
-        >>> [c.status for c in run_checks("matrix.yaml")][:1]
+        >>> [c.status for c in run_checks("matrix.yaml")][:1]  # doctest: +SKIP
         ['ok']
     """
     dirs = tuple(str(d) for d in cdi_dirs)
