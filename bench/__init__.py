@@ -54,9 +54,12 @@ def registry(folder: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def second_engine(folder: Path) -> Iterator[str]:
-    """An empty second dockerd for the block (a fresh runner); yields its DOCKER_HOST (devtools/dockerd.py)."""
+    """An empty second dockerd for the block (a fresh runner or node); yields its DOCKER_HOST (devtools/dockerd.py).
+
+    It has the containerd image store: what a new install of the current engine has (Engine 29's default).
+    """
     try:
-        with extra_dockerd(folder, "be") as host:
+        with extra_dockerd(folder, "be", store="containerd") as host:
             yield host
     except DockerdUnavailable as exc:
         raise SystemExit(f"bench: {exc}") from None

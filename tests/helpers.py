@@ -76,3 +76,78 @@ def assert_golden(path: Path, text: str) -> None:
         path.write_text(text)
         pytest.skip(f"golden file {path.name} updated; review the diff and rerun without UPDATE_GOLDEN")
     assert text == path.read_text()
+
+
+# --- cosign and oras, run as peers: what an admission controller or a user runs ---------------------
+
+#: What cosign needs against a plain-HTTP loopback registry, and without the public transparency log.
+COSIGN_OFFLINE = ["--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry"]
+
+
+def require_peers() -> None:
+    """cosign and oras must be installed: fail under CI, skip elsewhere."""
+    import shutil
+
+    from devtools.support import fail_or_skip
+
+    for tool in ("cosign", "oras"):
+        if shutil.which(tool) is None:
+            fail_or_skip(f"{tool} is not installed (apt-get install {tool}; scripts/setup-host.sh installs it)")
+
+
+def cosign(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["cosign", *args], capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def cosign_verify(ref: str, key: Path, kind: str) -> subprocess.CompletedProcess[str]:
+    """cosign's own check of *kind* (sig: cosign verify; sbom, att: verify-attestation --type)."""
+    if kind == "sig":
+        return cosign("verify", "--key", str(key), *COSIGN_OFFLINE, ref)
+    return cosign("verify-attestation", "--key", str(key), "--type", {"sbom": "cyclonedx", "att": "slsaprovenance1"}[kind],
+                  *COSIGN_OFFLINE, ref)
+
+
+def cosign_passes(ref: str, key: Path) -> list[bool]:
+    """[sig, sbom, att]: whether cosign accepts each for *ref*."""
+    return [cosign_verify(ref, key, kind).returncode == 0 for kind in ("sig", "sbom", "att")]
+
+
+def discover(ref: str) -> list[dict[str, Any]]:
+    """oras discover's referrers of *ref* (it reads the referrers API, else the referrers tag)."""
+    import json
+
+    run = subprocess.run(["oras", "discover", "--plain-http", "--format", "json", ref], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    found: list[dict[str, Any]] = json.loads(run.stdout).get("manifests") or []
+    return found
+
+
+def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: dict[str, str] | None = None) -> str:
+    """Load an image of one file (/arch.txt) whose config says *arch* (and has *labels*); return its ID.
+
+    Written as a docker-archive the way ``builder base`` writes the base: a stand-in for a foreign
+    platform's image where this host can't build one (no emulation in the test's budget).
+    """
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    from builder.images.base import Rootfs, write_archive
+
+    folder.mkdir()
+    layer = folder / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        data = f"{arch}\n".encode()
+        info = tarfile.TarInfo("arch.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+    config = json.dumps({"architecture": arch, "os": "linux", "config": {"Cmd": ["/arch.txt"], "Labels": labels or {}},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}, sort_keys=True).encode()
+    image_id = write_archive(Rootfs(layer, diff_id, {}), config, ref, folder / "image.tar")
+    with (folder / "image.tar").open("rb") as handle:
+        engine.api.load_image(handle)
+    return image_id

@@ -12,8 +12,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
-import shutil
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -23,7 +21,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from helpers import run_builder
+from helpers import cosign, cosign_passes, cosign_verify, discover, require_peers, run_builder
 
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
@@ -34,49 +32,18 @@ from devtools.support import (
     REPO,
     copy_project,
     edit_matrix,
-    fail_or_skip,
     retarget_base_lock,
     start_registry,
     stop,
 )
 
 DIGEST = "sha256:" + "ab" * 32
-#: What cosign needs against a plain-HTTP loopback registry, and without the public transparency log.
-COSIGN_OFFLINE = ["--insecure-ignore-tlog", "--allow-insecure-registry", "--allow-http-registry"]
 
 
 @pytest.fixture(scope="module")
 def tools() -> None:
     """cosign signs (the builder runs it) and, with oras, checks as a peer: required under CI."""
-    for tool in ("cosign", "oras"):
-        if shutil.which(tool) is None:
-            fail_or_skip(f"{tool} is not installed (apt-get install {tool}; scripts/setup-host.sh installs it)")
-
-
-def cosign(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["cosign", *args], capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, **(env or {})})
-
-
-def cosign_verify(ref: str, key: Path, kind: str) -> subprocess.CompletedProcess[str]:
-    """cosign's own check of *kind* (sig: cosign verify; sbom, att: verify-attestation --type)."""
-    if kind == "sig":
-        return cosign("verify", "--key", str(key), *COSIGN_OFFLINE, ref)
-    return cosign("verify-attestation", "--key", str(key), "--type", {"sbom": "cyclonedx", "att": "slsaprovenance1"}[kind],
-                  *COSIGN_OFFLINE, ref)
-
-
-def cosign_passes(ref: str, key: Path) -> list[bool]:
-    return [cosign_verify(ref, key, kind).returncode == 0 for kind in ("sig", "sbom", "att")]
-
-
-def discover(ref: str) -> list[dict[str, Any]]:
-    """oras discover's referrers of *ref* (it reads the referrers API, else the referrers tag)."""
-    run = subprocess.run(["oras", "discover", "--plain-http", "--format", "json", ref], capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert run.returncode == 0, run.stderr
-    found: list[dict[str, Any]] = json.loads(run.stdout).get("manifests") or []
-    return found
+    require_peers()
 
 
 # --- keys ------------------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ test of a real target is in ``test_heavy.py``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import shutil
@@ -19,8 +18,8 @@ import tarfile
 
 import docker
 import pytest
+from helpers import load_one_file_image
 
-from builder.images.base import Rootfs, write_archive
 from builder.images.publish import push_ref
 from builder.oci import registry as oci
 
@@ -34,24 +33,6 @@ def _skopeo(*args: str) -> dict:
     proc = subprocess.run([skopeo, *args], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
-
-
-def _load_one_file_image(engine, folder, arch: str, ref: str) -> str:
-    """Load an image of one file (/arch.txt) whose config says *arch*; return its ID."""
-    folder.mkdir()
-    layer = folder / "layer.tar"
-    with tarfile.open(layer, "w") as tar:
-        data = f"{arch}\n".encode()
-        info = tarfile.TarInfo("arch.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
-    config = json.dumps({"architecture": arch, "os": "linux", "config": {"Cmd": ["/arch.txt"]},
-                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}, sort_keys=True).encode()
-    image_id = write_archive(Rootfs(layer, diff_id, {}), config, ref, folder / "image.tar")
-    with (folder / "image.tar").open("rb") as handle:
-        engine.api.load_image(handle)
-    return image_id
 
 
 def _file_of(engine, ref: str, platform: str) -> str:
@@ -77,7 +58,7 @@ def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, regist
         for platform in PLATFORMS:
             arch = platform.split("/")[1]
             ref = f"{repo}:app-{arch}"
-            image_id = _load_one_file_image(engine, tmp_path / arch, arch, ref)
+            image_id = load_one_file_image(engine, tmp_path / arch, arch, ref)
             assert engine.api.inspect_image(ref)["Architecture"] == arch
             made += [ref, image_id]
             digests[platform] = push_ref(engine, ref)

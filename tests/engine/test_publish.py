@@ -7,10 +7,12 @@ import json
 
 import pytest
 import yaml
-from helpers import run_builder
+from helpers import cosign_passes, discover, load_one_file_image, require_peers, run_builder
 
+from builder.oci import registry as oci
 from builder.oci.registry import manifest_digest
-from devtools.support import copy_project, edit_matrix, retarget_base_lock
+from builder.supply.attach import ARTIFACT_TYPES, COSIGN_SIG_ARTIFACT
+from devtools.support import copy_project, edit_matrix, host_platform, retarget_base_lock
 
 pytestmark = [pytest.mark.engine, pytest.mark.classic]
 
@@ -103,6 +105,79 @@ def test_push_publishes_what_build_push_does(cpu_project, registry, engine, tmp_
         after = run_builder("matrix", "--changed", "--format", "json", cwd=root)
         assert after.returncode == 0, after.stderr
         assert "cpu" not in {row["target"] for row in json.loads(after.stdout)}, after.stdout
+    finally:
+        for ref in made:
+            engine.api.remove_image(ref, noprune=True)
+
+
+def test_push_of_a_multi_platform_target_publishes_each_platform_and_the_index(
+        cpu_project, registry, engine, tmp_path):
+    """`builder push` of nvidia-cu130 (amd64 and arm64), each platform's image built and tested earlier:
+    both content tags go to the registry, one index under each of its tags lists both, each image
+    and the index are signed (cosign and oras accept them as peers), and `builder matrix --changed`
+    lists the target no more: what `build --push` publishes (test_heavy.py builds it under qemu).
+
+    The two images are one-file stand-ins (this host builds no foreign platform within the suite's
+    time) tagged as `builder build` tags what passed its smoke test; the engine, the registry, the
+    push, the index and the signatures are real.
+    """
+    require_peers()
+    repo = f"{registry}/ml-runtime-push-mp"
+    root = tmp_path / "p"
+    _retarget(cpu_project, root, repo)
+    printed = json.loads(run_builder("print", "-t", "nvidia-cu130", cwd=root).stdout)["targets"][0]
+    content = printed["content_tags"]
+    assert sorted(content) == ["linux/amd64", "linux/arm64"]
+    key, pub = tmp_path / "cosign.key", tmp_path / "cosign.pub"
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    pub.write_bytes(private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
+    tags = printed["refs"]
+    assert tags[0] == f"{repo}:nvidia-cu130"
+    made, ids = [], {}
+    try:
+        for platform in content:
+            arch = platform.split("/")[1]
+            own = [f"{t}-{arch}" for t in tags] + (tags if platform == host_platform() else [])
+            ids[platform] = load_one_file_image(engine, tmp_path / arch, arch, content[platform],
+                                                {"org.opencontainers.image.revision": "test"})
+            made.append(content[platform])
+            for ref in own:  # what `builder build` tags after a passed smoke test
+                engine.api.tag(ids[platform], *ref.rsplit(":", 1))
+                made.append(ref)
+        before = run_builder("matrix", "--changed", "--format", "json", cwd=root)
+        assert [r["platform"] for r in json.loads(before.stdout) if r["target"] == "nvidia-cu130"] == list(content)
+
+        pushed = run_builder("push", "-t", "nvidia-cu130", "--sign-key", str(key), cwd=root, timeout=600)
+        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+        assert "the content tag is not pushed" not in pushed.stdout + pushed.stderr
+
+        digests = {p: oci.manifest_digest(content[p]) for p in content}
+        assert all(digests.values()), digests
+        records = json.loads((root / "dist/published.json").read_text())
+        index = records["nvidia-cu130"]
+        assert index["platforms"] == digests
+        for ref in tags:
+            assert oci.manifest_digest(ref) == index["digest"], ref
+        for platform, digest in digests.items():
+            view = records[f"nvidia-cu130 ({platform})"]
+            assert view["digest"] == digest and content[platform] in view["tags"]
+            assert set(view["attachments"]) == {"sig", "sbom", "att"}
+            assert cosign_passes(f"{repo}@{digest}", pub) == [True, True, True], platform
+            assert sorted(d["artifactType"] for d in discover(f"{repo}@{digest}")) == sorted(ARTIFACT_TYPES.values())
+        assert cosign_passes(f"{repo}:nvidia-cu130", pub)[0]  # the index by its tag: its signature
+        assert [d["artifactType"] for d in discover(f"{repo}:nvidia-cu130")] == [COSIGN_SIG_ARTIFACT]
+        verify = run_builder("verify", f"{repo}:nvidia-cu130", "--key", str(pub), cwd=root)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+
+        after = run_builder("matrix", "--changed", "--format", "json", cwd=root)
+        assert after.returncode == 0, after.stderr
+        assert "nvidia-cu130" not in {row["target"] for row in json.loads(after.stdout)}, after.stdout
     finally:
         for ref in made:
             engine.api.remove_image(ref, noprune=True)

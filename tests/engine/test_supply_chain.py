@@ -16,12 +16,12 @@ import docker
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from helpers import run_builder
+from helpers import cosign_passes, discover, require_peers, run_builder
 from packaging.utils import canonicalize_name
 
 from builder.config.project import load_project
 from builder.oci import artifacts, registry
-from builder.supply import sbom
+from builder.supply import attach, sbom
 from devtools.support import registry_of
 
 pytestmark = pytest.mark.engine
@@ -101,6 +101,16 @@ def test_signed_push_of_cpu_passes_verify(cpu_project, signing_key):
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert [line.split(":")[0] for line in verify.stdout.splitlines()] == ["PASS sig", "PASS sbom", "PASS att"]
     assert all(line.endswith(f"names {repo}@{digest}") for line in verify.stdout.splitlines())
+    assert_peers_accept(f"{repo}:cpu", digest, signing_key["public"])
+
+
+def assert_peers_accept(ref: str, digest: str, public: Path) -> None:
+    """What a cluster's admission controller and a user run on the real image, as peers: cosign verify,
+    cosign verify-attestation for the SBOM and the provenance, and oras discover (the referrers tag)."""
+    require_peers()
+    assert cosign_passes(ref, public) == [True, True, True], ref
+    repo = ref.rsplit(":", 1)[0]
+    assert sorted(d["artifactType"] for d in discover(f"{repo}@{digest}")) == sorted(attach.ARTIFACT_TYPES.values())
 
 
 def test_push_without_a_key_says_nothing_is_attached(cpu_project):
@@ -122,6 +132,7 @@ def test_nvidia_cu130_signed_push_passes_verify_and_its_sbom_is_the_image(cpu_pr
         verify = run_builder("verify", f"{repo}:nvidia-cu130", "--key", str(signing_key["public"]), cwd=cpu_project)
         assert verify.returncode == 0, verify.stdout + verify.stderr
         assert not [line for line in verify.stdout.splitlines() if not line.startswith("PASS ")]
+        assert_peers_accept(f"{repo}:nvidia-cu130", out["digest"], signing_key["public"])
         assert_sbom_is_the_image(cpu_project, engine, "nvidia-cu130", out["image_id"])
     finally:
         if out.get("image_id"):
