@@ -34,32 +34,34 @@ def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[s
 
 
 def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
-    """Stub what ``build_all`` does before building (base, locks, render; wheelhouse: *folder*).
+    """Stub what ``build_all`` does before building (base, locks, render, content; wheelhouse: *folder*).
 
-    Returns the least project ``build_all`` needs: its root (*folder*); the build context ``wheels``
-    is *folder*/wheels.
+    Returns the least project ``build_all`` needs: its root (*folder*). Each view's content tag is
+    ``127.0.0.1:1/fake:<unit>-0`` (no registry answers there: nothing is reused from one), and
+    its build context ``wheels`` an empty folder of *folder*.
     """
-    from builder.images import build
+    from builder.images import build, content, layers, render, wheelhouse
 
     monkeypatch.setattr(build, "ensure_base_present", lambda client, project, platform, *a, **k: "base@sha256:0")
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
-    monkeypatch.setattr(build, "reuse", lambda *a, **k: None)  # nothing built before: build everything
-    monkeypatch.setattr(build.content, "content_tags", lambda project, targets, *a: {t.unit: "" for t in targets})
-    monkeypatch.setattr(build.content, "build_args", lambda project, target: {})  # no locks: no layer arguments
-    monkeypatch.setattr(build.wheelhouse, "location", lambda: folder)
-    (folder / "wheels").mkdir(exist_ok=True)
-    monkeypatch.setattr(build, "wheels_context", lambda project, target: folder / "wheels")
-    monkeypatch.setattr(build.render, "render", lambda *a: {})
-    monkeypatch.setattr(build.render, "write", lambda *a: None)
+    monkeypatch.setattr(content, "content_tags",
+                        lambda project, targets, *a: {t.unit: f"127.0.0.1:1/fake:{t.unit}-0" for t in targets})
+    monkeypatch.setattr(content, "build_args", lambda project, target: {})  # no locks: no layer arguments
+    monkeypatch.setattr(layers, "context_layers", lambda project, target: {})  # nor wheels
+    monkeypatch.setattr(wheelhouse, "location", lambda: folder)
+    monkeypatch.setattr(render, "render", lambda *a: {})
+    monkeypatch.setattr(render, "write", lambda *a: None)
     return SimpleNamespace(root=folder, matrix=SimpleNamespace(),
                            base_refs={host_platform(): "base@sha256:0"}, base_for=lambda platform: "base@sha256:0")
 
 
 def fake_target(name: str, platform: str | None = None, **fields: Any) -> SimpleNamespace:
-    """The least target view ``build_all`` needs for a test Dockerfile: one platform (default: this host's)."""
+    """The least target view ``build_all`` needs for a test Dockerfile: one platform (default: this
+    host's), tagged ``primary_ref`` (default: ``127.0.0.1:1/fake:<name>``, where no registry answers)."""
     platform = platform or host_platform()
-    local = [fields["primary_ref"]] if "primary_ref" in fields else []
-    return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform], local_refs=local,
+    primary = fields.pop("primary_ref", f"127.0.0.1:1/fake:{name}")
+    return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform], local_refs=[primary],
+                           primary_ref=primary, refs=[primary], platform_refs=[], alias_refs=[], labels={},
                            arch=platform.split("/")[1], native=platform == host_platform(), compression="gzip",
                            **fields)
 

@@ -1,4 +1,5 @@
-"""build_all's scheduling and publish.record's locking, without an engine."""
+"""The build without an engine: the plan (pure), the reuse decision (pure), the executor's stages
+on a recording fake of :class:`builder.oci.engine.Engine`, and publish.record's locking."""
 
 from __future__ import annotations
 
@@ -7,13 +8,22 @@ import multiprocessing
 import threading
 import time
 from pathlib import Path
-from unittest import mock
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from helpers import bare_build_project, fake_target
 
+from builder.config.errors import TargetFailed
+from builder.config.project import load_project
 from builder.images import build, publish
+from builder.images import plan as plans
+from builder.images.execute import Executor
 from builder.images.outcome import Outcome
+from builder.oci import registry
+from builder.oci.buildkit import BuildRequest, BuildResult
+from devtools.support import REPO
 
 
 @pytest.fixture
@@ -54,67 +64,304 @@ def test_record_keeps_every_process_s_record(tmp_path, slow_writes):
     assert sorted(json.loads((tmp_path / "dist/published.json").read_text())) == sorted(names)
 
 
-def _build_all(monkeypatch, tmp_path: Path, *, jobs: int, keep_going: bool,
-               raises: BaseException | None = None) -> tuple[list[str], list[Outcome]]:
-    """build_all over six fake targets: t0 fails after 0.1 s (or raises *raises*), the others take 0.3 s each."""
-    started: list[str] = []
+# -- the plan and the decision: pure ----------------------------------------------------------------
 
-    def process(client, project, target, ui, **kwargs) -> Outcome:
-        started.append(target.name)
-        time.sleep(0.1 if target.name == "t0" else 0.3)
-        if raises is not None and target.name == "t0":
-            raise raises
-        return Outcome(target.name, error="boom" if target.name == "t0" else None)
 
-    monkeypatch.setattr(build, "process", process)
-    monkeypatch.setattr(build, "docker_build", lambda *a, **k: ("sha256:common", 0, 0))
-    project = bare_build_project(monkeypatch, tmp_path)
-    targets = [fake_target(f"t{i}", dockerfile=f"images/t{i}/Dockerfile") for i in range(6)]
-    outcomes = build.build_all(mock.MagicMock(), project, targets, mock.MagicMock(), jobs=jobs,
-                               keep_going=keep_going)
-    return started, outcomes
+@pytest.fixture(scope="module")
+def project():
+    return load_project(REPO / "matrix.yaml")
+
+
+LABELS = {plans.REVISION: "abc", plans.CREATED: "2025-01-02T03:04:05+00:00"}
+
+
+def test_the_plan_of_a_view_has_its_refs_build_arguments_and_stages(project):
+    cpu = project.target("cpu")
+    (view,) = plans.make_plan(project, [cpu], plans.Options(push=True, sign=True), labels=LABELS).views
+    assert view.stages == ("build", "smoke", "tag", "push", "attest", "record")
+    assert view.content_tag.startswith("localhost:5000/ml-runtime:cpu-")
+    assert view.local_refs == tuple(cpu.local_refs) and view.push_refs[-1] == "localhost:5000/ml-runtime:latest-cpu"
+    assert view.cache_sources == (plans.cache_ref(cpu), cpu.local_refs[0])
+    args = view.request.build_args
+    assert args["BASE"] == project.base_for(cpu.platform) and args["SOURCE_DATE_EPOCH"] == "1735787045"
+    assert view.request.labels == LABELS and view.request.cache_to == ("type=inline",)
+    assert view.request.contexts == {"wheels": str(plans.wheels_folder(view.wheels))}  # staged by the build
+    cached = plans.make_plan(project, [cpu], plans.Options(push=True, registry_cache=True), labels=LABELS).views[0]
+    assert cached.request.cache_to[1] == plans.registry_cache_sink(cpu)
+
+
+def test_the_plan_is_what_print_shows(project):
+    from builder.cli.images import print_cmd
+
+    out = CliRunner().invoke(print_cmd, ["--matrix", str(REPO / "matrix.yaml"), "-t", "nvidia-cu130"])
+    assert out.exit_code == 0, out.output
+    (target,) = json.loads(out.output)["targets"]
+    assert set(target["plan"]) == set(target["content_tags"]) == set(target["layers"])  # the old keys stay
+    arm = target["plan"]["linux/arm64"]
+    assert arm["content_tag"] == target["content_tags"]["linux/arm64"]
+    # its platform tags: the target's own tags become the index
+    assert arm["push_refs"][0] == "localhost:5000/ml-runtime:nvidia-cu130-arm64"
+    assert all(ref.endswith("-arm64") for ref in arm["push_refs"])
+    assert arm["stages"] == ["build", "smoke", "tag"] and "WHEELS_TORCH" in arm["build_args"]
+
+
+def test_a_multi_platform_target_gets_an_index_plan_with_push_only(project):
+    views = project.target("nvidia-cu130").views()
+    (index,) = plans.make_plan(project, views, plans.Options(push=True), labels=LABELS).indexes
+    assert index.refs[0] == "localhost:5000/ml-runtime:nvidia-cu130" and index.stages == ("index", "record")
+    assert plans.make_plan(project, views, plans.Options(), labels=LABELS).indexes == ()
+
+
+def _plan(name: str = "t0", options: plans.Options | None = None, **fields: Any) -> plans.ViewPlan:
+    """A hand-made plan of a fake view (no project behind it)."""
+    view = fake_target(name, dockerfile=f"images/{name}/Dockerfile", **fields)
+    return plans.ViewPlan(view=view, content_tag=f"127.0.0.1:1/fake:{name}-0", local_refs=tuple(view.local_refs),
+                          push_refs=tuple(view.refs), cache_sources=(), registry_host="127.0.0.1:1", wheels={},
+                          request=BuildRequest(dockerfile=view.dockerfile, context=".", platform=view.platform),
+                          stages=plans.build_stages(options or plans.Options()))
+
+
+@pytest.mark.parametrize(("presence", "options", "result", "stages"), [
+    (None, plans.Options(), "built", ("build", "smoke", "tag")),
+    (plans.Presence(), plans.Options(push=True), "built", ("build", "smoke", "tag", "push", "record")),
+    (plans.Presence(local_id="sha256:a"), plans.Options(), "reused-local", ("tag",)),
+    (plans.Presence(local_id="sha256:a"), plans.Options(push=True, sign=True), "reused-local",
+     ("tag", "push", "attest", "record")),
+    (plans.Presence(registry_digest="sha256:d"), plans.Options(), "reused-registry", ()),
+    (plans.Presence(registry_digest="sha256:d"), plans.Options(push=True), "reused-registry", ("copy-tags", "record")),
+    (plans.Presence(registry_digest="sha256:d"), plans.Options(pull=True, push=True), "reused-registry",
+     ("pull", "tag", "push", "record")),
+    (plans.Presence(error="registry refused"), plans.Options(), None, ()),
+])
+def test_the_reuse_decision(presence, options, result, stages):
+    decision = plans.decide(_plan(options=options), presence, options)
+    assert (decision.result, decision.stages) == (result, stages)
+    assert decision.smoke == ("passed earlier" if result and result.startswith("reused") else "skipped")
+    assert decision.error == (presence.error if presence else None)
+
+
+def test_the_push_decision_pushes_the_content_tag_only_when_tested():
+    options = plans.Options(push=True)
+    assert plans.decide_push(_plan(), "sha256:a", True, options).smoke == "passed earlier"
+    assert plans.decide_push(_plan(), "sha256:a", False, options).smoke == "skipped"
+    assert plans.decide_push(_plan(), None, False, options).error == \
+        "no local image 127.0.0.1:1/fake:t0; build it first"
+
+
+# -- the executor, on a recording engine ------------------------------------------------------------
+
+
+class FakeEngine:
+    """Records the calls the executor makes; a build of t<i> takes *seconds*[name] (default 0) and
+    fails with TargetFailed("boom") for the names in *fails*, or raises *raises* for t0."""
+
+    def __init__(self, *, seconds: dict[str, float] | None = None, fails: tuple[str, ...] = (),
+                 raises: BaseException | None = None, images: dict[str, dict[str, Any]] | None = None) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.seconds, self.fails, self.raises = seconds or {}, fails, raises
+        self.images = dict(images or {})
+        self.pushed: list[str] = []
+        self.client = None
+        self._lock = threading.Lock()
+
+    def _call(self, *call: str) -> None:
+        with self._lock:
+            self.calls.append(call)
+
+    def image(self, ref: str) -> dict[str, Any] | None:
+        self._call("image", ref)
+        return self.images.get(ref)
+
+    def build(self, request: BuildRequest, **kw: Any) -> tuple[str, BuildResult]:
+        name = request.stage or request.dockerfile.split("/")[1]
+        self._call("build", name)
+        time.sleep(self.seconds.get(name, 0.0))
+        if self.raises is not None and name == "t0":
+            raise self.raises
+        if name in self.fails:
+            raise TargetFailed("boom")
+        return f"sha256:{name}", BuildResult((f"sha256:{name}",), 5, 2)
+
+    def tag(self, image: str, ref: str) -> None:
+        self._call("tag", ref)
+        self.images[ref] = {"Id": image, "RepoTags": [ref]}
+
+    def size(self, image: str) -> int:
+        return 1000
+
+    def labels(self, image: str) -> dict[str, str]:
+        return {plans.REVISION: "abc"}
+
+    def push(self, ref: str) -> str:
+        self._call("push", ref)
+        self.pushed.append(ref)
+        return "sha256:d"
+
+    def repo_digests(self, ref: str) -> list[str]:
+        return [f"{registry.Ref.parse(r).name}@sha256:d" for r in self.pushed]
+
+    def pull(self, ref: str, creds: Any) -> None:
+        self._call("pull", ref)
+
+    def store(self) -> str:
+        return "containerd"
+
+    def containers(self, label: str) -> list[str]:
+        self._call("containers", label)
+        return []
+
+    def remove_container(self, container: str) -> None:
+        self._call("remove", container)
+
+
+class Silent:
+    def start(self, target: str) -> None: ...
+    def step(self, target: str, n: int, total: int, text: str) -> None: ...
+    def log(self, target: str, line: str) -> None: ...
+    def done(self, target: str, outcome: Outcome) -> None: ...
+    def say(self, text: str) -> None: ...
+
+
+def _smoke(status: str = "passed"):
+    def smoke(engine, project, view, image_id, log):
+        engine._call("smoke", image_id)
+        return SimpleNamespace(status=status, skipped=[], summary=lambda: f"1 check {status}")
+    return smoke
+
+
+class Attest:
+    """An attester that records what dist/published.json held when it ran."""
+
+    def __init__(self, root: Path, fail: bool = False) -> None:
+        self.root, self.fail, self.seen = root, fail, []
+
+    def image(self, view, digest, content_tag):
+        path = root_published(self.root)
+        self.seen.append(json.loads(path.read_text()) if path.exists() else {})
+        if self.fail:
+            raise TargetFailed("attaching the SBOM, provenance and signature failed: no cosign")
+        return {"sig": "sha256:s"}
+
+    def index(self, target, digest):
+        return {"sig": "sha256:i"}
+
+
+def root_published(root: Path) -> Path:
+    return root / "dist" / "published.json"
+
+
+def _executor(engine, tmp_path, options, **kw) -> Executor:
+    return Executor(engine, SimpleNamespace(root=tmp_path), Silent(), options=options, smoke=kw.pop("smoke", _smoke()),
+                    revision="abc", **kw)
+
+
+def test_a_build_runs_its_stages_in_order_and_records_once(tmp_path):
+    options = plans.Options(push=True, sign=True)
+    engine, attest, plan = FakeEngine(), Attest(tmp_path), _plan(options=options)
+    out = _executor(engine, tmp_path, options, attest=attest).run_view(plan, plans.decide(plan, None, options))
+    assert out.error is None and out.result == "built" and out.smoke == "passed" and out.digest == "sha256:d"
+    assert [c for c in engine.calls if c[0] != "image"] == [
+        ("build", "t0"), ("smoke", "sha256:t0"), ("tag", plan.content_tag), ("tag", "127.0.0.1:1/fake:t0"),
+        ("push", plan.content_tag), ("push", "127.0.0.1:1/fake:t0")]
+    assert attest.seen == [{}], "attest runs before the record is written: one write, with the attachments"
+    record = json.loads(root_published(tmp_path).read_text())["t0"]
+    assert record["attachments"] == {"sig": "sha256:s"} and record["content_tag"] == plan.content_tag
+    assert record["tags"] == [plan.content_tag, "127.0.0.1:1/fake:t0"] and record["current_revision"] == "abc"
+
+
+def test_a_failed_smoke_test_moves_no_tag(tmp_path):
+    engine, plan = FakeEngine(), _plan()
+    out = _executor(engine, tmp_path, plans.Options(), smoke=_smoke("failed")).run_view(
+        plan, plans.decide(plan, None, plans.Options()))
+    assert out.error == "smoke test failed: 1 check failed" and not [c for c in engine.calls if c[0] == "tag"]
+
+
+def test_without_smoke_the_content_tag_is_neither_tagged_nor_pushed(tmp_path):
+    options = plans.Options(push=True, smoke=False)
+    engine, plan = FakeEngine(), _plan(options=options)
+    out = _executor(engine, tmp_path, options).run_view(plan, plans.decide(plan, None, options))
+    assert out.smoke == "skipped" and plan.content_tag not in [c[1] for c in engine.calls if c[0] in ("tag", "push")]
+
+
+def test_a_failed_attest_keeps_the_record_of_what_was_pushed(tmp_path):
+    options = plans.Options(push=True, sign=True)
+    engine, plan = FakeEngine(), _plan(options=options)
+    out = _executor(engine, tmp_path, options, attest=Attest(tmp_path, fail=True)).run_view(
+        plan, plans.decide(plan, None, options))
+    assert out.error == "attaching the SBOM, provenance and signature failed: no cosign"
+    record = json.loads(root_published(tmp_path).read_text())["t0"]
+    assert record["digest"] == "sha256:d" and "attachments" not in record
+
+
+def test_a_local_reuse_moves_only_the_missing_tags(tmp_path):
+    options = plans.Options()
+    engine, plan = FakeEngine(), _plan()
+    presence = plans.Presence(local_id="sha256:old", local_tags=("127.0.0.1:1/fake:t0",))
+    out = _executor(engine, tmp_path, options).run_view(plan, plans.decide(plan, presence, options))
+    assert (out.result, out.image_id, out.smoke, out.tags) == ("reused-local", "sha256:old", "passed earlier", ["t0"])
+    assert not [c for c in engine.calls if c[0] in ("build", "smoke", "tag", "push")]
+    assert not root_published(tmp_path).exists()
+
+
+def _run_all(tmp_path, *, jobs: int, keep_going: bool, raises: BaseException | None = None):
+    """Six views: t0 fails after 0.1 s (or raises *raises*), the others take 0.3 s each."""
+    engine = FakeEngine(seconds={"t0": 0.1, **{f"t{i}": 0.3 for i in range(1, 6)}}, fails=("t0",), raises=raises)
+    work = [(p, plans.decide(p, None, plans.Options(smoke=False))) for p in
+            (_plan(f"t{i}", plans.Options(smoke=False)) for i in range(6))]
+    outcomes = _executor(engine, tmp_path, plans.Options(smoke=False)).run(
+        work, keep_going=keep_going, jobs=jobs, shared=work[0][0])
+    return [c[1] for c in engine.calls if c[0] == "build"], outcomes
 
 
 @pytest.mark.parametrize("jobs", [1, 3])
-def test_without_keep_going_no_target_starts_after_a_failure(monkeypatch, tmp_path, jobs):
-    started, outcomes = _build_all(monkeypatch, tmp_path, jobs=jobs, keep_going=False)
-    # t0 fails first; with -j 3, t1 and t2 had started beside it and finish; nothing else starts.
+def test_without_keep_going_no_target_starts_after_a_failure(tmp_path, jobs):
+    started, outcomes = _run_all(tmp_path, jobs=jobs, keep_going=False)
+    # -j 3: the shared stage once first; t0 fails first, t1 and t2 had started beside it and finish.
     running = [f"t{i}" for i in range(jobs)]
-    assert sorted(started) == running
+    assert started[: 1 if jobs > 1 else 0] == (["common"] if jobs > 1 else [])
+    assert sorted(b for b in started if b != "common") == running
     assert [o.target for o in outcomes] == running and outcomes[0].error == "boom"
 
 
 @pytest.mark.parametrize("jobs", [1, 3])
-def test_keep_going_runs_every_target(monkeypatch, tmp_path, jobs):
-    started, outcomes = _build_all(monkeypatch, tmp_path, jobs=jobs, keep_going=True)
-    assert sorted(started) == [f"t{i}" for i in range(6)]
+def test_keep_going_runs_every_target(tmp_path, jobs):
+    started, outcomes = _run_all(tmp_path, jobs=jobs, keep_going=True)
+    assert sorted(b for b in started if b != "common") == [f"t{i}" for i in range(6)]
     assert [o.target for o in outcomes] == [f"t{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("jobs", [1, 3])
+def test_an_exception_in_one_build_is_its_outcome_and_the_others_finish(tmp_path, jobs):
+    """The engine's transport error in one build (-j N: re-raised from f.result()) is one line in its outcome."""
+    import requests.exceptions
+
+    _started, outcomes = _run_all(tmp_path, jobs=jobs, keep_going=True,
+                                  raises=requests.exceptions.ReadTimeout("read timed out"))
+    assert [o.target for o in outcomes] == [f"t{i}" for i in range(6)]
+    assert "Docker engine at" in (outcomes[0].error or "") and "ReadTimeout" in (outcomes[0].error or "")
+    assert outcomes[1].error is None
+
+
+def test_ctrl_c_cancels_and_removes_this_run_s_smoke_containers(tmp_path):
+    engine = FakeEngine(raises=KeyboardInterrupt())
+    executor = _executor(engine, tmp_path, plans.Options())
+    with pytest.raises(KeyboardInterrupt):
+        executor.run([(p, plans.decide(p, None, plans.Options())) for p in (_plan("t0"), _plan("t1"))],
+                     keep_going=True)
+    assert executor.cancel.is_set()
+    assert engine.calls[-1][0] == "containers" and ("build", "t1") not in engine.calls
 
 
 @pytest.mark.parametrize("keep_going", [False, True])
 def test_a_foreign_platform_without_emulation_fails_with_the_fix(monkeypatch, tmp_path, keep_going):
     """The emulation check runs before any wheel is fetched; the native targets build only with -k."""
-    built: list[str] = []
-    monkeypatch.setattr(build, "process", lambda client, project, target, ui, **kw: built.append(target.unit)
-                        or Outcome(target.name, target.platform))
     project = bare_build_project(monkeypatch, tmp_path)
     monkeypatch.setattr(build.platforms, "emulation_problem",  # stands in for a host without qemu's handler
                         lambda platform: None if platform == "linux/native" else f"{platform} needs emulation: FIX")
     native = fake_target("native", dockerfile="images/native/Dockerfile", platform="linux/native")
     foreign = fake_target("foreign", dockerfile="images/foreign/Dockerfile", platform="linux/other")
-    outcomes = build.build_all(mock.MagicMock(), project, [foreign, native], mock.MagicMock(), keep_going=keep_going)
+    engine = FakeEngine()
+    outcomes = build.build_all(engine, project, [foreign, native], Silent(), keep_going=keep_going, smoke=False)
     failed = next(o for o in outcomes if o.target == "foreign")
     assert failed.error == "linux/other needs emulation: FIX" and failed.platform == "linux/other"
-    assert built == (["native"] if keep_going else [])
-
-
-@pytest.mark.parametrize("jobs", [1, 3])
-def test_an_exception_in_one_build_is_its_outcome_and_the_others_finish(monkeypatch, tmp_path, jobs):
-    """The engine's transport error in one build (-j N: re-raised from f.result()) is one line in its outcome."""
-    import requests.exceptions
-
-    _started, outcomes = _build_all(monkeypatch, tmp_path, jobs=jobs, keep_going=True,
-                                    raises=requests.exceptions.ReadTimeout("read timed out"))
-    assert [o.target for o in outcomes] == [f"t{i}" for i in range(6)]
-    assert "Docker engine at" in (outcomes[0].error or "") and "ReadTimeout" in (outcomes[0].error or "")
-    assert all(o.error is None for o in outcomes[1:])
+    assert [c[1] for c in engine.calls if c[0] == "build"] == (["native"] if keep_going else [])

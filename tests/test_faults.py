@@ -128,7 +128,7 @@ def test_a_token_endpoint_that_refuses_is_one_line_naming_the_registry(status, f
 @pytest.mark.parametrize("status", [401, 500])
 def test_a_refused_cache_source_is_its_cause_not_never_published(status):
     from builder.config.errors import TargetFailed
-    from builder.images import build
+    from builder.images import execute
 
     handler = type("H", (_Registry,), {"token_status": status})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -136,18 +136,18 @@ def test_a_refused_cache_source_is_its_cause_not_never_published(status):
     host = f"127.0.0.1:{server.server_address[1]}"
     try:
         with pytest.raises(TargetFailed, match=rf"cache source {host}/ml-runtime:cpu failed.*HTTP {status}"):
-            build.registry_cache_source(f"{host}/ml-runtime:cpu")
+            execute.registry_cache_source(f"{host}/ml-runtime:cpu")
     finally:
         server.shutdown()
         server.server_close()
 
 
 def test_a_cache_source_never_published_builds_cold(tmp_path):
-    from builder.images import build
+    from builder.images import execute
     from devtools.support import start_registry, stop
 
     host, proc = start_registry(tmp_path / "registry")
     try:
-        assert build.registry_cache_source(f"{host}/ml-runtime:cpu") == []
+        assert execute.registry_cache_source(f"{host}/ml-runtime:cpu") == []
     finally:
         stop(proc)

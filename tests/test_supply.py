@@ -512,20 +512,21 @@ def test_signing_again_does_not_pile_up(published, keys):
     assert cosign_passes(image, keys["public"]) == [True, True, True]
 
 
-def test_build_attaches_to_each_pushed_outcome_and_fails_the_target_it_cannot(published):
-    """What ``builder build --push --sign-key`` does after the build: every outcome with a pushed
-    digest gets its attachments; one the registry lacks fails that target, in one line."""
-    from builder.cli.images import _attest
-    from builder.images.outcome import Outcome
+def test_the_attest_stage_attaches_to_a_pushed_image_and_fails_in_one_line_where_it_cannot(published):
+    """The ``attest`` stage ``builder build --push --sign-key`` and ``builder push`` run after a view's
+    push: the pushed digest gets its attachments; one the registry lacks fails, in one line (the
+    executor makes it that view's error: tests/test_build_unit.py)."""
+    from builder.config.errors import TargetFailed
 
     project, name, signer = published["project"], published["name"], published["signer"]
     digest = push_tiny_image(name, "cpu-built", "a freshly built image")
     cpu = project.target("cpu")
-    good = Outcome("cpu", cpu.platform, digest=digest, content_tag=f"{name}:cpu-0123456789ab")
-    _attest(project, [cpu], [good], signer)
-    assert good.error is None
+    said: list[str] = []
+    stage = attach.Attach(project, signer, said.append)
+    done = stage.image(cpu, digest, f"{name}:cpu-0123456789ab")
+    assert set(done) == {"sig", "sbom", "att"} and said == [f"cpu: signed and attached sig, sbom, att to {name}@{digest}"]
     assert attach.already_attested(f"{name}@{digest}", signer)
-    gone = Outcome("cpu", cpu.platform, digest="sha256:" + "0" * 64)
-    _attest(project, [cpu], [gone], signer)
-    assert gone.error == (f"attaching the SBOM, provenance and signature failed: registry {name.split('/')[0]} "
-                          f"has no {name}@sha256:{'0' * 64} to attach a sig to")
+    with pytest.raises(TargetFailed) as failed:
+        stage.image(cpu, "sha256:" + "0" * 64, None)
+    assert str(failed.value) == (f"attaching the SBOM, provenance and signature failed: registry {name.split('/')[0]} "
+                                 f"has no {name}@sha256:{'0' * 64} to attach a sig to")

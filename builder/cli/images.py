@@ -62,21 +62,24 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     Each target's content_tags give, per platform, the tag its image gets once built and
     smoke-tested: a digest of everything that goes into it (see builder/images/content.py); its
     layers, per platform, the layer plan: each layer's locked wheels, in install order (an empty
-    list until the platform is locked; see builder/images/layers.py).
+    list until the platform is locked; see builder/images/layers.py); its plan, per platform, the
+    build's plan (builder/images/plan.py): references, build arguments, contexts, cache, and the
+    stages a plain build runs.
     """
     from builder.images import layers
-    from builder.images.content import content_tags
+    from builder.images.plan import make_plan
 
     data = project.resolved()
     if targets:
         names = {t.name for t in project.select(targets)}
         data["targets"] = [t for t in data["targets"] if t["name"] in names]
     views = {t["name"]: project.target(t["name"]).views() for t in data["targets"]}
-    tags = content_tags(project, [v for vs in views.values() for v in vs])
+    planned = {p.unit: p for p in make_plan(project, [v for vs in views.values() for v in vs]).views}
     for t in data["targets"]:
-        t["content_tags"] = {v.platform: tags[v.unit] for v in views[t["name"]]}
+        t["content_tags"] = {v.platform: planned[v.unit].content_tag for v in views[t["name"]]}
         t["layers"] = {v.platform: [{"name": layer.name, "wheels": [f"{p.name}=={p.version}" for p in layer.pins]}
                                     for layer in layers.plan(project, v)] for v in views[t["name"]]}
+        t["plan"] = {v.platform: planned[v.unit].as_dict() for v in views[t["name"]]}
     click.echo(json.dumps(data, indent=2))
 
 
@@ -281,11 +284,10 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
         started = ensure_local(project.matrix.registry.split("/", 1)[0])
         if started:
             click.echo(started, err=True)
+    attest = _attester(project, signer, lambda line: click.echo(line, err=True)) if push else None
     with Progress(verbose=not quiet) as ui:
-        outcomes = build_all(client, project, views, ui, push=push, smoke=not no_smoke,
-                             keep_going=keep_going, jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base)
-    if push and signer is not None:
-        _attest(project, views, outcomes, signer)
+        outcomes = build_all(client, project, views, ui, push=push, smoke=not no_smoke, keep_going=keep_going,
+                             jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base, attest=attest)
     _report(outcomes, as_json)
 
 
@@ -308,19 +310,14 @@ def _signer(sign_key: str | None, push: bool) -> Any:
     return load_signer(sign_key)
 
 
-def _attest(project: Project, views: list[Any], outcomes: list[Any], signer: Any) -> None:
-    """Attach the signature, SBOM and provenance to every image this build pushed; a failure fails its target."""
-    from builder.supply.attach import attest_published
+def _attester(project: Project, signer: Any, say: Any) -> Any:
+    """The executor's ``attest`` stage (:class:`builder.supply.attach.Attach`) for *signer*, or None:
+    the supply chain is a layer above the image build, so it is handed in from here."""
+    if signer is None:
+        return None
+    from builder.supply.attach import Attach
 
-    by_unit = {(v.name, v.platform): v for v in views}
-    pushed = [(by_unit[(o.target, o.platform)], o.digest, o.content_tag) for o in outcomes
-              if o.digest and not o.error and (o.target, o.platform) in by_unit]
-    failed = attest_published(project, pushed, signer, lambda line: click.echo(line, err=True))
-    for o in outcomes:
-        unit = by_unit[(o.target, o.platform)].unit if (o.target, o.platform) in by_unit else o.target
-        error = failed.get(unit) or failed.get(o.target)
-        if error and not o.error:
-            o.error = error
+    return Attach(project, signer, say)
 
 
 @click.command("smoke")
@@ -360,56 +357,55 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     """Push already-built targets (versioned tags first, then latest-<vendor>); a target with
     several platforms pushes each platform's image, then one index under each of its tags.
     With a signing key, each pushed image gets its signature, SBOM and provenance attached."""
-    import docker.errors
-
-    from builder.config.errors import TargetFailed
-    from builder.images import build, publish
-    from builder.images.content import content_tags
-    from builder.oci import faults
-    from builder.oci.engine import connect
+    from builder.config.files import published_path
+    from builder.images import execute
+    from builder.images import plan as plans
+    from builder.images.build import build_labels
+    from builder.oci.engine import Engine, connect
 
     signer = _signer(sign_key, True)
-    client = connect()
-    failed, indexed = False, []
-    pushed: list[tuple[Any, str, str | None]] = []
-    views = project.views(targets, platforms)
-    tags = content_tags(project, views)
-    for view in views:
-        ref = view.local_refs[0]
-        try:
-            out = build.publish_built(client, project, view, tags[view.unit])
-            pushed.append((view, out.digest or "", tags[view.unit]))
-            tested = "" if out.smoke != "skipped" else " (no smoke-tested content tag here: the content tag is not pushed)"
-            click.echo(f"{view.unit}: pushed {ref.rsplit(':', 1)[0]}@{out.digest}{tested}")
-            if len(view.platforms) > 1 and view.name not in indexed:
-                indexed.append(view.name)
-        except TargetFailed as exc:
-            click.echo(f"{view.unit}: {exc}", err=True)
-            failed = True
-        except docker.errors.ImageNotFound:
-            click.echo(f"{view.unit}: no local image {ref}; build it first", err=True)
-            failed = True
-        except faults.KNOWN as exc:  # the engine or the registry failed: name it
-            click.echo(f"{view.unit}: {faults.describe(exc).line}", err=True)
-            failed = True
-    if pushed:
-        from builder.config.files import published_path
-
+    engine = Engine(connect())
+    attest = _attester(project, signer, click.echo)
+    options = plans.Options(push=True, sign=attest is not None)
+    labels = build_labels(project.root)
+    planned = plans.make_plan(project, project.views(targets, platforms), options, labels=labels)
+    executor = execute.Executor(engine, project, _PushReport(planned.views), options=options, attest=attest,
+                                revision=labels[plans.REVISION])
+    outcomes = executor.run(execute.push_decisions(engine, planned.views, options), keep_going=True)
+    if any(o.digest for o in outcomes):
         click.echo(f"published manifest: {published_path(project.root)}")
-    for name in indexed:
-        try:
-            click.echo(publish.push_index(project, project.target(name), build.build_labels(project.root)[
-                "org.opencontainers.image.revision"]))
-        except TargetFailed as exc:
-            click.echo(f"{name}: {exc}", err=True)
-            failed = True
-    if signer is not None and pushed:
-        from builder.supply.attach import attest_published
-
-        for unit, error in attest_published(project, pushed, signer, click.echo).items():
-            click.echo(f"{unit}: {error}", err=True)
+    failed = any(o.error for o in outcomes)
+    for index in executor.indexes(planned.indexes, outcomes):
+        if index.error is not None:
+            click.echo(f"{index.name}: {index.error}", err=True)
             failed = True
     sys.exit(1 if failed else 0)
+
+
+class _PushReport:
+    """``builder push``'s report, a line per view as it is done (the executor's UI)."""
+
+    def __init__(self, views: Any) -> None:
+        self.refs = {v.unit: v.local_refs[0] for v in views}
+
+    def start(self, target: str) -> None:
+        pass
+
+    def step(self, target: str, n: int, total: int, text: str) -> None:
+        pass
+
+    def log(self, target: str, line: str) -> None:
+        pass
+
+    def say(self, text: str) -> None:
+        click.echo(text)
+
+    def done(self, target: str, outcome: Any) -> None:
+        if outcome.error:
+            click.echo(f"{target}: {outcome.error}", err=True)
+            return
+        tested = "" if outcome.smoke != "skipped" else " (no smoke-tested content tag here: the content tag is not pushed)"
+        click.echo(f"{target}: pushed {self.refs[target].rsplit(':', 1)[0]}@{outcome.digest}{tested}")
 
 
 @click.command("bake")

@@ -6,8 +6,11 @@
   ``wheelhouse.py`` (where wheels live, which were verified, and the per-layer folders a build
   mounts as its named context ``wheels``).
 - ``base.py``: the reproducible, pinned base (mmdebstrap).
-- ``build.py`` (build -> smoke -> tag -> push per target; the build itself runs through
-  BuildKit, :mod:`builder.oci.buildkit`), ``outcome.py`` (its result),
+- ``plan.py`` (per target view: content tag, references, build request and the ordered
+  stages; the pure reuse decision), ``execute.py`` (the executor: build -> smoke -> tag ->
+  push -> attest -> record per view, on :class:`builder.oci.engine.Engine`; the build itself
+  runs through BuildKit, :mod:`builder.oci.buildkit`), ``build.py`` (``builder build``: plan,
+  look up, decide, fetch, base, execute), ``outcome.py`` (a view's result),
   ``progress.py`` (the progress view), ``smoke.py`` (checks in the built image),
   ``publish.py`` (push, digests, ``dist/published.json``), ``bake.py`` (``docker-bake.json``).
 

@@ -1,7 +1,7 @@
 """The matrix as a ``docker-bake.json``, for users who build with ``docker buildx bake``.
 
 One bake target per matrix target and platform: the build ``builder build`` runs
-(:func:`builder.images.build.build_request`: Dockerfile, context ".", the platform's base pin and
+(its plan's request, :mod:`builder.images.plan`: Dockerfile, context ".", the platform's base pin and
 each layer's wheels as build arguments, the wheels as the named context ``wheels``), every tag,
 the static labels, registry cache in (the published image) and inline cache out; and the
 matrix's groups. ``builder bake`` stages the wheels' folders, so that plain
@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from builder.config.project import Project, ResolvedTarget
+
+if TYPE_CHECKING:
+    from builder.images.plan import ViewPlan
 
 #: buildx rejects other characters in target and group names.
 BAKE_NAME = re.compile(r"[a-zA-Z0-9_-]+")
@@ -40,13 +44,13 @@ def bake_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)
 
 
-def bake_target(project: Project, target: ResolvedTarget) -> dict[str, Any]:
-    """One bake target for a target view: the build ``builder build`` runs, in bake's vocabulary."""
-    from builder.images import layers, wheelhouse
-    from builder.images.build import build_request
+def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | None = None) -> dict[str, Any]:
+    """One bake target for a target view: the build ``builder build`` runs (its plan's request,
+    :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the published image."""
+    from builder.images.plan import make_plan
 
-    folder = wheelhouse.context_folder(layers.context_layers(project, target))
-    request = build_request(project, target, cache_from=[target.primary_ref], contexts={"wheels": str(folder)})
+    view = planned or make_plan(project, [target]).views[0]
+    request = replace(view.request, cache_from=(f"type=registry,ref={target.primary_ref}",))
     return {
         "context": request.context,
         "dockerfile": request.dockerfile,
@@ -74,7 +78,11 @@ def bake_definition(project: Project, targets: list[ResolvedTarget]) -> dict[str
         members = [b for m in project.matrix.group(name) if m in names for b in names[m]]
         if members or name in ("default", "all"):
             groups[bake_name(name)] = {"targets": members}
-    return {"group": groups, "target": {view_name(v): bake_target(project, v) for vs in views.values() for v in vs}}
+    from builder.images.plan import make_plan
+
+    planned = {p.unit: p for p in make_plan(project, [v for vs in views.values() for v in vs]).views}
+    return {"group": groups, "target": {view_name(v): bake_target(project, v, planned[v.unit])
+                                        for vs in views.values() for v in vs}}
 
 
 def view_name(target: ResolvedTarget) -> str:

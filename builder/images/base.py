@@ -203,33 +203,50 @@ def ensure_base(
             client.api.pull(matrix.base.image, platform=platform,
                             auth_config=credentials(matrix.base.image.split("/", 1)[0]))
         return PinnedBase(reference=matrix.base.image, image_id=client.api.inspect_image(matrix.base.image)["Id"])
-    host = matrix.registry.split("/", 1)[0]
-    started = ensure_local(host)
+    started = ensure_local(matrix.registry.split("/", 1)[0])
     if started:
         say(started)
     lock = read_lock(project.root)
     if lock is not None and lock.spec_sha256 != spec_hash(matrix):
         lock = None  # made from another spec: every platform's pin is stale
     pinned = lock.platforms.get(platform) if lock is not None else None
-    if pinned is not None and not pinned.reference.startswith(f"{project.base_repository}@"):
+    if lock is not None and pinned is not None:
+        found = _locked(client, project, platform, lock, pinned, say)
+        if found is not None:
+            return found
+    return _bootstrap(client, project, platform, lock, pinned, update=update, say=say)
+
+
+def _locked(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock, pinned: PinnedBase,
+            say: Callable[[str], object]) -> PinnedBase | None:
+    """The locked base without a bootstrap: moved to the matrix's new registry, local (pushed where
+    the registry lacks it) or pulled; None when it can be had from nowhere (then it is bootstrapped)."""
+    host = project.matrix.registry.split("/", 1)[0]
+    if not pinned.reference.startswith(f"{project.base_repository}@"):
         moved = _move_to_registry(client, project, platform, pinned, say)
         if moved is not None:
-            write_lock(project.root, (lock or BaseLock(spec_sha256=spec_hash(matrix))).with_platform(platform, moved))
+            write_lock(project.root, lock.with_platform(platform, moved))
             return moved
-    if pinned is not None and _local_has(client, pinned):
+    if _local_has(client, pinned):
         _push_if_missing(client, project, platform, pinned, say)
         return pinned
-    if pinned is not None:
-        try:
-            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
-            say(f"pulled the locked base {pinned.reference} ({platform})")
-            return pinned
-        except docker.errors.DockerException as exc:
-            if not registry_answers(host):
-                raise UserError(f"registry {host} is unreachable, so the locked {platform} base {pinned.reference} "
-                                "can't be pulled; start it or fix 'registry' in matrix.yaml") from None
-            say(f"the locked {platform} base is neither local nor in the registry "
-                f"({str(exc).splitlines()[0][:120]}): bootstrapping it")
+    try:
+        client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
+        say(f"pulled the locked base {pinned.reference} ({platform})")
+        return pinned
+    except docker.errors.DockerException as exc:
+        if not registry_answers(host):
+            raise UserError(f"registry {host} is unreachable, so the locked {platform} base {pinned.reference} "
+                            "can't be pulled; start it or fix 'registry' in matrix.yaml") from None
+        say(f"the locked {platform} base is neither local nor in the registry "
+            f"({str(exc).splitlines()[0][:120]}): bootstrapping it")
+    return None
+
+
+def _bootstrap(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock | None,
+               pinned: PinnedBase | None, *, update: bool, say: Callable[[str], object]) -> PinnedBase:
+    """Bootstrap *platform*'s base, push it and pin it; a fresh bootstrap that differs from *pinned*
+    (the Debian mirror moved) is re-pinned with *update* only."""
     with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
         image_id, rootfs = make_image(client, project, Path(tmp), platform)
     if pinned is not None and image_id != pinned.image_id:
@@ -246,7 +263,7 @@ def ensure_base(
         raise UserError(f"pushing the {platform} base: {exc}") from None
     new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages)
     if new != pinned:
-        current = lock or BaseLock(spec_sha256=spec_hash(matrix))
+        current = lock or BaseLock(spec_sha256=spec_hash(project.matrix))
         write_lock(project.root, current.with_platform(platform, new))
         say(f"pinned the {platform} base in base.lock.json: {new.reference}")
     return new

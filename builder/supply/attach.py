@@ -129,40 +129,68 @@ def already_attested(image: str, key: SigningKey, creds: dict[str, str] | None =
     return {kind: found[kind] for kind in IMAGE_KINDS} if all(k in found for k in IMAGE_KINDS) else {}
 
 
+class Attach:
+    """The ``attest`` stage of :class:`builder.images.execute.Executor` (its ``Attester``): made by the
+    cli from a signing key, so that the image build never imports the supply chain (a layer above it).
+
+    Each call says what it did through *say*; a failure raises TargetFailed, its message the view's error.
+    """
+
+    def __init__(self, project: Project, signer: SigningKey, say: Callable[[str], object]) -> None:
+        self.project, self.signer, self.say = project, signer, say
+
+    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]:
+        """Attach to the pushed image of a target view: what it carries already, else sign and attest it."""
+        image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
+        creds = registry.credentials(registry.Ref.parse(image).host)
+        try:
+            done = already_attested(image, self.signer, creds)
+            if done:
+                self.say(f"{target.unit}: {image} already carries {', '.join(done)} signed by this key")
+            else:
+                done = attest(self.project, target, image, content_tag, self.signer, creds)
+                self.say(f"{target.unit}: signed and attached {', '.join(done)} to {image}")
+        except (UserError, TargetFailed) as exc:
+            raise TargetFailed(f"attaching the SBOM, provenance and signature failed: {exc}") from None
+        return done
+
+    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]:
+        """Sign the index *digest* of a multi-platform target."""
+        image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
+        try:
+            done = sign_index(image, self.signer, registry.credentials(registry.Ref.parse(image).host))
+        except (UserError, TargetFailed) as exc:
+            raise TargetFailed(f"signing the index failed: {exc}") from None
+        self.say(f"{target.name}: signed the index {image}")
+        return done
+
+
 def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, str, str | None]], signer: SigningKey,
                      say: Callable[[str], object]) -> dict[str, str]:
     """Attach to every pushed ``(target view, manifest digest, content tag)``, and sign the index of each
     multi-platform target among them; return {unit: error} for those that failed.
 
-    Each record in dist/published.json gets ``attachments``: {kind: referrer digest}.
+    Each record in dist/published.json gets ``attachments``: {kind: referrer digest}. (``builder
+    build --push`` and ``builder push`` run :class:`Attach` as a stage instead, and record once.)
     """
     from builder.images.publish import amend
 
+    attach = Attach(project, signer, say)
     failed: dict[str, str] = {}
     for target, digest, content_tag in pushed:
-        image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
-        creds = registry.credentials(registry.Ref.parse(image).host)
         try:
-            done = already_attested(image, signer, creds)
-            if done:
-                say(f"{target.unit}: {image} already carries {', '.join(done)} signed by this key")
-            else:
-                done = attest(project, target, image, content_tag, signer, creds)
-                say(f"{target.unit}: signed and attached {', '.join(done)} to {image}")
-        except (UserError, TargetFailed) as exc:
-            failed[target.unit] = f"attaching the SBOM, provenance and signature failed: {exc}"
-            continue
-        amend(project.root, target.unit, {"attachments": done})
+            amend(project.root, target.unit, {"attachments": attach.image(target, digest, content_tag)})
+        except TargetFailed as exc:
+            failed[target.unit] = str(exc)
     for name in dict.fromkeys(t.name for t, _, _ in pushed if len(t.platforms) > 1):
         ref = project.target(name).primary_ref
-        creds = registry.credentials(registry.Ref.parse(ref).host)
         try:
-            index = registry.manifest_digest(ref, creds)
+            index = registry.manifest_digest(ref, registry.credentials(registry.Ref.parse(ref).host))
             if index is None:
                 continue
-            image = f"{registry.Ref.parse(ref).name}@{index}"
-            amend(project.root, name, {"attachments": sign_index(image, signer, creds)})
-            say(f"{name}: signed the index {image}")
-        except (UserError, TargetFailed) as exc:
+            amend(project.root, name, {"attachments": attach.index(project.target(name), index)})
+        except TargetFailed as exc:
+            failed[name] = str(exc)
+        except UserError as exc:
             failed[name] = f"signing the index failed: {exc}"
     return failed

@@ -1,0 +1,411 @@
+"""The executor: runs each planned view's stages, in order, on an :class:`~builder.oci.engine.Engine`.
+
+A view's stages (:mod:`builder.images.plan`) are ``build`` -> ``smoke`` -> ``tag`` -> ``push``
+-> ``attest`` -> ``record``, or the part of them its :class:`~builder.images.plan.Decision`
+leaves. A tag only ever points at an image that finished building and passed its smoke test (the
+content tag only once tested); an interrupted build leaves the previous tags where they were.
+``record`` writes the view's ``dist/published.json`` entry once, attachments included; when a
+later stage fails after the push, what was pushed is still recorded. Then each multi-platform
+target gets its index (``index`` -> ``attest`` -> ``record``).
+
+``builder build`` (:func:`builder.images.build.build_all`) and ``builder push`` run the very same
+stages, so both publish the same things: the content tag when smoke-tested, the platform tags,
+the index, the attachments.
+
+The engine is a parameter (a fake of :class:`~builder.oci.engine.Engine` in the unit tests).
+So are the two stages whose code lives elsewhere: the smoke test (:mod:`builder.images.smoke`,
+imported when one runs, so that a no-op build stays fast) and ``attest``, an
+:class:`Attester` that the cli layer makes from :mod:`builder.supply.attach`: the supply chain
+is a layer above the images (``cli > supply > images``, pyproject.toml's import contracts), so
+images never import it; the cli injects it, and without a signing key there is none and the
+stage does nothing.
+
+Example:
+    >>> executor = Executor(Engine(connect()), project, ui, options=Options())  # doctest: +SKIP
+    >>> executor.run([(view, decide(view, None, Options()))], keep_going=False)  # doctest: +SKIP
+    [Outcome(target='cpu', ..., result='built', ...)]
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from builder.config.errors import TargetFailed, UserError
+from builder.config.project import Project, ResolvedTarget
+from builder.images import plan as plans
+from builder.images import publish
+from builder.images.outcome import Outcome
+from builder.oci import faults, registry
+from builder.oci.engine import Engine
+
+#: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
+CLEANUP_S = 30.0
+
+
+class UI(Protocol):
+    """What the executor tells: :class:`builder.images.progress.Progress` is one."""
+
+    def start(self, target: str) -> None: ...
+    def step(self, target: str, n: int, total: int, text: str) -> None: ...
+    def log(self, target: str, line: str) -> None: ...
+    def done(self, target: str, outcome: Outcome) -> None: ...
+    def say(self, text: str) -> None: ...
+
+
+class Attester(Protocol):
+    """The ``attest`` stage: sign and attach to a pushed image, or sign an index; return
+    {kind: referrer digest}. A failure raises TargetFailed (its message is the view's error)."""
+
+    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]: ...
+    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]: ...
+
+
+#: The smoke test: (engine, project, view, image ID, log) -> a result with ``status``, ``skipped``, ``summary()``.
+SmokeTest = Callable[[Engine, Project, ResolvedTarget, str, Callable[[str], None]], Any]
+
+
+def smoke_test(engine: Engine, project: Project, view: ResolvedTarget, image_id: str,
+               log: Callable[[str], None]) -> Any:
+    """The smoke test of :mod:`builder.images.smoke` (imported here: only a real build needs it)."""
+    from builder.images.smoke import smoke_test as run
+
+    return run(engine.client, project, view, image_id, log=log)
+
+
+@dataclass(frozen=True)
+class IndexResult:
+    """What became of one target's index: *written* under its tags or not, and why not (*error*)."""
+
+    name: str
+    written: bool
+    error: str | None = None
+
+
+@dataclass
+class _Run:
+    """One view while its stages run."""
+
+    plan: plans.ViewPlan
+    decision: plans.Decision
+    out: Outcome
+    present: tuple[str, ...] = ()
+    record: dict[str, Any] | None = None
+    recorded: bool = False
+
+
+def presence(engine: Engine, views: Sequence[plans.ViewPlan]) -> dict[str, plans.Presence]:
+    """The lookups :func:`~builder.images.plan.decide` needs, per view (unit): its content tag in the
+    engine, else in the registry (one manifest request; none when no registry answers: the local
+    default, not started). A lookup that fails is that view's error, not the run's."""
+    found: dict[str, plans.Presence] = {}
+    up: dict[str, bool] = {}
+    for view in views:
+        try:
+            found[view.unit] = _presence(engine, view.content_tag, up)
+        except (UserError, TargetFailed) as exc:  # e.g. the registry refused the lookup
+            found[view.unit] = plans.Presence(error=str(exc))
+        except faults.KNOWN as exc:
+            found[view.unit] = plans.Presence(error=faults.describe(exc).line)
+    return found
+
+
+def _presence(engine: Engine, ref: str, up: dict[str, bool]) -> plans.Presence:
+    image = engine.image(ref)
+    if image is not None:
+        return plans.Presence(local_id=image["Id"], local_tags=tuple(image.get("RepoTags") or ()))
+    host = registry.Ref.parse(ref).host
+    if host not in up:
+        up[host] = registry.ping(host, timeout=2.0)  # once per registry and run
+    if not up[host]:
+        return plans.Presence()
+    return plans.Presence(registry_digest=registry.manifest_digest(ref, registry.credentials(host)))
+
+
+def push_decisions(engine: Engine, views: Sequence[plans.ViewPlan],
+                   options: plans.Options) -> list[tuple[plans.ViewPlan, plans.Decision]]:
+    """For ``builder push``: each view with its :func:`~builder.images.plan.decide_push`, from the
+    engine's ID of its image and whether its content tag is on that very image (its smoke test
+    passed on this content). A lookup that fails is that view's error."""
+    work = []
+    for view in views:
+        try:
+            image = engine.image(view.local_refs[0])
+            tested = engine.image(view.content_tag) if image is not None else None
+            decision = plans.decide_push(view, image["Id"] if image else None,
+                                         tested is not None and image is not None and tested["Id"] == image["Id"],
+                                         options)
+        except faults.KNOWN as exc:  # the engine failed: name it
+            decision = plans.Decision(None, (), error=faults.describe(exc).line)
+        work.append((view, decision))
+    return work
+
+
+def registry_cache_source(ref: str) -> list[str]:
+    """[*ref*] when the registry has it, [] when it was never published or no registry answers (a cold build).
+
+    Asked before the build, so that a refusal (auth, a rate limit, a registry down) names its cause
+    instead of passing for "never published": BuildKit itself only warns and builds cold.
+    """
+    host = registry.Ref.parse(ref).host
+    if not registry.ping(host, timeout=2.0):
+        return []  # no registry answers (the local default, not started): nothing to read
+    try:
+        published = registry.manifest_digest(ref, registry.credentials(host)) is not None
+    except faults.KNOWN as exc:
+        raise TargetFailed(f"reading the cache source {ref} failed, not for want of it: "
+                           f"{faults.describe(exc).line}") from None
+    return [ref] if published else []
+
+
+def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, timeout: float = CLEANUP_S) -> None:
+    """After an interrupt: force-remove the smoke containers this process started (by their label).
+
+    BuildKit's own step containers are not the engine's: a cancelled build leaves none.
+    """
+    from builder.images.smoke import SMOKE_LABEL
+
+    deadline = time.monotonic() + timeout
+    label = f"{SMOKE_LABEL}={os.getpid()}"
+    while True:
+        left = engine.containers(label)
+        for cid in left:
+            engine.remove_container(cid)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            say(f"{len(left)} smoke containers are still there after {timeout:.0f} s; "
+                f"remove them with: docker rm -f {' '.join(c[:12] for c in left)}")
+            return
+        time.sleep(0.2)
+
+
+def _stage_wheels(plan: plans.ViewPlan) -> Path:
+    """The folder of the view's named context ``wheels``, staged (hard links into the wheelhouse)."""
+    from builder.images import wheelhouse
+
+    return wheelhouse.build_context({layer: list(pins) for layer, pins in plan.wheels.items()})
+
+
+class Executor:
+    """Runs planned views' stages on *engine*, telling *ui*; see the module's docstring.
+
+    *revision* is the commit this run builds from (each record's ``current_revision``).
+    """
+
+    def __init__(self, engine: Engine, project: Project, ui: UI, *, options: plans.Options,
+                 attest: Attester | None = None, smoke: SmokeTest = smoke_test, revision: str = "unknown",
+                 cancel: threading.Event | None = None) -> None:
+        self.engine, self.project, self.ui, self.options = engine, project, ui, options
+        self.attest, self.smoke, self.revision = attest, smoke, revision
+        self.cancel = cancel or threading.Event()
+        self._stages: dict[str, Callable[[_Run], None]] = {
+            plans.BUILD: self._build, plans.SMOKE: self._smoke, plans.PULL: self._pull, plans.TAG: self._tag,
+            plans.PUSH: self._push, plans.COPY_TAGS: self._copy_tags, plans.ATTEST: self._attest,
+            plans.RECORD: self._record,
+        }
+
+    # -- one view ---------------------------------------------------------------------------------
+
+    def run_view(self, plan: plans.ViewPlan, decision: plans.Decision) -> Outcome:
+        """Run the stages *decision* leaves for *plan*; never raises for the view's own failures."""
+        out = Outcome(plan.name, plan.platform, content_tag=plan.content_tag, result=decision.result,
+                      image_id=decision.image_id, digest=decision.digest, smoke=decision.smoke,
+                      error=decision.error)
+        run = _Run(plan, decision, out, present=decision.present)
+        start = time.monotonic()
+        self.ui.start(plan.unit)
+        try:
+            for stage in decision.stages if decision.error is None else ():
+                self._stages[stage](run)
+        except (TargetFailed, UserError) as exc:
+            out.error = str(exc)
+        except faults.KNOWN as exc:
+            out.error = faults.describe(exc).line
+        finally:
+            if plans.RECORD in decision.stages and run.record is not None and not run.recorded:
+                self._record(run)  # what was pushed before a later stage failed
+        out.seconds = round(time.monotonic() - start, 2)
+        self.ui.done(plan.unit, out)
+        return out
+
+    def _build(self, run: _Run) -> None:
+        plan, out, unit = run.plan, run.out, run.plan.unit
+        request = replace(plan.request, contexts={"wheels": str(_stage_wheels(plan))},
+                          cache_from=() if plan.request.no_cache else tuple(
+                              f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
+        image_id, result = self.engine.build(
+            request, cancel=self.cancel, registry_host=plan.registry_host, cwd=self.project.root,
+            on_step=lambda n, total, text: self.ui.step(unit, n, total, text),
+            on_log=lambda line: self.ui.log(unit, line))
+        out.image_id, out.steps, out.cached_steps, out.cache_read = image_id, result.steps, result.cached, \
+            result.cache_read
+        out.result = "built"
+        if self.cancel.is_set():
+            raise TargetFailed("interrupted")
+        out.size_bytes = self.engine.size(image_id)
+
+    def _cache_sources(self, plan: plans.ViewPlan) -> list[str]:
+        """On a fresh runner, the first of the plan's cache sources the registry has (BuildKit reads
+        it itself, layer by layer as needed: nothing is pulled first); [] when the image is here
+        already (BuildKit's own cache covers it)."""
+        if self.engine.image(plan.local_refs[0]) is not None:
+            return []
+        for ref in plan.cache_sources:
+            if found := registry_cache_source(ref):
+                return found
+        return []
+
+    def _smoke(self, run: _Run) -> None:
+        out, unit = run.out, run.plan.unit
+        self.ui.step(unit, out.steps, out.steps, "smoke test")
+        result = self.smoke(self.engine, self.project, run.plan.view, out.image_id or "",
+                            lambda s: self.ui.log(unit, s))
+        out.smoke, out.notes = result.status, list(result.skipped)
+        if result.status == "failed":
+            raise TargetFailed(f"smoke test failed: {result.summary()}")
+
+    def _pull(self, run: _Run) -> None:
+        ref = run.plan.content_tag
+        self.engine.pull(ref, registry.credentials(registry.Ref.parse(ref).host))
+        image = self.engine.image(ref)
+        if image is None:
+            raise TargetFailed(f"pulled {ref}, yet the engine has no image of that name")
+        run.out.image_id, run.present = image["Id"], tuple(image.get("RepoTags") or ())
+
+    def _tag(self, run: _Run) -> None:
+        """The local tags; the content tag too after a passed smoke test (its presence is the proof)."""
+        out, image = run.out, run.out.image_id or ""
+        tested = [run.plan.content_tag] if plans.SMOKE in run.decision.stages else []
+        for ref in [*tested, *run.plan.local_refs]:
+            if ref not in run.present:
+                self.engine.tag(image, ref)
+        if out.size_bytes is None:
+            out.size_bytes = self.engine.size(image)
+        out.tags = [r.rsplit(":", 1)[1] for r in run.plan.local_refs]
+
+    def _push(self, run: _Run) -> None:
+        out, plan = run.out, run.plan
+        self.ui.step(plan.unit, out.steps, out.steps, "push")
+        tested = [plan.content_tag] if out.smoke != "skipped" and plan.content_tag else []
+        image = out.image_id or ""
+        pushed = publish.push_target(self.engine, plan.view, image, [*tested, *plan.push_refs])
+        out.digest = pushed["digest"]
+        revision = self.engine.labels(image).get(plans.REVISION)
+        run.record = {**pushed, "content_tag": plan.content_tag, "result": out.result, "revision": revision,
+                      "current_revision": self.revision}
+
+    def _copy_tags(self, run: _Run) -> None:
+        """Move the tags of an image the registry has in the registry itself: no pull needed."""
+        out, plan = run.out, run.plan
+        creds = registry.credentials(registry.Ref.parse(plan.content_tag).host)
+        for ref in plan.push_refs:
+            registry.copy_tag(plan.content_tag, ref.rsplit(":", 1)[1], creds)
+        run.record = {**publish.published(plan.view, None, out.digest or "", list(plan.push_refs)),
+                      "content_tag": plan.content_tag, "result": out.result, "revision": None,
+                      "current_revision": self.revision}
+        out.tags = [r.rsplit(":", 1)[1] for r in plan.push_refs]
+
+    def _attest(self, run: _Run) -> None:
+        if self.attest is None or run.record is None:
+            return
+        run.record["attachments"] = self.attest.image(run.plan.view, run.out.digest or "", run.plan.content_tag)
+
+    def _record(self, run: _Run) -> None:
+        if run.record is not None:
+            publish.record(self.project.root, [run.record])
+            run.recorded = True
+
+    # -- many views -------------------------------------------------------------------------------
+
+    def run(self, work: Sequence[tuple[plans.ViewPlan, plans.Decision]], *, keep_going: bool, jobs: int = 1,
+            shared: plans.ViewPlan | None = None) -> list[Outcome]:
+        """Run every view of *work*; without *keep_going* none starts after one failed. With *jobs* > 1,
+        *shared*'s shared stage is built once first, then the views side by side on a warm cache.
+
+        Ctrl-C cancels the running builds (each buildx gets SIGINT), waits for them, removes this
+        run's smoke containers and raises KeyboardInterrupt again.
+        """
+        halt = threading.Event()
+        futures: list[Future[Outcome | None]] = []
+
+        def one(plan: plans.ViewPlan, decision: plans.Decision) -> Outcome | None:
+            if self.cancel.is_set() or halt.is_set():
+                return None  # not started: interrupted, or a view failed without --keep-going
+            try:
+                outcome = self.run_view(plan, decision)
+            except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
+                outcome = Outcome(plan.name, plan.platform, content_tag=plan.content_tag,
+                                  error=faults.describe(exc).line)
+            if outcome.error and not keep_going:
+                halt.set()
+            return outcome
+
+        outcomes: list[Outcome] = []
+        try:
+            if jobs > 1 and len(work) > 1:
+                if shared is not None:
+                    self._shared_stage(shared)
+                pool = ThreadPoolExecutor(max_workers=jobs)
+                try:
+                    for plan, decision in work:  # one by one: an interrupt sees every future submitted so far
+                        futures.append(pool.submit(one, plan, decision))
+                    outcomes = [o for f in futures if (o := f.result()) is not None]
+                finally:
+                    pool.shutdown(wait=False, cancel_futures=True)  # an interrupt must not wait for builds
+            else:
+                for plan, decision in work:
+                    if (outcome := one(plan, decision)) is None:
+                        break
+                    outcomes.append(outcome)
+        except KeyboardInterrupt:
+            # Each running build's buildx gets SIGINT (BuildKit cancels it: no step container stays);
+            # wait for the workers, then remove the smoke containers this run started.
+            self.cancel.set()
+            deadline = time.monotonic() + CLEANUP_S
+            while any(not f.done() for f in futures) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            remove_smoke_containers(self.engine, say=self.ui.say)
+            raise
+        return outcomes
+
+    def _shared_stage(self, plan: plans.ViewPlan) -> None:
+        self.ui.say("building the shared stage once")
+        try:
+            request = replace(plans.shared_stage(plan), contexts={"wheels": str(_stage_wheels(plan))})
+            self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
+                              cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))
+        except TargetFailed as exc:
+            raise UserError(f"building the shared stage failed: {exc}") from None
+
+    # -- indexes ----------------------------------------------------------------------------------
+
+    def indexes(self, planned: Sequence[plans.IndexPlan], outcomes: Sequence[Outcome]) -> list[IndexResult]:
+        """Write the index of each multi-platform target with a platform published in this run,
+        attest it (with a key) and record it, once."""
+        results = []
+        for index in planned:
+            if any(o.target == index.name and not o.error for o in outcomes):
+                results.append(self._index(index))
+        return results
+
+    def _index(self, index: plans.IndexPlan) -> IndexResult:
+        try:
+            line, entry = publish.push_index(self.project, index.target, self.revision)
+        except TargetFailed as exc:  # its platform images are in; its own tags are not moved
+            return IndexResult(index.name, written=False, error=str(exc))
+        self.ui.say(line)
+        error = None
+        if plans.ATTEST in index.stages and self.attest is not None:
+            try:
+                entry["attachments"] = self.attest.index(index.target, entry["digest"])
+            except (TargetFailed, UserError) as exc:
+                error = str(exc)
+        publish.record(self.project.root, [entry])
+        return IndexResult(index.name, written=True, error=error)

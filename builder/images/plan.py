@@ -1,0 +1,354 @@
+"""The plan of a build: per target view, everything that is decided without the engine or a registry.
+
+:func:`make_plan` turns the selected target views and the run's :class:`Options` into one
+:class:`ViewPlan` each (platform, content tag, references, the build request: build arguments,
+named contexts, cache export, labels; and the ordered stages of its build) and one
+:class:`IndexPlan` per multi-platform target. ``builder print`` shows it, ``builder bake``
+writes its build requests, and :mod:`builder.images.execute` runs it.
+
+Whether a view is built at all needs two lookups (is its content tag local? does the registry
+have it?): :func:`builder.images.execute.presence` makes them and hands back their answers as
+data, one :class:`Presence` per view, and :func:`decide`, a pure function of the plan, that
+answer and the options, says what happens: built, reused-local (only the tags move),
+reused-registry (skipped, pulled, or its tags moved in the registry itself), with the stages
+that leaves. ``builder push`` decides with :func:`decide_push`.
+
+The stages, in the order they run: ``build`` -> ``smoke`` -> ``tag`` -> ``push`` -> ``attest``
+-> ``record`` (``pull`` before ``tag`` for a pulled image, ``copy-tags`` instead of ``push``
+for one the registry has). ``record`` writes the view's ``dist/published.json`` entry once,
+with its attachments.
+
+Example:
+    >>> views = make_plan(project, project.target("cpu").views(), Options(push=True)).views
+    >>> views[0].stages
+    ('build', 'smoke', 'tag', 'push', 'record')
+    >>> decide(views[0], Presence(local_id="sha256:ab"), Options(push=True)).stages
+    ('tag', 'push', 'record')
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from builder.config.project import Project, ResolvedTarget
+from builder.oci import buildkit, registry
+
+if TYPE_CHECKING:
+    from builder.images.lockfile import Pin
+
+BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
+    "build", "smoke", "pull", "tag", "push", "copy-tags", "attest", "record", "index")
+#: The label holding the commit an image was built from (``-dirty`` when the tree was).
+REVISION = "org.opencontainers.image.revision"
+CREATED = "org.opencontainers.image.created"
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the run was asked for: ``build --push --no-smoke --rebuild --pull``, a signing key,
+    and whether builds export a registry cache (one engine request per run, asked by the caller)."""
+
+    push: bool = False
+    smoke: bool = True
+    rebuild: bool = False
+    pull: bool = False
+    sign: bool = False
+    registry_cache: bool = False
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """One target view (one platform of a target), planned."""
+
+    view: ResolvedTarget = field(repr=False, compare=False)
+    #: ``<registry>:<target>-<12 hex>``: this exact content (:mod:`builder.images.content`)
+    content_tag: str
+    #: the tags the image gets in the local engine
+    local_refs: tuple[str, ...]
+    #: the tags its image is pushed under, in order (aliases last; platform tags for a multi-platform target)
+    push_refs: tuple[str, ...]
+    #: where a build without the image reads cache from, the first the registry has: the
+    #: ``--push`` registry cache, then the published image
+    cache_sources: tuple[str, ...]
+    #: the registry the view publishes to (BuildKit reads the base and the cache from it)
+    registry_host: str
+    #: the wheels of the named context ``wheels``, layer by layer (the build stages their folder)
+    wheels: Mapping[str, Sequence[Pin]] = field(repr=False)
+    #: the build (cache sources are chosen when it runs: they depend on what is there)
+    request: buildkit.BuildRequest
+    #: the stages of building it
+    stages: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.view.name
+
+    @property
+    def unit(self) -> str:
+        return self.view.unit
+
+    @property
+    def platform(self) -> str:
+        return self.view.platform
+
+    def as_dict(self) -> dict[str, Any]:
+        """What ``builder print`` shows of it (per platform)."""
+        request = self.request
+        return {
+            "content_tag": self.content_tag,
+            "local_refs": list(self.local_refs),
+            "push_refs": list(self.push_refs),
+            "cache_sources": list(self.cache_sources),
+            "build_args": dict(request.build_args),
+            "contexts": dict(request.contexts),
+            "labels": dict(request.labels),
+            "cache_to": list(request.cache_to),
+            "stages": list(self.stages),
+        }
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """The OCI image index of a multi-platform target, written after its platforms' images."""
+
+    target: ResolvedTarget = field(repr=False, compare=False)
+    refs: tuple[str, ...]
+    platforms: tuple[str, ...]
+    stages: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.target.name
+
+
+@dataclass(frozen=True)
+class Plan:
+    views: tuple[ViewPlan, ...]
+    indexes: tuple[IndexPlan, ...]
+
+
+@dataclass(frozen=True)
+class Presence:
+    """The answers of the lookups :func:`decide` needs, for one view: the engine's ID of its content
+    tag (None: not local) with the tags already on that image, the registry's digest of it (None:
+    absent, or no registry answers), or why the lookup failed."""
+
+    local_id: str | None = None
+    local_tags: tuple[str, ...] = ()
+    registry_digest: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happens to one view: its result and the stages left to run, with what they start from."""
+
+    result: str | None
+    stages: tuple[str, ...]
+    image_id: str | None = None
+    digest: str | None = None
+    #: local tags already on the image (not moved again)
+    present: tuple[str, ...] = ()
+    #: what the outcome says of the smoke test before any stage runs
+    smoke: str = "skipped"
+    error: str | None = None
+
+
+def cache_ref(target: ResolvedTarget) -> str:
+    """Where ``--push`` keeps a target view's BuildKit cache: a tag beside its images.
+
+    Example:
+        >>> cache_ref(project.target("nvidia-cu130").on("linux/arm64"))
+        'localhost:5000/ml-runtime:buildcache-nvidia-cu130-arm64'
+    """
+    return f"{target.primary_ref.rsplit(':', 1)[0]}:buildcache-{target.name}-{target.arch}"
+
+
+def registry_cache_sink(target: ResolvedTarget) -> str:
+    """``--cache-to`` for :func:`cache_ref`: every step (mode=max), in the target's compression."""
+    force = ",force-compression=true" if target.compression != "gzip" else ""
+    return f"type=registry,ref={cache_ref(target)},mode=max,compression={target.compression}{force}"
+
+
+def push_order(target: ResolvedTarget) -> list[str]:
+    """The target's references, versioned tags first and the moving aliases last.
+
+    Example:
+        >>> push_order(project.target("cpu"))[-1]
+        'localhost:5000/ml-runtime:latest-cpu'
+    """
+    return [r for r in target.refs if r not in target.alias_refs] + target.alias_refs
+
+
+def image_refs(target: ResolvedTarget) -> list[str]:
+    """The tags a target view's own image is pushed under: the target's (aliases last) when it has
+    one platform; its platform tags when it has several (the target's tags become an index)."""
+    return target.platform_refs or push_order(target)
+
+
+def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
+    """The folder the build context ``wheels`` is for these layers' wheels (nothing is written:
+    :func:`builder.images.wheelhouse.build_context` stages it)."""
+    from builder.images import wheelhouse
+
+    return wheelhouse.context_folder({layer: list(pins) for layer, pins in wheels.items()})
+
+
+def request(
+    project: Project, target: ResolvedTarget, labels: Mapping[str, str], *, stage: str | None = None,
+    cache_from: Sequence[str] = (), nocache: bool = False, contexts: dict[str, str] | None = None,
+    registry_cache: bool = False,
+) -> buildkit.BuildRequest:
+    """The build of one target view (or one stage of it), as data (:func:`builder.images.build.build_request`).
+
+    *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time.
+    """
+    from builder.images import content, layers
+
+    epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
+    return buildkit.BuildRequest(
+        dockerfile=target.dockerfile,
+        context=".",
+        platform=target.platform,
+        build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"}),
+                    "SOURCE_DATE_EPOCH": str(epoch)},
+        contexts=contexts if contexts is not None else {
+            "wheels": str(wheels_folder(layers.context_layers(project, target)))},
+        labels={} if stage else dict(labels),
+        stage=stage,
+        cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
+        cache_to=("type=inline", *([registry_cache_sink(target)] if registry_cache else [])),
+        no_cache=nocache,
+        builder=os.environ.get("BUILDX_BUILDER") or None,
+        compression=target.compression,
+    )
+
+
+def shared_stage(plan: ViewPlan) -> buildkit.BuildRequest:
+    """The build of the shared stage (``common``) that ``-j N`` runs once before the targets."""
+    return replace(plan.request, stage="common", labels={}, cache_from=(), cache_to=("type=inline",),
+                   no_cache=False)
+
+
+def publish_stages(options: Options) -> tuple[str, ...]:
+    """The stages after ``tag`` for an image that is local: push, attest (with a key), record."""
+    return (PUSH, *((ATTEST,) if options.sign else ()), RECORD) if options.push else ()
+
+
+def build_stages(options: Options) -> tuple[str, ...]:
+    """The stages of a view that is built.
+
+    Example:
+        >>> build_stages(Options(push=True, smoke=False, sign=True))
+        ('build', 'tag', 'push', 'attest', 'record')
+    """
+    return (BUILD, *((SMOKE,) if options.smoke else ()), TAG, *publish_stages(options))
+
+
+def plan_view(project: Project, view: ResolvedTarget, content_tag: str, options: Options,
+              labels: Mapping[str, str]) -> ViewPlan:
+    """The plan of one target view whose content tag is *content_tag*."""
+    from builder.images import layers
+
+    wheels = layers.context_layers(project, view)
+    return ViewPlan(
+        view=view,
+        content_tag=content_tag,
+        local_refs=tuple(view.local_refs),
+        push_refs=tuple(image_refs(view)),
+        cache_sources=(cache_ref(view), view.local_refs[0]),
+        registry_host=registry.Ref.parse(view.primary_ref).host,
+        wheels=wheels,
+        request=request(project, view, labels, nocache=options.rebuild, registry_cache=options.registry_cache,
+                        contexts={"wheels": str(wheels_folder(wheels))}),
+        stages=build_stages(options),
+    )
+
+
+def make_plan(
+    project: Project, views: Sequence[ResolvedTarget], options: Options = Options(), *,
+    labels: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
+    rendered: dict[Path, str] | None = None,
+) -> Plan:
+    """The plan of *views*: one :class:`ViewPlan` each, in order, and with ``push`` one
+    :class:`IndexPlan` per target among them with several platforms.
+
+    *labels* are the commit's (default: :func:`builder.images.build.build_labels`, one git call);
+    *tags* the content tags when known (default: computed from *rendered*, else images/).
+    """
+    from builder.images import content
+
+    if labels is None:
+        from builder.images.build import build_labels
+
+        labels = build_labels(project.root)
+    if tags is None:
+        tags = content.content_tags(project, list(views), rendered)
+    planned = tuple(plan_view(project, v, tags[v.unit], options, labels) for v in views)
+    return Plan(planned, index_plans(project, views, options))
+
+
+def index_plans(project: Project, views: Sequence[ResolvedTarget], options: Options) -> tuple[IndexPlan, ...]:
+    """With ``push``, one :class:`IndexPlan` per target among *views* with several platforms.
+
+    Example:
+        >>> [i.refs[0] for i in index_plans(project, project.target("nvidia-cu130").views(), Options(push=True))]
+        ['localhost:5000/ml-runtime:nvidia-cu130']
+    """
+    if not options.push:
+        return ()
+    targets = [project.target(name) for name in dict.fromkeys(v.name for v in views if len(v.platforms) > 1)]
+    return tuple(IndexPlan(target=t, refs=tuple(push_order(t)), platforms=tuple(t.platforms),
+                           stages=(INDEX, *((ATTEST,) if options.sign else ()), RECORD)) for t in targets)
+
+
+def decide(plan: ViewPlan, presence: Presence | None, options: Options) -> Decision:
+    """What ``builder build`` does with a view, from what the lookups found (None: none made, as with
+    ``--rebuild``): reuse the local image (only its tags move), reuse the registry's (skip it;
+    pull it with ``pull``; move its tags in the registry with ``push``), or build it.
+
+    Example:
+        >>> p = make_plan(project, [project.target("cpu")]).views[0]
+        >>> decide(p, Presence(registry_digest="sha256:cd"), Options(push=True, sign=True)).stages
+        ('copy-tags', 'attest', 'record')
+        >>> decide(p, Presence(), Options()).result
+        'built'
+    """
+    if presence is None:
+        return Decision("built", plan.stages)
+    if presence.error is not None:
+        return Decision(None, (), error=presence.error)
+    if presence.local_id is not None:
+        return Decision("reused-local", (TAG, *publish_stages(options)), image_id=presence.local_id,
+                        present=presence.local_tags, smoke="passed earlier")
+    if presence.registry_digest is not None:
+        if options.pull:
+            stages: tuple[str, ...] = (PULL, TAG, *publish_stages(options))
+        elif options.push:
+            stages = (COPY_TAGS, *((ATTEST,) if options.sign else ()), RECORD)
+        else:
+            stages = ()  # known good in the registry; nothing local to tag
+        return Decision("reused-registry", stages, digest=presence.registry_digest, smoke="passed earlier")
+    return Decision("built", plan.stages)
+
+
+def decide_push(plan: ViewPlan, image_id: str | None, tested: bool, options: Options) -> Decision:
+    """What ``builder push`` does with a view built earlier: push its local image (*image_id*; None:
+    there is none), with its content tag when *tested* (the content tag is on that very image).
+
+    Example:
+        >>> p = make_plan(project, [project.target("cpu")]).views[0]
+        >>> decide_push(p, "sha256:ab", True, Options(push=True)).stages
+        ('push', 'record')
+        >>> decide_push(p, None, False, Options(push=True)).error
+        'no local image localhost:5000/ml-runtime:cpu; build it first'
+    """
+    if image_id is None:
+        return Decision(None, (), error=f"no local image {plan.local_refs[0]}; build it first")
+    return Decision("pushed", publish_stages(replace(options, push=True)), image_id=image_id,
+                    smoke="passed earlier" if tested else "skipped")
