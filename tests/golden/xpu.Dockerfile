@@ -78,13 +78,15 @@ FROM torch AS runtime
 # no source tree (or its checkout times) in a layer, so these layers are reproducible too.
 # pip byte-compiles what it installs, so the runtime starts without compiling; with
 # SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
-# The runtime then records what torch says here, with no accelerator: a container start that
-# sees no accelerator reads that instead of importing torch (not under qemu, see EMULATED above).
+# The runtime then validates its default spec once (a start that uses it unchanged reads the
+# record: no pydantic, no YAML) and records what torch says here, with no accelerator: a container
+# start that sees no accelerator reads that instead of importing torch (not under qemu, see EMULATED above).
 ARG EMULATED
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/runtime,rw --mount=type=bind,source=examples,target=/tmp/examples \
     touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
  && cp -R /tmp/examples /opt/examples \
+ && python -m ml_runtime.contract.record /opt/venv/share/ml-runtime/default-spec.json \
  && if [ -z "$EMULATED" ]; then python -m ml_runtime.devices.facts --record /opt/venv/share/ml-runtime/torch-facts.json; fi \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 # The target's own packages last: targets that differ only in them share every layer below.

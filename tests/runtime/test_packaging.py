@@ -18,7 +18,8 @@ RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 def test_pyproject_metadata():
     project = tomllib.loads((RUNTIME / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert (project["name"], project["version"]) == ("ml-runtime", "0.1.0")
-    assert project["dependencies"] == ["pyyaml", "packaging"]  # torch deliberately undeclared
+    # torch deliberately undeclared; pydantic validates the two files (the images' common layer has it)
+    assert project["dependencies"] == ["pyyaml", "packaging", "pydantic>=2.7,<3"]
     assert project["scripts"] == {"runtime-check": "ml_runtime.cli:main", "runtime-checker": "ml_runtime.cli:checker_main"}
 
 
@@ -99,7 +100,7 @@ def test_wheel_build_contains_the_spec_and_the_console_script(tmp_path):
     requires = sorted(
         line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
     )
-    assert requires == ["packaging", "pyyaml"]
+    assert [r.split("<")[0].split(">")[0] for r in requires] == ["packaging", "pydantic", "pyyaml"]
     # Installing the wheel needs no build backend (the image has no setuptools).
     target = tmp_path / "target"
     install = subprocess.run(

@@ -23,9 +23,11 @@ Format (exactly what users write)::
         vendor_agnostic_wheel: true       # torch is the official build the image's wheel mapping names
     mode: strict                          # strict | warn | off
 
-Validation is by hand (no pydantic in images; the values both files take are in
-:mod:`ml_runtime.contract.fields`) and every problem is one line ``FILE: KEY.PATH: problem``
-raised as :class:`~ml_runtime.errors.ConfigError`.
+The keys and values are pydantic models (:mod:`ml_runtime.contract.spec_file`, imported only
+when a file is validated); every problem is one line ``FILE: KEY.PATH: problem`` raised as
+:class:`~ml_runtime.errors.ConfigError`. The image's own default spec is validated once, at image
+build (:mod:`ml_runtime.contract.record`): a container start that uses it unchanged reads the
+record instead (no pydantic, no YAML). Any other file is validated in full every time.
 
 Example:
     >>> spec = parse_spec({"required_features": [{"device_memory_gb": 40}]}, "runtime-spec.yaml")
@@ -41,29 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 
-from ml_runtime.contract.fields import (
-    capability_value,
-    driver_version,
-    load_yaml_mapping,
-    memory_gb,
-    positive_number,
-    type_name,
-    unknown_key,
-    workspace_dir,
-)
+from ml_runtime.contract.fields import load_yaml_mapping, workspace_dir
 from ml_runtime.devices.capability import Capability
 from ml_runtime.errors import ConfigError
 
 SPEC_FILENAME = "runtime-spec.yaml"
 DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[1] / "default-spec.yaml"
 MODES = ("strict", "warn", "off")
-
-TOP_KEYS = ("required_features", "dependencies", "mode")
-FEATURE_KEYS = ("gpu_compute_capability", "memory_bandwidth_gbps", "driver_version_min", "device_memory_gb")
-DEPENDENCY_KEYS = ("name", "version_range", "full_distribution", "vendor_agnostic_wheel")
-DRIVER_VENDORS = ("nvidia", "amd", "intel")
 TORCH_NAMES = ("pytorch", "torch")
 
 
@@ -98,6 +86,18 @@ class Dependency:
     path: str
     range_text: str | None = None  # as the user wrote it (SpecifierSet reorders)
     vendor_agnostic_wheel: bool = False
+
+    @classmethod
+    def of(cls, name: str, range_text: str | None, full_distribution: bool, vendor_agnostic_wheel: bool,
+           path: str) -> Dependency:
+        """A validated entry's values (the range as written) as a Dependency.
+
+        Example:
+            >>> Dependency.of("torch", ">=2.1", False, False, "dependencies[0]").version_range.contains("2.2")
+            True
+        """
+        version_range = SpecifierSet(range_text) if range_text is not None else None
+        return cls(name, version_range, full_distribution, path, range_text, vendor_agnostic_wheel)
 
     @property
     def is_torch(self) -> bool:
@@ -139,137 +139,18 @@ def parse_spec(data: dict[str, Any], source: str) -> Spec:
         ...
         ml_runtime.errors.ConfigError: runtime-spec.yaml: required_features[0].gpu_compute_capability: ...
     """
-    for key in data:
-        if key not in TOP_KEYS:
-            raise unknown_key(source, "", key, TOP_KEYS)
-    features = _parse_features(data.get("required_features"), source)
-    dependencies = _parse_dependencies(data.get("dependencies"), source)
-    mode = data.get("mode", "strict")
-    if mode is False:  # YAML 1.1 reads an unquoted `off` as the boolean false
-        mode = "off"
-    if not isinstance(mode, str) or mode.strip().lower() not in MODES:
-        raise ConfigError(f"{source}: mode: {mode!r} is not one of {', '.join(MODES)}")
-    return Spec(source=source, features=features, dependencies=dependencies, mode=mode.strip().lower())
+    from ml_runtime.contract.schema import validate
+    from ml_runtime.contract.spec_file import SpecFile
 
-
-def _feature_items(raw: Any, source: str) -> list[tuple[str, str, Any]]:
-    # Accept the list-of-single-key-mappings form users write, and a plain mapping.
-    if raw is None:
-        return []
-    if isinstance(raw, dict):
-        return [(f"required_features.{k}", k, v) for k, v in raw.items()]
-    if not isinstance(raw, list):
-        raise ConfigError(f"{source}: required_features: must be a list of mappings, not {type_name(raw)}")
-    items: list[tuple[str, str, Any]] = []
-    for i, entry in enumerate(raw):
-        if not isinstance(entry, dict) or not entry:
-            raise ConfigError(
-                f"{source}: required_features[{i}]: must be a mapping such as "
-                f"'gpu_compute_capability: \"sm_80\"', not "
-                f"{type_name(entry)}"
-            )
-        items.extend((f"required_features[{i}].{k}", k, v) for k, v in entry.items())
-    return items
-
-
-def _parse_features(raw: Any, source: str) -> dict[str, Any]:
-    features: dict[str, Any] = {}
-    for path, key, value in _feature_items(raw, source):
-        if key not in FEATURE_KEYS:
-            raise unknown_key(source, path.rsplit(".", 1)[0], key, FEATURE_KEYS)
-        if key in features:
-            raise ConfigError(f"{source}: {path}: {key} is given more than once")
-        features[key] = _FEATURE_PARSERS[key](value, f"{source}: {path}")
-    return features
-
-
-def _parse_bandwidth(value: Any, where: str) -> float | str:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    number = positive_number(value)
-    if number is None:
-        raise ConfigError(f'{where}: must be a positive number of GB/s or "auto", not {value!r}')
-    return number
-
-
-def _parse_driver(value: Any, where: str) -> DriverRequirement:
-    if isinstance(value, dict):
-        minimums: dict[str | None, str] = {}
-        for vendor, version in value.items():
-            if vendor not in DRIVER_VENDORS:
-                raise ConfigError(f"{where}.{vendor}: unknown vendor (allowed: {', '.join(DRIVER_VENDORS)})")
-            minimums[vendor] = driver_version(version, f"{where}.{vendor}")
-        if not minimums:
-            raise ConfigError(f"{where}: must name at least one vendor")
-        return DriverRequirement(minimums)
-    return DriverRequirement({None: driver_version(value, where)})
-
-
-_FEATURE_PARSERS = {
-    "gpu_compute_capability": capability_value,
-    "memory_bandwidth_gbps": _parse_bandwidth,
-    "driver_version_min": _parse_driver,
-    "device_memory_gb": memory_gb,
-}
-
-
-def _parse_dependencies(raw: Any, source: str) -> tuple[Dependency, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConfigError(f"{source}: dependencies: must be a list of mappings, not {type_name(raw)}")
-    deps = []
-    for i, entry in enumerate(raw):
-        path = f"dependencies[{i}]"
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{source}: {path}: must be a mapping with 'name', not {type_name(entry)}")
-        for key in entry:
-            if key not in DEPENDENCY_KEYS:
-                raise unknown_key(source, path, key, DEPENDENCY_KEYS)
-        name = entry.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"{source}: {path}.name: required, a distribution name such as 'pytorch'")
-        deps.append(
-            Dependency(
-                name=name.strip(),
-                version_range=_parse_range(entry.get("version_range"), f"{source}: {path}.version_range"),
-                full_distribution=_parse_torch_flag(
-                    entry, "full_distribution", name.strip(), f"{source}: {path}"
-                ),
-                vendor_agnostic_wheel=_parse_torch_flag(
-                    entry, "vendor_agnostic_wheel", name.strip(), f"{source}: {path}"
-                ),
-                path=path,
-                range_text=str(entry["version_range"]).strip()
-                if entry.get("version_range") is not None
-                else None,
-            )
+    spec = validate(SpecFile, data, source)
+    dependencies = tuple(
+        Dependency.of(
+            d.name, d.version_range, d.full_distribution, d.vendor_agnostic_wheel, f"dependencies[{i}]"
         )
-    return tuple(deps)
-
-
-def _parse_range(value: Any, where: str) -> SpecifierSet | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(
-            f'{where}: must be a quoted string such as ">=2.1.0,<2.2.0", not {type_name(value)}'
-        )
-    try:
-        return SpecifierSet(value.strip())
-    except InvalidSpecifier:
-        raise ConfigError(
-            f'{where}: {value!r} is not a valid version range (PEP 440, e.g. ">=2.1.0,<2.2.0")'
-        ) from None
-
-
-def _parse_torch_flag(entry: dict[str, Any], key: str, name: str, where: str) -> bool:
-    value = entry.get(key, False)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}.{key}: must be true or false, not {value!r}")
-    if value and name.lower() not in TORCH_NAMES:
-        raise ConfigError(f"{where}.{key}: only supported for pytorch")
-    return value
+        for i, d in enumerate(spec.dependencies or ())
+    )
+    features = dict(spec.features())
+    return Spec(source=source, features=features, dependencies=dependencies, mode=spec.mode)
 
 
 def resolve_spec_path(
@@ -316,6 +197,12 @@ def load_spec(
         'pytorch'
     """
     path, label = resolve_spec_path(cli_path, environ, contract)
+    if path == DEFAULT_SPEC_PATH:  # validated at image build, unless it changed since
+        from ml_runtime.contract.record import recorded_spec
+
+        recorded = recorded_spec(label)
+        if recorded is not None:
+            return recorded
     return parse_spec(load_yaml_mapping(path, label), label)
 
 

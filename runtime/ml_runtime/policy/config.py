@@ -2,8 +2,9 @@
 
 The compact ``criteria`` form and the design notes' ``device_selection_policy`` form are
 described in runtime/README.md ("accelerator-config.yaml"); use one of them (together they are
-an error; the priorities are parsed in :mod:`ml_runtime.policy.priorities`). ``rocm_config`` and
-``amp_config`` become environment for the command
+an error). The keys and values are pydantic models (:mod:`ml_runtime.policy.config_file`, imported
+only when a config is validated; every problem is one line ``FILE: KEY.PATH: problem``).
+``rocm_config`` and ``amp_config`` become environment for the command
 (:mod:`ml_runtime.policy.tuning`). Config file: ``--config``, else ``$ACCELERATOR_CONFIG``,
 else ``/workspace/accelerator-config.yaml`` when present.
 
@@ -21,26 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ml_runtime.contract.fields import (
-    capability_value,
-    load_yaml_mapping,
-    memory_gb,
-    type_name,
-    unknown_key,
-    workspace_dir,
-)
+from ml_runtime.contract.fields import load_yaml_mapping, workspace_dir
 from ml_runtime.errors import ConfigError
-from ml_runtime.policy.priorities import VENDORS, PolicyEntry, name_value, parse_policy
-from ml_runtime.policy.tuning import parse_amp, parse_rocm
+from ml_runtime.policy.priorities import PolicyEntry, policy_entries
+from ml_runtime.policy.tuning import tuning_effects
 
 CONFIG_FILENAME = "accelerator-config.yaml"
 
-BACKENDS = ("auto", "cuda", "rocm", "xpu", "cpu")
-
-BACKEND_ALIASES = {"oneapi": "xpu"}
-
-CRITERIA_KEYS = ("min_compute_capability", "vendor", "min_memory_gb", "name")
-
+#: accelerator-config.yaml's top-level keys (:class:`~ml_runtime.policy.config_file.ConfigFile`'s fields).
 CONFIG_KEYS = (
     "backend",
     "criteria",
@@ -111,83 +100,25 @@ def parse_accelerator_config(
         >>> cfg.backend, str(cfg.runtime_contract)
         ('xpu', 'cfg/s.yaml')
     """
-    for key in data:
-        if key not in CONFIG_KEYS:
-            raise unknown_key(source, "", key, CONFIG_KEYS)
-    backend = data.get("backend", "auto")
-    name = backend.strip().lower() if isinstance(backend, str) else None
-    name = BACKEND_ALIASES.get(name, name) if name else name
-    if name not in BACKENDS:
-        raise ConfigError(
-            f"{source}: backend: {backend!r} is not one of {', '.join(BACKENDS)} (or oneapi for xpu)"
-        )
-    count = data.get("count")
-    if isinstance(count, str) and count.strip().lower() == "all":
-        count = None
-    elif count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-        raise ConfigError(f'{source}: count: must be a positive integer or "all", not {count!r}')
-    if "criteria" in data and "device_selection_policy" in data:
-        raise ConfigError(
-            f"{source}: criteria and device_selection_policy cannot be combined; use one "
-            "(criteria: one list that devices must satisfy; "
-            "device_selection_policy: priorities tried in order)"
-        )
-    warnings: list[str] = []
-    env: dict[str, str] = {}
-    parse_rocm(data.get("rocm_config"), source, env, warnings)
-    parse_amp(data.get("amp_config"), source, env, warnings)
+    from ml_runtime.contract.schema import validate
+    from ml_runtime.policy.config_file import ConfigFile
+
+    config = validate(ConfigFile, data, source)
+    env, warnings = tuning_effects(config.rocm_config, config.amp_config)
     base = Path(source).parent if base_dir is None else Path(base_dir)
     return AcceleratorConfig(
         source=source,
-        backend=name,
-        criteria=_parse_criteria(data.get("criteria"), source),
-        count=count,
-        policy=parse_policy(data.get("device_selection_policy"), source),
-        runtime_contract=_parse_contract(data, source, base),
+        backend=config.backend,
+        criteria=tuple(item for entry in config.criteria or () for item in entry.items()),
+        count=config.count,
+        policy=policy_entries(
+            (p.priority, ((c.type, c.op, getattr(c, c.op)) for c in p.criteria))
+            for p in config.device_selection_policy or ()
+        ),
+        runtime_contract=base / config.runtime_contract if config.runtime_contract is not None else None,
         env=env,
         warnings=tuple(warnings),
     )
-
-
-def _parse_criteria(raw: Any, source: str) -> tuple[tuple[str, Any], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConfigError(f"{source}: criteria: must be a list of mappings, not {type_name(raw)}")
-    criteria: list[tuple[str, Any]] = []
-    for i, entry in enumerate(raw):
-        path = f"criteria[{i}]"
-        if not isinstance(entry, dict) or not entry:
-            raise ConfigError(
-                f"{source}: {path}: must be a mapping such as 'vendor: nvidia', not {type_name(entry)}"
-            )
-        for key, value in entry.items():
-            where = f"{source}: {path}.{key}"
-            if key == "min_compute_capability":
-                criteria.append((key, capability_value(value, where)))
-            elif key == "vendor":
-                if not isinstance(value, str) or value.strip().lower() not in VENDORS:
-                    raise ConfigError(f"{where}: {value!r} is not one of {', '.join(VENDORS)}")
-                criteria.append((key, value.strip().lower()))
-            elif key == "min_memory_gb":
-                criteria.append((key, memory_gb(value, where)))
-            elif key == "name":
-                criteria.append((key, name_value(value, where)))
-            else:
-                raise unknown_key(source, path, key, CRITERIA_KEYS)
-    return tuple(criteria)
-
-
-def _parse_contract(data: dict[str, Any], source: str, base: Path) -> Path | None:
-    if "runtime_contract" not in data:
-        return None
-    value = data["runtime_contract"]
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(
-            f'{source}: runtime_contract: must be a non-empty path string such as "./runtime-spec.yaml", '
-            f"not {type_name(value) if value != '' else 'an empty string'}"
-        )
-    return base / value.strip()
 
 
 def resolve_config_path(
