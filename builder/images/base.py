@@ -154,10 +154,7 @@ def make_image(client: docker.DockerClient, project: Project, workdir: Path, pla
     tag = base_tag(project, platform)
     config = image_config(rootfs, spec, platform)
     image_id = write_archive(rootfs, config, tag, workdir / "image.tar")
-    with (workdir / "image.tar").open("rb") as handle:
-        for event in client.api.load_image(handle):  # a generator: a failed load is an error event
-            if "error" in event:
-                raise UserError(f"the engine could not load the {platform} base: {event['error'].strip()[:200]}")
+    load_archive(client, workdir / "image.tar", f"the {platform} base")
     loaded = client.api.inspect_image(tag)
     expected = json.loads(config)
     if (loaded.get("RootFS", {}).get("Layers") != expected["rootfs"]["diff_ids"]
@@ -166,6 +163,21 @@ def make_image(client: docker.DockerClient, project: Project, workdir: Path, pla
                         f" ({loaded.get('Architecture')}), expected {expected['rootfs']['diff_ids']}; "
                         "report this as a bug")
     return image_id, rootfs
+
+
+def load_archive(client: docker.DockerClient, archive: Path, what: str) -> None:
+    """Load a docker-archive into the engine; a load it refuses is one UserError naming *what*.
+
+    docker-py's ``load_image`` is a generator: a failed load is an error event in it (or an API
+    error when the engine refuses the request), so it is read to the end here, never left unread.
+    """
+    try:
+        with archive.open("rb") as handle:
+            for event in client.api.load_image(handle):
+                if "error" in event:
+                    raise UserError(f"the engine could not load {what}: {str(event['error']).strip()[:200]}")
+    except docker.errors.APIError as exc:
+        raise UserError(f"the engine could not load {what}: {(exc.explanation or str(exc)).strip()[:200]}") from None
 
 
 def image_id_of(spec: Bootstrap, workdir: Path, platform: str) -> tuple[str, Rootfs]:

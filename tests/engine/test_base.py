@@ -64,3 +64,33 @@ def test_base_update_after_a_registry_change_re_pins_the_same_base(tmp_path, reg
     old, new = base_pin(based_project), base_pin(root)
     assert new["reference"].startswith(f"{registry}/moved/base@sha256:")
     assert new["image_id"] == old["image_id"] and "bootstrapping" not in moved.stdout, moved.stdout
+
+
+def test_a_load_the_engine_refuses_is_one_line_naming_it(engine, tmp_path):
+    """The base's docker-archive, cut short: the engine's refusal is read out of the load (docker-py
+    hands it back as a generator) and becomes one line naming what was loaded; nothing is tagged."""
+    from builder.config.errors import UserError
+    from builder.images.base import Rootfs, load_archive, write_archive
+
+    layer = tmp_path / "layer.tar"
+    import hashlib
+    import io
+    import tarfile
+
+    with tarfile.open(layer, "w") as tar:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = 6
+        tar.addfile(info, io.BytesIO(b"hello\n"))
+    diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    ref = f"ml-builder-test/cut-short:{tmp_path.name[-12:].lower()}"
+    archive = tmp_path / "image.tar"
+    write_archive(Rootfs(layer, diff_id, {}), config, ref, archive)
+    data = archive.read_bytes()
+    archive.write_bytes(data[: len(data) // 3])  # a truncated download, a full disk
+    with pytest.raises(UserError) as caught:
+        load_archive(engine, archive, "the linux/amd64 base")
+    assert str(caught.value).startswith("the engine could not load the linux/amd64 base: ")
+    assert len(str(caught.value).splitlines()) == 1
+    assert not engine.images.list(name=ref.split(":")[0])

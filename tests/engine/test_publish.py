@@ -77,8 +77,27 @@ def test_push_to_unreachable_registry_is_a_clear_error(cpu_project, tagged_for, 
     tagged_for(registry)
     proc = run_builder("push", "-t", "cpu", cwd=root)
     assert proc.returncode == 1
-    assert "127.0.0.1:9" in proc.stderr and "Traceback" not in proc.stderr
+    assert "registry 127.0.0.1:9 is unreachable" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "not in registry" not in proc.stderr and "no local image" not in proc.stderr
     assert not (root / "dist/published.json").exists()
+
+
+def test_build_with_its_registry_unreachable_says_so_not_that_the_base_is_missing(cpu_project, tmp_path):
+    """A fresh machine: the base pin (a digest this engine lacks) names the registry, which is down.
+    The one line says unreachable (never "is not in registry" or "bootstrapping it"), with the exit
+    code of a user error, and nothing is built. (A registry on loopback would be started on demand:
+    this one is TEST-NET-1, RFC 5737, which no host answers.)"""
+    root = tmp_path / "p"
+    registry = "192.0.2.1:5000/ml-runtime"
+    copy_project(root)
+    edit_matrix(root, registry=registry)
+    retarget_base_lock(cpu_project, root, registry, digest="sha256:" + "0" * 64)
+    proc = run_builder("build", "-t", "cpu", "--json", cwd=root)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "unreachable" in line]
+    assert lines and lines[0].startswith("error: registry 192.0.2.1:5000 is unreachable"), proc.stderr
+    assert "not in registry" not in proc.stderr and "bootstrapping" not in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_push_publishes_what_build_push_does(cpu_project, registry, engine, tmp_path):
