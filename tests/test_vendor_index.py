@@ -7,6 +7,7 @@ default's ``foo==99`` (and ``bar``, which only the default has).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import threading
 import zipfile
@@ -98,6 +99,20 @@ def test_a_locked_wheel_is_fetched_from_its_recorded_index(project, indexes, tmp
     (wheelhouse.location() / foo.filename).unlink()
     resolve.fetch_locked(proj, [foo], tmp_path / "x.lock", None, "linux/amd64")
     assert wheelhouse.sha256_file(wheelhouse.location() / foo.filename) == foo.sha256
+
+
+def test_a_wheel_whose_recorded_index_fails_here_is_fetched_from_the_host_sources(project, indexes, tmp_path,
+                                                                                   monkeypatch):
+    """A lock written where another mirror answered (its lines say ``from`` that mirror) still fetches
+    where that mirror does not: from the host's own sources, the same file by its hash. (A recorded
+    ``file://`` mirror that is absent here is skipped by pip itself.)"""
+    proj = load_project(project / "matrix.yaml")
+    (bar,) = resolve.resolve(proj, ["bar"], "linux/amd64")
+    (wheelhouse.location() / bar.filename).unlink()
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    moved = dataclasses.replace(bar, index="http://127.0.0.1:9/simple")  # the discard port: refused
+    resolve.fetch_locked(proj, [moved], tmp_path / "x.lock", None, "linux/amd64")
+    assert wheelhouse.sha256_file(wheelhouse.location() / bar.filename) == bar.sha256
 
 
 def test_without_the_vendor_index_the_default_one_serves(project, indexes):

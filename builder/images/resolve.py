@@ -220,21 +220,25 @@ def _index_args(index: str) -> list[str]:
 def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None, platform: str) -> None:
     """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's).
 
-    Each from the index its lock line records (else the target's index beside the host's sources);
-    the sha256 pins the file whatever serves it.
+    Each from the index its lock line records, else (none recorded, or that index fails here: a
+    mirror of the machine that wrote the lock) from the target's index beside the host's sources.
+    The sha256 pins the file whatever serves it, so asking another source is safe.
     """
     house = wheelhouse.location()
     groups: dict[str | None, list[Pin]] = {}
     for pin in missing:
         groups.setdefault(pin.index, []).append(pin)
     errors = []
+    fallback = ["--extra-index-url", index] if index else []
     for recorded, pins in groups.items():
-        where = _index_args(recorded) if recorded else (["--extra-index-url", index] if index else [])
         with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
             req = Path(tmp) / "req.txt"
             req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins))
-            proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
-                         *platform_args(project, platform), *where])
+            download = ["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
+                        *platform_args(project, platform)]
+            proc = _pip([*download, *(_index_args(recorded) if recorded else fallback)])
+            if proc.returncode != 0 and recorded:
+                proc = _pip([*download, *fallback])
         if proc.returncode != 0:
             errors.append(_pip_error(proc))
     if errors or wheelhouse.missing(missing):
