@@ -17,17 +17,20 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from builder.config.project import load_project
-from builder.images import lockfile, resolve, wheelhouse
+from builder.images import lockfile, locks, resolve, wheelhouse
+from devtools.support import edit_matrix
 
 
-def _wheel(root: Path, name: str, version: str) -> None:
-    """A pure wheel of *name*==*version* on the simple index at *root* (its project page too)."""
+def _wheel(root: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A pure wheel of *name*==*version* (needing *requires*) on the simple index at *root* (its project page too)."""
     filename = f"{name}-{version}-py3-none-any.whl"
     info = f"{name}-{version}.dist-info"
+    depends = "".join(f"Requires-Dist: {r}\n" for r in requires)
     files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{depends}",
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
 
     def digest(text: str) -> str:
@@ -113,6 +116,34 @@ def test_a_wheel_whose_recorded_index_fails_here_is_fetched_from_the_host_source
     moved = dataclasses.replace(bar, index="http://127.0.0.1:9/simple")  # the discard port: refused
     resolve.fetch_locked(proj, [moved], tmp_path / "x.lock", None, "linux/amd64")
     assert wheelhouse.sha256_file(wheelhouse.location() / bar.filename) == bar.sha256
+
+
+def test_a_target_added_later_keeps_its_siblings_pins_unless_its_packages_need_others(
+        project, indexes, tmp_path, monkeypatch):
+    """The index moves on between two locks (foo 2.0 appears after cpu was locked): a target added
+    later, cpu plus a package, still gets cpu's foo 1.0, so it shares cpu's torch layers; one whose own
+    package needs foo>=2 gets foo 2.0 (the siblings' pins are a preference, not a cap)."""
+    vendor, _default = indexes
+    _wheel(tmp_path / "vendor" / "simple", "torch", "2.13.0+cpu", requires=("foo",))
+    _wheel(tmp_path / "default" / "simple", "accelerate", "1.0", requires=("torch",))  # matrix.yaml's torch_packages
+    monkeypatch.setenv("BUILDER_INDEX_CPU", vendor)  # cpu's torch index (download.pytorch.org) is this one here
+    doc = yaml.safe_load((project / "matrix.yaml").read_text())
+    cpu = next(t for t in doc["targets"] if t["name"] == "cpu")
+    edit_matrix(project, targets=[*doc["targets"], {**cpu, "name": "cpu-hf", "packages": ["bar"]},
+                                  {**cpu, "name": "cpu-new", "packages": ["foonext"]}])
+    proj = load_project(project / "matrix.yaml")
+
+    def versions(name: str) -> dict[str, str]:
+        return {p.name: p.version for p in locks.target_lock(proj, proj.target(name).on("linux/amd64"), [])}
+
+    assert versions("cpu") == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0"}
+    _wheel(tmp_path / "vendor" / "simple", "foo", "2.0")  # the index moves on (foo comes from the vendor's: first-index)
+    _wheel(tmp_path / "default" / "simple", "foonext", "1.0", requires=("foo>=2",))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache-later"))  # uv sees the new pages (no cached ones)
+    assert versions("cpu-hf") == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0",
+                                 "bar": "2.0"}
+    assert versions("cpu-new") == {"torch": "2.13.0+cpu", "foo": "2.0", "accelerate": "1.0",
+                                  "foonext": "1.0"}
 
 
 def test_without_the_vendor_index_the_default_one_serves(project, indexes):

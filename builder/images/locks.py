@@ -69,20 +69,59 @@ def common_lock(project: Project, platform: str, fetch: bool = True) -> list[Pin
                    "the shared layer of every target", fp,
                    lambda: resolve(project, list(m.common_packages), platform), fetch=fetch)
 
-def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
-    """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer."""
-    path = project.root / target.lock
-    requirements = [f"torch=={target.torch_pin}", *target.packages]
+def _requirements(target: ResolvedTarget) -> list[str]:
+    return [f"torch=={target.torch_pin}", *target.packages]
+
+def _target_fingerprint(project: Project, target: ResolvedTarget, common: list[Pin]) -> str:
     # In lock order: just resolved (pip's order) or read back, the same common pins give the same hash.
     common_hash = _fingerprint([p.line() for p in ordered(common)])
-    fp = _fingerprint("target", target.entry, requirements, project.matrix.python, project.glibc,
-                      platforms.machine(target.platform), common_hash)
+    return _fingerprint("target", target.entry, _requirements(target), project.matrix.python, project.glibc,
+                        platforms.machine(target.platform), common_hash)
+
+def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) -> list[Pin]:
+    """The pins of the other targets' current locks for this view's platform, torch and index: the
+    versions a new lock prefers, so that a target added later (cpu plus one package) gets the torch
+    layers' wheels its siblings locked, and shares those layers, even after the index has moved on.
+
+    A name two siblings pin differently takes the first in matrix order. Not part of the lock's
+    fingerprint: a sibling's relock leaves this lock current (it is a preference, not an input).
+    """
+    preferred: dict[str, Pin] = {}
+    for other in project.targets:
+        if other.name == target.name or target.platform not in other.platforms:
+            continue
+        view = other.on(target.platform)
+        if (view.torch_pin, view.entry, view.index_url) != (target.torch_pin, target.entry, target.index_url):
+            continue
+        recorded, pins = read_lock(project.root / view.lock)
+        if recorded != _target_fingerprint(project, view, common):
+            continue  # stale or missing: its pins may be for other inputs
+        for pin in pins:
+            preferred.setdefault(canonicalize_name(pin.name), pin)
+    return list(preferred.values())
+
+def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
+    """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer.
+
+    Resolved with the siblings' pins (:func:`sibling_pins`) as constraints first; when the target's
+    own packages need other versions, again with only the common layer's.
+    """
+    path = project.root / target.lock
+    requirements = _requirements(target)
+    fp = _target_fingerprint(project, target, common)
 
     def resolver() -> list[Pin]:
         unreachable = index_reachable(target.index_url)
+        vendor = None if unreachable else target.index_url
         try:
-            pins = resolve(project, requirements, target.platform,
-                           vendor_index=None if unreachable else target.index_url, constraints=common)
+            preferred = sibling_pins(project, target, common)
+            try:
+                pins = resolve(project, requirements, target.platform, vendor_index=vendor,
+                               constraints=[*common, *preferred]) if preferred else None
+            except TargetFailed:
+                pins = None  # the target's packages need other versions than its siblings'
+            if pins is None:
+                pins = resolve(project, requirements, target.platform, vendor_index=vendor, constraints=common)
         except TargetFailed as exc:
             where = f"the index {target.index_url} ({target.entry})"
             how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"

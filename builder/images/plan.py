@@ -171,8 +171,8 @@ def cache_ref(target: ResolvedTarget) -> str:
 
 def registry_cache_sink(target: ResolvedTarget) -> str:
     """``--cache-to`` for :func:`cache_ref`: every step (mode=max), in the target's compression."""
-    force = ",force-compression=true" if target.compression != "gzip" else ""
-    return f"type=registry,ref={cache_ref(target)},mode=max,compression={target.compression}{force}"
+    return (f"type=registry,ref={cache_ref(target)},mode=max,compression={target.compression},"
+            "force-compression=true")  # as the image's layers (BuildRequest.argv)
 
 
 def push_order(target: ResolvedTarget) -> list[str]:

@@ -82,10 +82,10 @@ class BuildRequest:
             argv.append("--no-cache")
         for tag in self.tags:
             argv += ["--tag", tag]
-        # zstd is forced onto every layer (the base and cached layers come gzip or uncompressed); gzip
-        # is BuildKit's own, so cached layers keep their blobs and nothing is compressed again.
-        force = ",force-compression=true" if self.compression != "gzip" else ""
-        argv += ["--output", f"type=docker,compression={self.compression}{force}"]
+        # Forced onto every layer: without it BuildKit reuses whatever blob it holds for a layer, so a
+        # gzip image built after a zstd one of the same layers got zstd blobs, which enroot, pyxis and
+        # engines before 23 cannot pull. A blob already in the asked compression is kept as it is.
+        argv += ["--output", f"type=docker,compression={self.compression},force-compression=true"]
         if iidfile:
             argv += ["--iidfile", iidfile]
         if metadata:

@@ -101,3 +101,37 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
         assert fresh == cached
     finally:
         engine.api.remove_image(image_id, noprune=False)
+
+
+def media_types(ref: str) -> list[str]:
+    """The media type of each layer of the image manifest under *ref*, read from the registry."""
+    repository, tag = ref.rsplit(":", 1)
+    host, name = repository.split("/", 1)
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={
+        "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return [layer["mediaType"] for layer in json.loads(response.read())["layers"]]
+
+
+def test_a_gzip_target_gets_gzip_layers_where_the_engine_holds_them_as_zstd(cpu_project, tmp_path, no_leftovers):
+    """gzip, the default, is what enroot, pyxis and engines before 23 pull. A layer this engine first
+    built for a zstd target (here the packages layer, which no other test builds) is compressed
+    again for the gzip build of the same target, not pushed as the zstd blob BuildKit already has."""
+    root = tmp_path / "project"
+    shutil.copytree(cpu_project, root, ignore=shutil.ignore_patterns("dist"))
+    with_packages(root, ["einops==0.7.0"])
+    doc = yaml.safe_load((root / "matrix.yaml").read_text())
+
+    def build_as(compression: str) -> list[str]:
+        for t in doc["targets"]:
+            if t["name"] == "cpu-hf":
+                t["compression"] = compression
+        edit_matrix(root, targets=doc["targets"])
+        out = build(root, "-t", "cpu-hf")["cpu-hf"]
+        assert out["result"] == "built", out
+        return media_types(out["content_tag"])
+
+    zstd = build_as("zstd")
+    assert zstd[-1].endswith(("tar.zstd", "tar+zstd")), zstd
+    gzip_ = build_as("gzip")
+    assert all(m.endswith(("tar.gzip", "tar+gzip")) for m in gzip_), gzip_

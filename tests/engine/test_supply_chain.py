@@ -120,11 +120,12 @@ def test_push_without_a_key_says_nothing_is_attached(cpu_project):
 
 
 @pytest.mark.heavy
+@pytest.mark.timeout(2400)  # builds nvidia-cu130 when test_heavy.py did not run first
 def test_nvidia_cu130_signed_push_passes_verify_and_its_sbom_is_the_image(cpu_project, engine, signing_key):
     """The current NVIDIA image (this host's platform): built, pushed with its attachments, verified,
     and its SBOM compared with what it holds; the multi-GB image is removed afterwards."""
     build = run_builder("build", "-t", "nvidia-cu130", "--push", "--json", "-q",
-                        "--sign-key", str(signing_key["private"]), cwd=cpu_project, timeout=3600)
+                        "--sign-key", str(signing_key["private"]), cwd=cpu_project, timeout=2300)
     out = json.loads(build.stdout)[0] if build.stdout.strip() else {}
     try:
         assert build.returncode == 0, build.stderr[-3000:]
