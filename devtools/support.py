@@ -184,9 +184,9 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
         proc.wait()
 
 
-def registry_layers(ref: str) -> list[tuple[str, int]]:
-    """(digest, compressed size) of each layer of the image manifest under *ref* (``host:port/name:tag``,
-    a plain-HTTP registry), read from the registry itself."""
+def registry_manifest(ref: str) -> dict[str, Any]:
+    """The image manifest under *ref* (``host:port/name:tag``, a plain-HTTP registry), read from the
+    registry itself."""
     import urllib.request
 
     repository, tag = ref.rsplit(":", 1)
@@ -194,4 +194,10 @@ def registry_layers(ref: str) -> list[tuple[str, int]]:
     accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
     request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
     with urllib.request.urlopen(request, timeout=60) as response:
-        return [(layer["digest"], layer["size"]) for layer in json.loads(response.read())["layers"]]
+        manifest: dict[str, Any] = json.loads(response.read())
+        return manifest
+
+
+def registry_layers(ref: str) -> list[tuple[str, int]]:
+    """(digest, compressed size) of each layer of the image manifest under *ref* (:func:`registry_manifest`)."""
+    return [(layer["digest"], layer["size"]) for layer in registry_manifest(ref)["layers"]]

@@ -12,6 +12,7 @@ a no-op rebuild never re-resolves.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable
@@ -112,16 +113,18 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
 
     def resolver() -> list[Pin]:
         unreachable = index_reachable(target.index_url)
-        vendor = None if unreachable else target.index_url
+
+        def attempt(constraints: list[Pin]) -> list[Pin]:
+            return resolve(project, requirements, target.platform,
+                           vendor_index=None if unreachable else target.index_url, constraints=constraints)
+
+        preferred = sibling_pins(project, target, common)
+        pins: list[Pin] = []
+        if preferred:
+            with contextlib.suppress(TargetFailed):  # else the target's packages need other versions
+                pins = attempt([*common, *preferred])
         try:
-            preferred = sibling_pins(project, target, common)
-            try:
-                pins = resolve(project, requirements, target.platform, vendor_index=vendor,
-                               constraints=[*common, *preferred]) if preferred else None
-            except TargetFailed:
-                pins = None  # the target's packages need other versions than its siblings'
-            if pins is None:
-                pins = resolve(project, requirements, target.platform, vendor_index=vendor, constraints=common)
+            pins = pins or attempt(common)
         except TargetFailed as exc:
             where = f"the index {target.index_url} ({target.entry})"
             how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"

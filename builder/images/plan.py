@@ -171,8 +171,7 @@ def cache_ref(target: ResolvedTarget) -> str:
 
 def registry_cache_sink(target: ResolvedTarget) -> str:
     """``--cache-to`` for :func:`cache_ref`: every step (mode=max), in the target's compression."""
-    return (f"type=registry,ref={cache_ref(target)},mode=max,compression={target.compression},"
-            "force-compression=true")  # as the image's layers (BuildRequest.argv)
+    return f"type=registry,ref={cache_ref(target)},mode=max,{buildkit.compression_options(target.compression)}"
 
 
 def push_order(target: ResolvedTarget) -> list[str]:

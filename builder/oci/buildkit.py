@@ -38,6 +38,19 @@ from builder.config.errors import TargetFailed, UserError
 CANCEL_S = 20.0
 
 
+def compression_options(compression: str) -> str:
+    """The exporter options for *compression*, forced onto every layer: without the force BuildKit
+    reuses whatever blob it holds for a layer, so a gzip image built after a zstd one of the same
+    layers got zstd blobs, which enroot, pyxis and engines before 23 cannot pull. A blob already in
+    that compression is kept as it is.
+
+    Example:
+        >>> compression_options("gzip")
+        'compression=gzip,force-compression=true'
+    """
+    return f"compression={compression},force-compression=true"
+
+
 @dataclass(frozen=True)
 class BuildRequest:
     """One image build, as data: every value is passed as its own argument (no shell)."""
@@ -82,10 +95,7 @@ class BuildRequest:
             argv.append("--no-cache")
         for tag in self.tags:
             argv += ["--tag", tag]
-        # Forced onto every layer: without it BuildKit reuses whatever blob it holds for a layer, so a
-        # gzip image built after a zstd one of the same layers got zstd blobs, which enroot, pyxis and
-        # engines before 23 cannot pull. A blob already in the asked compression is kept as it is.
-        argv += ["--output", f"type=docker,compression={self.compression},force-compression=true"]
+        argv += ["--output", f"type=docker,{compression_options(self.compression)}"]
         if iidfile:
             argv += ["--iidfile", iidfile]
         if metadata:

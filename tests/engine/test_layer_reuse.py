@@ -14,7 +14,7 @@ from helpers import run_builder
 
 from builder.config.project import load_project
 from builder.images.build import docker_build
-from devtools.support import edit_matrix, host_platform, registry_layers, registry_of
+from devtools.support import edit_matrix, host_platform, registry_layers, registry_manifest, registry_of
 
 pytestmark = pytest.mark.engine  # containerd store only: see docs/testing.md (classic store: not reproducible)
 
@@ -103,16 +103,6 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
         engine.api.remove_image(image_id, noprune=False)
 
 
-def media_types(ref: str) -> list[str]:
-    """The media type of each layer of the image manifest under *ref*, read from the registry."""
-    repository, tag = ref.rsplit(":", 1)
-    host, name = repository.split("/", 1)
-    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={
-        "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return [layer["mediaType"] for layer in json.loads(response.read())["layers"]]
-
-
 def test_a_gzip_target_gets_gzip_layers_where_the_engine_holds_them_as_zstd(cpu_project, tmp_path, no_leftovers):
     """gzip, the default, is what enroot, pyxis and engines before 23 pull. A layer this engine first
     built for a zstd target (here the packages layer, which no other test builds) is compressed
@@ -129,7 +119,7 @@ def test_a_gzip_target_gets_gzip_layers_where_the_engine_holds_them_as_zstd(cpu_
         edit_matrix(root, targets=doc["targets"])
         out = build(root, "-t", "cpu-hf")["cpu-hf"]
         assert out["result"] == "built", out
-        return media_types(out["content_tag"])
+        return [layer["mediaType"] for layer in registry_manifest(out["content_tag"])["layers"]]
 
     zstd = build_as("zstd")
     assert zstd[-1].endswith(("tar.zstd", "tar+zstd")), zstd
