@@ -370,6 +370,7 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     gzip_ = setup_project(client, tmp / "gzip", host, made, repository="ml-bench-gzip", lock_from=project.root,
                           compression="gzip")
     lock_and_render(gzip_, [gzip_.target(name).on(platform)])
+    made.refs += gzip_.target(name).on(platform).local_refs  # its tags in the engine (the zstd ones: main's)
     zstd_root = project.root
     edit_matrix(zstd_root, compression="zstd")
     zstd_ = load_project(zstd_root / "matrix.yaml")
@@ -705,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             with registry(tmp / "registry") as host:
                 project = setup_project(client, tmp / "project", host, made)
                 targets = [project.target(n) for n in names]
-                made.refs += [ref for t in targets for ref in t.refs]
+                made.refs += [ref for t in targets for view in t.views() for ref in view.local_refs]
                 lock_and_render(project, targets)
                 results = measure(client, project, targets, tmp, made) if "baseline" in rows else {}
                 if "avoidance" in rows:

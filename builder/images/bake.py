@@ -3,7 +3,8 @@
 One bake target per matrix target and platform: the build ``builder build`` runs
 (its plan's request, :mod:`builder.images.plan`: Dockerfile, context ".", the platform's base pin and
 each layer's wheels as build arguments, the wheels as the named context ``wheels``), every tag,
-the static labels, registry cache in (the published image) and inline cache out; and the
+the static labels, registry cache in (the published image) and inline cache out, the output in the
+target's compression; and the
 matrix's groups. ``builder bake`` stages the wheels' folders, so that plain
 ``docker buildx bake -f docker-bake.json <target>`` builds with no builder process running. A target with several platforms gets one
 bake target per platform, ``<name>-<arch>``, tagged ``<tag>-<arch>`` (each platform starts FROM
@@ -62,6 +63,7 @@ def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | No
         "labels": dict(target.labels),
         "cache-from": list(request.cache_from),
         "cache-to": list(request.cache_to),
+        "output": [request.output()],  # in the target's compression
     }
 
 

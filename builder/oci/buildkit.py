@@ -42,13 +42,19 @@ def compression_options(compression: str) -> str:
     """The exporter options for *compression*, forced onto every layer: without the force BuildKit
     reuses whatever blob it holds for a layer, so a gzip image built after a zstd one of the same
     layers got zstd blobs, which enroot, pyxis and engines before 23 cannot pull. A blob already in
-    that compression is kept as it is.
+    that compression is kept as it is. zstd layers get OCI media types: with Docker's (the docker
+    exporter's default) BuildKit labels them ``vnd.docker.image.rootfs.diff.tar.zstd``, a type no
+    engine unpacks, so the push succeeds and every pull fails ("mismatched image rootfs and
+    manifest layers"). gzip keeps Docker's types, which every engine and enroot read.
 
     Example:
         >>> compression_options("gzip")
         'compression=gzip,force-compression=true'
+        >>> compression_options("zstd")
+        'compression=zstd,force-compression=true,oci-mediatypes=true'
     """
-    return f"compression={compression},force-compression=true"
+    media = ",oci-mediatypes=true" if compression == "zstd" else ""
+    return f"compression={compression},force-compression=true{media}"
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,10 @@ class BuildRequest:
     compression: str = "gzip"
     tags: tuple[str, ...] = ()
 
+    def output(self) -> str:
+        """The ``--output``: into the engine's image store, in the request's compression."""
+        return f"type=docker,{compression_options(self.compression)}"
+
     def argv(self, iidfile: str | None = None, metadata: str | None = None) -> list[str]:
         """The ``docker buildx build`` command line (no shell: values can't inject anything)."""
         argv = ["docker", "buildx", "build", "--progress=rawjson", "--provenance=false", "--sbom=false"]
@@ -95,7 +105,7 @@ class BuildRequest:
             argv.append("--no-cache")
         for tag in self.tags:
             argv += ["--tag", tag]
-        argv += ["--output", f"type=docker,{compression_options(self.compression)}"]
+        argv += ["--output", self.output()]
         if iidfile:
             argv += ["--iidfile", iidfile]
         if metadata:

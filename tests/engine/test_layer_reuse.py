@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import urllib.request
 
 import pytest
@@ -14,6 +15,7 @@ from helpers import run_builder
 
 from builder.config.project import load_project
 from builder.images.build import docker_build
+from devtools.dockerd import extra_dockerd
 from devtools.support import edit_matrix, host_platform, registry_layers, registry_manifest, registry_of
 
 pytestmark = pytest.mark.engine  # containerd store only: see docs/testing.md (classic store: not reproducible)
@@ -106,22 +108,31 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
 def test_a_gzip_target_gets_gzip_layers_where_the_engine_holds_them_as_zstd(cpu_project, tmp_path, no_leftovers):
     """gzip, the default, is what enroot, pyxis and engines before 23 pull. A layer this engine first
     built for a zstd target (here the packages layer, which no other test builds) is compressed
-    again for the gzip build of the same target, not pushed as the zstd blob BuildKit already has."""
+    again for the gzip build of the same target, not pushed as the zstd blob BuildKit already has.
+
+    The zstd image is published with OCI media types and pulls and runs on empty engines of both
+    stores: with Docker's media types (the docker exporter's default) the push succeeded and every
+    pull failed ("mismatched image rootfs and manifest layers")."""
     root = tmp_path / "project"
     shutil.copytree(cpu_project, root, ignore=shutil.ignore_patterns("dist"))
     with_packages(root, ["einops==0.7.0"])
     doc = yaml.safe_load((root / "matrix.yaml").read_text())
 
-    def build_as(compression: str) -> list[str]:
+    def build_as(compression: str) -> tuple[list[str], str]:
         for t in doc["targets"]:
             if t["name"] == "cpu-hf":
                 t["compression"] = compression
         edit_matrix(root, targets=doc["targets"])
         out = build(root, "-t", "cpu-hf")["cpu-hf"]
         assert out["result"] == "built", out
-        return [layer["mediaType"] for layer in registry_manifest(out["content_tag"])["layers"]]
+        return [layer["mediaType"] for layer in registry_manifest(out["content_tag"])["layers"]], out["content_tag"]
 
-    zstd = build_as("zstd")
-    assert zstd[-1].endswith(("tar.zstd", "tar+zstd")), zstd
-    gzip_ = build_as("gzip")
+    zstd, ref = build_as("zstd")
+    assert zstd[-1] == "application/vnd.oci.image.layer.v1.tar+zstd", zstd
+    for store in ("containerd", "classic"):
+        with extra_dockerd(tmp_path / f"node-{store}", "zs", store=store) as node:
+            for argv in (["pull", "-q", ref], ["run", "--rm", ref, "python", "-c", "import torch"]):
+                proc = subprocess.run(["docker", "-H", node, *argv], capture_output=True, text=True, check=False)
+                assert proc.returncode == 0, f"{store} store: docker {argv[0]}: {proc.stderr[-1500:]}"
+    gzip_, _ = build_as("gzip")
     assert all(m.endswith(("tar.gzip", "tar+gzip")) for m in gzip_), gzip_
