@@ -146,6 +146,35 @@ def test_a_target_added_later_keeps_its_siblings_pins_unless_its_packages_need_o
                                   "foonext": "1.0"}
 
 
+def test_a_relock_for_an_added_package_keeps_the_targets_own_pins(project, indexes, tmp_path, monkeypatch):
+    """cpu is locked with foo 1.0; the index moves on (foo 2.0); then cpu gets a package: the relock
+    keeps foo 1.0 from cpu's own lock (no sibling shares cpu's torch here), so only the packages
+    layer changes. A requirement the target states itself wins over its old pin (bar 1.0 -> 2.0)."""
+    vendor, _default = indexes
+    _wheel(tmp_path / "vendor" / "simple", "torch", "2.13.0+cpu", requires=("foo",))
+    _wheel(tmp_path / "default" / "simple", "accelerate", "1.0", requires=("torch",))
+    _wheel(tmp_path / "default" / "simple", "bar", "1.0")
+    monkeypatch.setenv("BUILDER_INDEX_CPU", vendor)
+    doc = yaml.safe_load((project / "matrix.yaml").read_text())
+
+    def versions(packages: list[str]) -> dict[str, str]:
+        for t in doc["targets"]:
+            if t["name"] == "cpu":
+                t["packages"] = packages
+        edit_matrix(project, targets=doc["targets"])
+        proj = load_project(project / "matrix.yaml")
+        cpu = proj.target("cpu").on("linux/amd64")
+        assert not locks.sibling_pins(proj, cpu, []), "the test needs cpu without siblings"
+        return {p.name: p.version for p in locks.target_lock(proj, cpu, [])}
+
+    assert versions(["bar==1.0"]) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0", "bar": "1.0"}
+    _wheel(tmp_path / "vendor" / "simple", "foo", "2.0")
+    _wheel(tmp_path / "default" / "simple", "baz", "1.0")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache-later"))
+    assert versions(["bar", "baz"]) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0",
+                                        "bar": "2.0", "baz": "1.0"}
+
+
 def test_without_the_vendor_index_the_default_one_serves(project, indexes):
     """The control: the default index's foo==99 is there, so the first test would see it if it leaked."""
     proj = load_project(project / "matrix.yaml")

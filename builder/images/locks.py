@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -101,11 +102,22 @@ def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) ->
             preferred.setdefault(canonicalize_name(pin.name), pin)
     return list(preferred.values())
 
+def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
+    """The pins of this view's own lock as it stands, stale or not, minus the names the target asks
+    for itself (``torch==X``, its ``packages:``): what a relock prefers, so that a package added to a
+    CUDA target keeps the accelerate (and every other) wheel it had, and re-pushes its layer alone,
+    even after the index has moved on. A name the target asks for takes the new requirement.
+    """
+    asked = {canonicalize_name(Requirement(r).name) for r in _requirements(target)}
+    _, pins = read_lock(project.root / target.lock)
+    return [p for p in pins if canonicalize_name(p.name) not in asked]
+
 def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
     """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer.
 
-    Resolved with the siblings' pins (:func:`sibling_pins`) as constraints first; when the target's
-    own packages need other versions, again with only the common layer's.
+    Resolved with the lock's own previous pins (:func:`previous_pins`) and then the siblings'
+    (:func:`sibling_pins`) as constraints; when the target's own packages need other versions,
+    with the siblings' alone, then with only the common layer's.
     """
     path = project.root / target.lock
     requirements = _requirements(target)
@@ -118,11 +130,15 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
             return resolve(project, requirements, target.platform,
                            vendor_index=None if unreachable else target.index_url, constraints=constraints)
 
-        preferred = sibling_pins(project, target, common)
+        siblings = sibling_pins(project, target, common)
+        own = previous_pins(project, target)
+        mine = {canonicalize_name(p.name) for p in own}
+        preferences = [[*own, *(p for p in siblings if canonicalize_name(p.name) not in mine)], siblings]
         pins: list[Pin] = []
-        if preferred:
+        for preferred in [p for i, p in enumerate(preferences) if p and p not in preferences[:i]]:
             with contextlib.suppress(TargetFailed):  # else the target's packages need other versions
                 pins = attempt([*common, *preferred])
+                break
         try:
             pins = pins or attempt(common)
         except TargetFailed as exc:
