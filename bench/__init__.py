@@ -125,6 +125,11 @@ def installed_bytes(wheel: Path) -> int:
         return sum(info.file_size for info in archive.infolist())
 
 
+#: The instructions BuildKit records in the history as they are written, with no layer.
+BUILDKIT_METADATA = ("ENV", "ARG", "LABEL", "USER", "WORKDIR", "ENTRYPOINT", "CMD", "EXPOSE", "VOLUME",
+                     "STOPSIGNAL", "HEALTHCHECK", "SHELL", "ONBUILD", "MAINTAINER")
+
+
 @dataclass(frozen=True)
 class Layer:
     """One layer of an image: its diff ID, uncompressed size and the step that made it."""
@@ -135,9 +140,25 @@ class Layer:
 
 
 def _makes_layer(entry: dict[str, Any]) -> bool:
-    """History entries with a layer: any with bytes, and RUN/COPY/ADD (metadata steps are #(nop))."""
+    """History entries with a layer: any with bytes, and RUN/COPY/ADD, whose layer may be empty.
+
+    The history API has no ``empty_layer`` flag, so the step's text tells. BuildKit writes the
+    instruction (``ENV A=1``; ``RUN ... # buildkit``, a layer even when it changes nothing); the
+    classic builder marks metadata steps ``#(nop)``, its COPY/ADD included.
+
+    Example:
+        >>> [_makes_layer({"CreatedBy": c, "Size": n}) for c, n in (("ENV A=1", 0), ("WORKDIR /w", 8192),
+        ...  ("RUN /bin/sh -c true # buildkit", 0), ("/bin/sh -c #(nop)  LABEL x=y", 0))]
+        [False, True, True, False]
+    """
     step = entry.get("CreatedBy", "")
-    return entry["Size"] > 0 or "#(nop)" not in step or any(f"#(nop) {k} " in step for k in ("COPY", "ADD"))
+    if entry["Size"] > 0:
+        return True
+    if step.endswith("# buildkit"):
+        return step.split(" ", 1)[0] in ("RUN", "COPY", "ADD")
+    if "#(nop)" in step:
+        return any(f"#(nop) {k} " in step for k in ("COPY", "ADD"))
+    return bool(step) and step.split(" ", 1)[0] not in BUILDKIT_METADATA
 
 
 def layers(client: docker.DockerClient, image: str) -> list[Layer]:

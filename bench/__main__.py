@@ -68,7 +68,7 @@ from devtools.support import (
 
 REPEATS = 3
 #: Where target-specific input first enters each stack: the first layer of the plan (ours), the wheels' COPY (baseline).
-MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": " in /wheels"}
+MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": "COPY wheels /wheels"}
 BASELINE_REPO = "ml-bench-baseline"
 #: The rows ``--only`` can pick, in the order they run.
 ROWS = ("baseline", "avoidance", "emulated", "start", "fresh-node")
@@ -361,9 +361,8 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     times and alternating which goes first, an empty second dockerd pulls each (whole ``docker
     pull``), starts a container that imports torch and accelerate (a whole ``docker run``), and runs
     the example training (``docker run`` until its first epoch is printed). Where the pull time goes
-    is measured apart, once per compression: the blobs fetched from the registry into a file
-    (download), then decompressed to /dev/null one after another (``gzip -dc`` / ``zstd -dc``);
-    the rest of a pull is unpacking and the engine's own work. Then an extra package on the zstd
+    is measured apart, once per compression (:func:`pull_parts`): download, decompression and
+    unpacking; what a pull takes beyond them is the engine's own work. Then an extra package on the zstd
     target: the bytes a push uploads, read from the registry.
     """
     name, platform = "nvidia-cu130", host_platform()
@@ -430,8 +429,9 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
 
 
 def pull_parts(ref: str, compression: str, folder: Path) -> dict[str, float]:
-    """Seconds to download every layer blob of *ref* from the registry (one after another, to a file)
-    and to decompress them all to /dev/null with the reference tool of *compression*."""
+    """Seconds to download every layer blob of *ref* from the registry (one after another, to a file),
+    to decompress them all to /dev/null with the reference tool of *compression*, and to unpack them
+    (decompress, ``tar -x`` onto this disk in layer order, ``sync``) less the decompression."""
     import urllib.request
 
     folder.mkdir(parents=True)
@@ -451,10 +451,24 @@ def pull_parts(ref: str, compression: str, folder: Path) -> dict[str, float]:
             with path.open("rb") as source:
                 subprocess.run([compression, "-dc"], stdin=source, stdout=subprocess.DEVNULL, check=True)
 
+    def unpack() -> None:  # decompress and write the files, in layer order, as the engine applies them
+        tree.mkdir()
+        for path in blobs:
+            with path.open("rb") as source:
+                decompressor = subprocess.Popen([compression, "-dc"], stdin=source, stdout=subprocess.PIPE)
+                subprocess.run(["tar", "-x", "--numeric-owner", "-C", str(tree)], stdin=decompressor.stdout,
+                               check=True)
+                if decompressor.wait() != 0:
+                    raise RuntimeError(f"bench: {compression} -dc {path} exited {decompressor.returncode}")
+        subprocess.run(["sync", "-f", str(tree)], check=True)
+
+    tree = folder.parent / f"{folder.name}-tree"
     downloaded, _ = timed(download)
     decompressed, _ = timed(decompress)
+    unpacked, _ = timed(unpack)
     shutil.rmtree(folder)
-    return {"download_s": downloaded, "decompress_s": decompressed}
+    shutil.rmtree(tree)
+    return {"download_s": downloaded, "decompress_s": decompressed, "unpack_s": round(unpacked - decompressed, 2)}
 
 
 def start_cost(project: Project, targets: list[ResolvedTarget], made: Made) -> dict[str, Any]:
@@ -620,7 +634,9 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
         rows += [(f"| of the pull: download, blobs one after another | {f['where']['zstd']['download_s']} | "
                  f"{f['where']['gzip']['download_s']} | once each |"),
                  (f"| of the pull: decompression, `zstd -dc` / `gzip -dc` | {f['where']['zstd']['decompress_s']} | "
-                 f"{f['where']['gzip']['decompress_s']} | once each |")]
+                 f"{f['where']['gzip']['decompress_s']} | once each |"),
+                 (f"| of the pull: unpacking, `tar -x` in layer order and `sync`, less decompression | "
+                 f"{f['where']['zstd'].get('unpack_s')} | {f['where']['gzip'].get('unpack_s')} | once each |")]
         layers_mb = {k: [round(v / 1e6) for v in sizes] for k, sizes in f["layers"].items()}
         rows += ["", f"Compressed layers (MB): zstd {layers_mb['zstd']}; gzip {layers_mb['gzip']}.", ""]
     if (c := results.get("start")) is not None:
