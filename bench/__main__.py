@@ -151,11 +151,11 @@ def builder_build(root: Path, target: str, *flags: str, smoke: bool = False,
 
 
 def docker_cli_build(context: Path, base: str, backend: str, tag: str) -> tuple[float, str]:
-    """Wall seconds of the baseline's ``docker buildx build`` (as a user runs it) and the image ID."""
+    """Wall seconds of the baseline's ``docker buildx build`` (as a user runs it) and the image's reference (*tag*)."""
     argv = [shutil.which("docker") or "docker", "buildx", "build", "-q", "--provenance=false",
             "--build-arg", f"BASE={base}", "--build-arg", f"GPU_BACKEND={backend}", "-t", tag, str(context)]
-    seconds, proc = timed(lambda: run(argv, cwd=context))
-    return seconds, proc.stdout.strip().splitlines()[-1]
+    seconds, _ = timed(lambda: run(argv, cwd=context))
+    return seconds, tag  # not `-q`'s ID: in the containerd store that is the config's digest, not the image's
 
 
 def touch_runtime(root: Path) -> None:
@@ -199,6 +199,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
         theirs["cold_build_s"][t.name], base_id = timed(functools.partial(
             engine_build, client, contexts[t.name], "Dockerfile", buildargs=args, nocache=True))
         made.ids.append(base_id)
+        say(f"{t.name}: cold build {ours['cold_build_s'][t.name]} s, baseline {theirs['cold_build_s'][t.name]} s")
 
     # Settle: one ordinary build each, as users run them (cached, tagged). Sizes and sharing are
     # measured on these: nocache rebuilt the shared stage per target, so its images share nothing.
@@ -688,7 +689,7 @@ runtime/ change = a comment appended to runtime/ml_runtime/__init__.py, then `bu
 (smoke on); cached/total counts the build's steps without FROM lines. `make images` = `make images TARGETS=...`
 in the copy (this checkout's Makefile and venv; `install` and `host` run too), nothing changed."""
 NOTES = HOW[:-1] + """:
-cold = docker-py classic build with nocache, ours and baseline interleaved per target; no-op = wall time of
+cold = a BuildKit build with --no-cache, ours and baseline interleaved per target; no-op = wall time of
 the whole `builder build -t T --no-smoke -q --json` process (baseline: `docker build` of its Dockerfile,
 which sends the wheels in its context every time); runtime change = a comment appended to
 runtime/ml_runtime/__init__.py in the temporary copy, then the same rebuild. Sizes and sharing are taken from
