@@ -154,8 +154,6 @@ def _makes_layer(entry: dict[str, Any]) -> bool:
     step = entry.get("CreatedBy", "")
     if entry["Size"] > 0:
         return True
-    if step.endswith("# buildkit"):
-        return step.split(" ", 1)[0] in ("RUN", "COPY", "ADD")
     if "#(nop)" in step:
         return any(f"#(nop) {k} " in step for k in ("COPY", "ADD"))
     return bool(step) and step.split(" ", 1)[0] not in BUILDKIT_METADATA

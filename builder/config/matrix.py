@@ -306,7 +306,13 @@ class Matrix(_Strict):
         raise KeyError(name)
 
 
-def _req_name(requirement: str) -> str:
+def requirement_name(requirement: str) -> str:
+    """The canonical project name of a PEP 508 requirement.
+
+    Example:
+        >>> requirement_name("Einops==0.8.1")
+        'einops'
+    """
     return canonicalize_name(PipRequirement(requirement).name)
 
 
@@ -314,16 +320,16 @@ def _torch_elsewhere(m: Matrix) -> list[str]:
     """torch set by a package list beside ``targets[].torch`` (and the wheel mapping's suffix), or a
     target's package also in common_packages (the common pin silently wins)."""
     problems = []
-    common = {_req_name(r): r for r in m.common_packages}
+    common = {requirement_name(r): r for r in m.common_packages}
     lists = [("common_packages", m.common_packages), ("torch_packages", m.torch_packages),
              *((f"targets[{i}].packages", t.packages) for i, t in enumerate(m.targets))]
     for where, requirements in lists:
         for j, r in enumerate(requirements):
-            if _req_name(r) == "torch":
+            if requirement_name(r) == "torch":
                 problems.append(f"{where}[{j}]: {r!r}: torch comes from the target's 'torch' key and the wheel "
                                 "mapping; remove it here and set targets[].torch")
-            elif where.startswith("targets") and _req_name(r) in common:
-                problems.append(f"{where}[{j}]: {r!r} is in common_packages too ({common[_req_name(r)]!r}), whose "
+            elif where.startswith("targets") and requirement_name(r) in common:
+                problems.append(f"{where}[{j}]: {r!r} is in common_packages too ({common[requirement_name(r)]!r}), whose "
                                 "pin every target shares; keep it in one of the two")
     return problems
 
@@ -334,11 +340,11 @@ def _startup_problems(m: Matrix) -> list[str]:
     if not m.startup_imports:
         return [("startup_imports: [] leaves the build's start-up step 'import' with no module (a syntax error); "
                  "list at least torch, or leave the key out (default: [torch])")]
-    everywhere = {"torch", *map(_req_name, m.common_packages), *map(_req_name, m.torch_packages)}
+    everywhere = {"torch", *map(requirement_name, m.common_packages), *map(requirement_name, m.torch_packages)}
     problems = []
     for i, module in enumerate(m.startup_imports):
         name = canonicalize_name(module.split(".")[0])
-        having = [t.name for t in m.targets if name in map(_req_name, t.packages)]
+        having = [t.name for t in m.targets if name in map(requirement_name, t.packages)]
         if name not in everywhere and having and len(having) < len(m.targets):
             lacking = [t.name for t in m.targets if t.name not in having]
             problems.append(f"startup_imports[{i}]: {module!r} is installed only by the packages of "

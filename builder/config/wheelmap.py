@@ -13,14 +13,12 @@ import os
 import re
 from typing import Annotated, Literal
 
-from packaging.requirements import Requirement as PipRequirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import Version
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from builder.config import grammar as g
-from builder.config.matrix import Backend, Requirement, Url
+from builder.config.matrix import Backend, Requirement, Url, requirement_name
 
 Vendor = Literal["nvidia", "amd", "intel", "cpu"]
 #: The vendor behind each backend (ROCm is AMD's, XPU Intel's); a fact, not configuration.
@@ -145,7 +143,7 @@ class WheelMapping(_Strict):
             seen.setdefault(pair, key)
         for key, entry in self.entries.items():
             for j, r in enumerate(entry.packages):
-                if canonicalize_name(PipRequirement(r).name) == "torch":
+                if requirement_name(r) == "torch":
                     problems.append(f"entries.{key}.packages[{j}]: {r!r}: torch comes from the target's 'torch' "
                                     "and this entry's local_version; remove it")
             problems += _suffix_problems(key, entry)

@@ -18,12 +18,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
+from builder.config.matrix import requirement_name
 from builder.config.project import Project, ResolvedTarget
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
@@ -88,7 +88,7 @@ def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) ->
     A name two siblings pin differently takes the first in matrix order. Not part of the lock's
     fingerprint: a sibling's relock leaves this lock current (it is a preference, not an input).
     """
-    preferred: dict[str, Pin] = {}
+    found: list[Pin] = []
     for other in project.targets:
         if other.name == target.name or target.platform not in other.platforms:
             continue
@@ -96,11 +96,16 @@ def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) ->
         if (view.torch_pin, view.entry, view.index_url) != (target.torch_pin, target.entry, target.index_url):
             continue
         recorded, pins = read_lock(project.root / view.lock)
-        if recorded != _target_fingerprint(project, view, common):
-            continue  # stale or missing: its pins may be for other inputs
-        for pin in pins:
-            preferred.setdefault(canonicalize_name(pin.name), pin)
-    return list(preferred.values())
+        if recorded == _target_fingerprint(project, view, common):  # else stale or missing: other inputs
+            found += pins
+    return first_by_name(found)
+
+def first_by_name(pins: list[Pin]) -> list[Pin]:
+    """*pins* with only the first pin of each (canonical) name: the first preference wins."""
+    kept: dict[str, Pin] = {}
+    for pin in pins:
+        kept.setdefault(canonicalize_name(pin.name), pin)
+    return list(kept.values())
 
 def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
     """The pins of this view's own lock as it stands, stale or not, minus the names the target asks
@@ -108,7 +113,7 @@ def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
     CUDA target keeps the accelerate (and every other) wheel it had, and re-pushes its layer alone,
     even after the index has moved on. A name the target asks for takes the new requirement.
     """
-    asked = {canonicalize_name(Requirement(r).name) for r in _requirements(target)}
+    asked = {requirement_name(r) for r in _requirements(target)}
     _, pins = read_lock(project.root / target.lock)
     return [p for p in pins if canonicalize_name(p.name) not in asked]
 
@@ -131,11 +136,11 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
                            vendor_index=None if unreachable else target.index_url, constraints=constraints)
 
         siblings = sibling_pins(project, target, common)
-        own = previous_pins(project, target)
-        mine = {canonicalize_name(p.name) for p in own}
-        preferences = [[*own, *(p for p in siblings if canonicalize_name(p.name) not in mine)], siblings]
+        both = first_by_name([*previous_pins(project, target), *siblings])
         pins: list[Pin] = []
-        for preferred in [p for i, p in enumerate(preferences) if p and p not in preferences[:i]]:
+        for preferred in [both] if both == siblings else [both, siblings]:
+            if not preferred:
+                continue
             with contextlib.suppress(TargetFailed):  # else the target's packages need other versions
                 pins = attempt([*common, *preferred])
                 break
