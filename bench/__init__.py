@@ -65,21 +65,24 @@ def second_engine(folder: Path) -> Iterator[str]:
         raise SystemExit(f"bench: {exc}") from None
 
 
-def steps_before_last_stage(dockerfile: str) -> int:
-    """Steps before the Dockerfile's last stage, counted as ``builder build`` counts them (FROM lines
-    and the ARGs before the first not).
+#: The Dockerfile instructions BuildKit runs as a step of their own (its ``[stage n/m]`` vertices).
+VERTEX_INSTRUCTIONS = frozenset({"RUN", "COPY", "ADD", "WORKDIR"})
 
-    A build's total also holds the LABEL step the engine appends per ``--label``, all in the last
-    stage: "only the last stage rebuilt" is "exactly these steps from cache".
+
+def steps_before_last_stage(dockerfile: str) -> int:
+    """Steps before the Dockerfile's last stage, counted as BuildKit counts them: the instructions
+    that make a vertex (RUN, COPY, ADD, WORKDIR); FROM, ENV, ARG, LABEL and USER make none.
+
+    "Only the last stage rebuilt" is "exactly these steps from cache".
 
     Example:
-        >>> steps_before_last_stage("ARG A\\nFROM a AS b\\nRUN x\\nENV c=1\\nFROM b\\nCOPY c /c\\n")
+        >>> steps_before_last_stage("ARG A\\nFROM a AS b\\nRUN x\\nENV c=1\\nWORKDIR /w\\nFROM b\\nCOPY c /c\\n")
         2
     """
     joined = re.sub(r"\\[ \t]*\n(?:[ \t]*(?:#[^\n]*)?\n)*", " ", dockerfile)
     words = [ln.split(None, 1)[0].upper() for ln in joined.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     first, last = words.index("FROM"), max(i for i, w in enumerate(words) if w == "FROM")
-    return sum(w != "FROM" for w in words[first:last])  # ARGs before the first FROM make no step of a stage
+    return sum(w in VERTEX_INSTRUCTIONS for w in words[first:last])
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

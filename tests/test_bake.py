@@ -63,7 +63,10 @@ def test_bake_definition_has_the_shape_bake_accepts():
         assert set(group["targets"]) <= set(definition["target"]), (name, group)
     assert "default" in definition["group"]
     for spec in definition["target"].values():
-        assert set(spec["contexts"]) == {"wheels"} and all(isinstance(v, str) for v in spec["contexts"].values())
+        target = project.target(spec["labels"]["io.ml-image-builder.target"])
+        view = next(v for v in target.views() if v.platform == spec["platforms"][0])
+        assert set(spec["contexts"]) == {layers.context_name(layer) for layer in layers.context_layers(project, view)}
+        assert all(isinstance(v, str) for v in spec["contexts"].values())
 
 
 def test_bake_subset_keeps_groups_consistent():
@@ -86,6 +89,7 @@ def test_bake_command_prints_and_writes(tmp_path):
     assert json.loads(out.read_text()) == bake.bake_definition(_project(), _project().select(["cpu"]))
     # The wheels the file points at are staged, one folder per layer, exactly the locked files.
     cpu = _project().target("cpu")
-    folder = Path(json.loads(out.read_text())["target"]["cpu"]["contexts"]["wheels"])
+    contexts = json.loads(out.read_text())["target"]["cpu"]["contexts"]
     for layer, pins in layers.context_layers(_project(), cpu).items():
-        assert sorted(p.name for p in (folder / layer).iterdir()) == sorted(p.filename for p in pins), layer
+        folder = Path(contexts[layers.context_name(layer)])
+        assert sorted(p.name for p in folder.iterdir()) == sorted(p.filename for p in pins), layer

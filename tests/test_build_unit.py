@@ -85,7 +85,8 @@ def test_the_plan_of_a_view_has_its_refs_build_arguments_and_stages(project):
     args = view.request.build_args
     assert args["BASE"] == project.base_for(cpu.platform) and args["SOURCE_DATE_EPOCH"] == "1735787045"
     assert view.request.labels == LABELS and view.request.cache_to == ("type=inline",)
-    assert view.request.contexts == {"wheels": str(plans.wheels_folder(view.wheels))}  # staged by the build
+    folder = plans.wheels_folder(view.wheels)  # staged by the build
+    assert view.request.contexts == {f"wheels-{layer}": str(folder / layer) for layer in view.wheels}
     cached = plans.make_plan(project, [cpu], plans.Options(push=True, registry_cache=True), labels=LABELS).views[0]
     assert cached.request.cache_to[1] == plans.registry_cache_sink(cpu)
 

@@ -65,17 +65,19 @@ def test_rendered_dockerfile_has_one_step_per_layer_in_plan_order(project):
     proj = load_project(project / "matrix.yaml")
     text = render.render(proj, [proj.target("nvidia-cu130")]).popitem()[1]
     order = [line.split()[1] for line in text.splitlines() if line.startswith("ARG WHEELS_")]
-    assert order == ["WHEELS_TOOLS", "WHEELS_COMMON", "WHEELS_TOOLS", "WHEELS_CUDA_DNN", "WHEELS_CUDA_BLAS",
+    assert order == ["WHEELS_TOOLS", "WHEELS_COMMON", "WHEELS_CUDA_DNN", "WHEELS_CUDA_BLAS",
                      "WHEELS_CUDA_SOLVERS", "WHEELS_CUDA_RUNTIME", "WHEELS_TRITON", "WHEELS_TORCH",
-                     "WHEELS_ACCELERATE", "WHEELS_TOOLS", "WHEELS_PACKAGES"]
+                     "WHEELS_ACCELERATE", "WHEELS_PACKAGES"]
     # The packages layer comes after the runtime: targets differing only in packages share the rest.
     assert text.index("target=/tmp/examples") < text.index('if [ -n "$WHEELS_PACKAGES" ]')
-    # Each layer's RUN mounts its own wheels' folder of the context `wheels`, and no other layer's.
+    # Each layer's RUN mounts its own wheels' context and uv from the tools stage, nothing else.
     for layer in ("cuda-dnn", "torch", "packages"):
         run = next(block for block in text.split("\nRUN ") if f'"$WHEELS_{layer.upper().replace("-", "_")}"' in block)
-        mounts = [m for m in run.split() if m.startswith("--mount=type=bind,from=wheels")]
-        assert mounts == ["--mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools",
-                          f"--mount=type=bind,from=wheels,source={layer},target=/tmp/wheels/{layer}"], mounts
+        mounts = [m for m in run.split() if m.startswith("--mount=type=bind,")]
+        assert mounts == ["--mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv",
+                          f"--mount=type=bind,from=wheels-{layer},target=/tmp/wheels/{layer}"], mounts
+    # uv is installed once, in the tools stage, which no other stage is built on.
+    assert text.count("--target /opt/uv") == 1 and "FROM tools" not in text
     # No lock file is copied in: a layer's cache key is its own wheels (and those below), nothing else.
     assert ".lock /opt/" not in text
 

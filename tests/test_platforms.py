@@ -101,7 +101,7 @@ def test_the_dockerfile_is_one_for_every_platform_and_names_no_pin(project):
     text = render.render(proj, [proj.target("nvidia-cu130")]).popitem()[1]
     for platform in ("linux/amd64", "linux/arm64"):
         assert proj.base_for(platform).split("@")[1] not in text
-    assert "ARG BASE\nFROM ${BASE} AS common\n" in text
+    assert "ARG BASE\n" in text and "\nFROM ${BASE} AS tools\n" in text and "\nFROM ${BASE} AS common\n" in text
     # Each platform's wheels reach the build as arguments, from that platform's locks.
     arm64 = content.build_args(proj, proj.target("nvidia-cu130").on("linux/arm64"))
     amd64 = content.build_args(proj, proj.target("nvidia-cu130").on("linux/amd64"))

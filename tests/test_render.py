@@ -46,7 +46,11 @@ def test_dockerfile_contract(golden_project):
     text = render.render(golden_project, [golden_project.target("cuda")]).popitem()[1]
     assert "USER 1001:1001" in text
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]' in text
-    assert "ARG BASE\nFROM ${BASE} AS common" in text  # the digest-pinned base, as a build argument
+    # Every stage is on the digest-pinned base (a build argument) or on a stage of its own.
+    froms = [line.split() for line in text.splitlines() if line.startswith("FROM ")]
+    assert text.startswith("# ") and "\nARG BASE\n" in text.split("\nFROM ", 1)[0]
+    assert [f[1:] for f in froms] == [["${BASE}", "AS", "tools"], ["${BASE}", "AS", "common"],
+                                      ["common", "AS", "torch"], ["torch", "AS", "runtime"]], froms
     # No step reaches a network, and every RUN has /tmp on a tmpfs (nothing of a step's stays there).
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]
     assert runs and all(line.startswith("RUN --network=none --mount=type=tmpfs,target=/tmp ") for line in runs), runs

@@ -2,7 +2,7 @@
 
 One bake target per matrix target and platform: the build ``builder build`` runs
 (its plan's request, :mod:`builder.images.plan`: Dockerfile, context ".", the platform's base pin and
-each layer's wheels as build arguments, the wheels as the named context ``wheels``), every tag,
+each layer's wheels as build arguments, the wheels as one named context per layer), every tag,
 the static labels, registry cache in (the published image) and inline cache out, the output in the
 target's compression; and the
 matrix's groups. ``builder bake`` stages the wheels' folders, so that plain

@@ -62,7 +62,7 @@ def build_request(
 ) -> buildkit.BuildRequest:
     """The build of one target view (or one stage of it), as data: what ``builder bake`` writes too.
 
-    The wheels arrive as the named context ``wheels`` (no network); the base pin, each layer's
+    The wheels arrive as one named context per layer, ``wheels-<layer>`` (no network); the base pin, each layer's
     wheels and EMULATED (a foreign platform under qemu here) as build arguments; inline cache
     metadata goes into the image, so a runner that lacks it can use the published image as cache.
     With *registry_cache* every step's cache also goes to :func:`cache_ref` (mode=max), which a
@@ -81,11 +81,12 @@ def registry_cache_supported(engine: Engine | docker.DockerClient) -> bool:
     return bool(os.environ.get("BUILDX_BUILDER")) or Engine.of(engine).store() == "containerd"
 
 
-def wheels_context(project: Project, target: ResolvedTarget) -> Path:
-    """The folder the build context ``wheels`` is, staged: the view's wheels, one folder per layer."""
+def wheels_context(project: Project, target: ResolvedTarget) -> dict[str, str]:
+    """The view's named wheel contexts, staged: one per layer (:func:`builder.images.layers.wheel_contexts`)."""
     from builder.images import layers
 
-    return wheelhouse.build_context(layers.context_layers(project, target))
+    wheels = layers.context_layers(project, target)
+    return layers.wheel_contexts(wheelhouse.build_context(wheels), wheels)
 
 
 def docker_build(
@@ -104,7 +105,7 @@ def docker_build(
     """Build one target view (or one stage of it) through BuildKit, alone (no smoke test, no tag);
     return (image ID, steps, steps from cache, the registry caches read)."""
     request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache,
-                            contexts={"wheels": str(wheels_context(project, target))}, registry_cache=registry_cache)
+                            contexts=wheels_context(project, target), registry_cache=registry_cache)
     host = registry.Ref.parse(target.primary_ref).host
     image_id, result = Engine.of(client).build(request, on_step=on_step, on_log=on_log, cancel=cancel,
                                                registry_host=host, cwd=project.root)

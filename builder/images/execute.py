@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Protocol
 
 from builder.config.errors import TargetFailed, UserError
@@ -186,11 +185,12 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
         time.sleep(0.2)
 
 
-def _stage_wheels(plan: plans.ViewPlan) -> Path:
-    """The folder of the view's named context ``wheels``, staged (hard links into the wheelhouse)."""
-    from builder.images import wheelhouse
+def _stage_wheels(plan: plans.ViewPlan) -> dict[str, str]:
+    """The view's named wheel contexts, staged (hard links into the wheelhouse)."""
+    from builder.images import layers, wheelhouse
 
-    return wheelhouse.build_context({layer: list(pins) for layer, pins in plan.wheels.items()})
+    return layers.wheel_contexts(wheelhouse.build_context({layer: list(pins) for layer, pins in plan.wheels.items()}),
+                                 plan.wheels)
 
 
 class Executor:
@@ -237,7 +237,7 @@ class Executor:
 
     def _build(self, run: _Run) -> None:
         plan, out, unit = run.plan, run.out, run.plan.unit
-        request = replace(plan.request, contexts={"wheels": str(_stage_wheels(plan))},
+        request = replace(plan.request, contexts=_stage_wheels(plan),
                           cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
         image_id, result = self.engine.build(
@@ -378,7 +378,7 @@ class Executor:
     def _shared_stage(self, plan: plans.ViewPlan) -> None:
         self.ui.say("building the shared stage once")
         try:
-            request = replace(plans.shared_stage(plan), contexts={"wheels": str(_stage_wheels(plan))})
+            request = replace(plans.shared_stage(plan), contexts=_stage_wheels(plan))
             self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
                               cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))
         except TargetFailed as exc:

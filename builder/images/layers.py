@@ -21,7 +21,9 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
@@ -58,6 +60,27 @@ class PlannedLayer:
 def arg_name(layer: str) -> str:
     """``cuda-dnn`` -> ``WHEELS_CUDA_DNN``."""
     return "WHEELS_" + layer.upper().replace("-", "_")
+
+
+def context_name(layer: str) -> str:
+    """The named build context a layer's wheels reach its ``RUN`` as: ``cuda-dnn`` -> ``wheels-cuda-dnn``.
+
+    One context per layer, not one context with a folder per layer: BuildKit keeps a context's
+    last transfer to send only what changed, per context; several ``RUN``s mounting different
+    folders of one context each transfer theirs into that one copy, undoing the others', so every
+    build sent the wheels again (0.74 GB of nvidia-cu130's, 9 s, with every step cached).
+    """
+    return "wheels-" + layer
+
+
+def wheel_contexts(folder: Path, layer_names: Iterable[str]) -> dict[str, str]:
+    """The build's named contexts for the wheels staged in *folder* (one folder per layer).
+
+    Example:
+        >>> wheel_contexts(Path("/w"), ["tools", "cuda-dnn"])
+        {'wheels-tools': '/w/tools', 'wheels-cuda-dnn': '/w/cuda-dnn'}
+    """
+    return {context_name(layer): str(folder / layer) for layer in layer_names}
 
 
 def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
@@ -114,5 +137,5 @@ def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
 
 
 def context_layers(project: Project, target: ResolvedTarget) -> dict[str, list[Pin]]:
-    """{layer: its wheels}: what the build context ``wheels`` holds for this view, one folder per layer."""
+    """{layer: its wheels}: the view's wheels, one named context per layer (:func:`wheel_contexts`)."""
     return {layer.name: list(layer.pins) for layer in shared_and_planned(project, target)}

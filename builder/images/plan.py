@@ -77,7 +77,7 @@ class ViewPlan:
     cache_sources: tuple[str, ...]
     #: the registry the view publishes to (BuildKit reads the base and the cache from it)
     registry_host: str
-    #: the wheels of the named context ``wheels``, layer by layer (the build stages their folder)
+    #: the wheels of the named contexts ``wheels-<layer>``, layer by layer (the build stages their folders)
     wheels: Mapping[str, Sequence[Pin]] = field(repr=False)
     #: the build (cache sources are chosen when it runs: they depend on what is there)
     request: buildkit.BuildRequest
@@ -191,11 +191,18 @@ def image_refs(target: ResolvedTarget) -> list[str]:
 
 
 def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
-    """The folder the build context ``wheels`` is for these layers' wheels (nothing is written:
+    """The folder these layers' wheels are staged in, one folder per layer (nothing is written:
     :func:`builder.images.wheelhouse.build_context` stages it)."""
     from builder.images import wheelhouse
 
     return wheelhouse.context_folder({layer: list(pins) for layer, pins in wheels.items()})
+
+
+def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
+    """The build's named contexts for these layers' wheels, ``wheels-<layer>`` each (:func:`builder.images.layers.context_name`)."""
+    from builder.images import layers
+
+    return layers.wheel_contexts(wheels_folder(wheels), wheels)
 
 
 def request(
@@ -216,8 +223,7 @@ def request(
         platform=target.platform,
         build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"}),
                     "SOURCE_DATE_EPOCH": str(epoch)},
-        contexts=contexts if contexts is not None else {
-            "wheels": str(wheels_folder(layers.context_layers(project, target)))},
+        contexts=contexts if contexts is not None else wheel_contexts(layers.context_layers(project, target)),
         labels={} if stage else dict(labels),
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
@@ -264,7 +270,7 @@ def plan_view(project: Project, view: ResolvedTarget, content_tag: str, options:
         registry_host=registry.Ref.parse(view.primary_ref).host,
         wheels=wheels,
         request=request(project, view, labels, nocache=options.rebuild, registry_cache=options.registry_cache,
-                        contexts={"wheels": str(wheels_folder(wheels))}),
+                        contexts=wheel_contexts(wheels)),
         stages=build_stages(options),
     )
 

@@ -21,7 +21,7 @@ from builder.images import layers
 
 #: Files under images/<target>/ that render owns; anything else there (locks) is left alone.
 RENDERED = ("Dockerfile",)
-#: Where a RUN finds its layer's wheels (the named build context `wheels`, one folder per layer).
+#: Where a RUN finds its layer's wheels (`<WHEELS_MOUNT>/<layer>`, from the named build context `wheels-<layer>`).
 WHEELS_MOUNT = "/tmp/wheels"
 
 
@@ -62,6 +62,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
         "wheels": WHEELS_MOUNT,
         "epoch": project.matrix.base.source_date_epoch,
         "arg_name": layers.arg_name,
+        "context_name": layers.context_name,
         "startup_imports": ", ".join(project.matrix.startup_imports),
         "startup_packages": " ".join(dict.fromkeys(m.split(".")[0] for m in project.matrix.startup_imports)),
     }

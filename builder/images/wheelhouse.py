@@ -97,7 +97,8 @@ def context_folder(layers: dict[str, list[Pin]]) -> Path:
 
 
 def build_context(layers: dict[str, list[Pin]]) -> Path:
-    """The named build context ``wheels``: one folder per layer holding exactly that layer's wheels.
+    """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels,
+    each the context ``wheels-<layer>`` (:func:`builder.images.layers.wheel_contexts`).
 
     A ``RUN`` mounts its layer's folder alone, and BuildKit keys its cache on the content of what
     is mounted (not on file times), so a layer's cache depends on its own wheels only, as on any

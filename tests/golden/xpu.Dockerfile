@@ -3,14 +3,24 @@
 #
 # Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
 # wheels, one layer per group of the layer plan) -> runtime (the in-image runtime, the layer that
-# changes most). Wheels come from the
-# named build context `wheels` (bind-mounted for the RUN that installs them: no network, no
-# server), are checked against the hash locks and never stay in a layer; no cache, CA bundle or
-# credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
+# changes most); beside them tools (the installer, in no layer). Each layer's wheels come from a
+# named build context of their own, `wheels-<layer>` (bind-mounted for the RUN that installs them:
+# no network, no server), are checked against the hash locks and never stay in a layer; no cache,
+# CA bundle or credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
 
 # The shared base, pinned by digest per platform in base.lock.json (not here: a re-pin changes
 # that file alone). `builder build` passes the platform's pin as BASE; `builder print` shows it.
 ARG BASE
+# uv (WHEELS_TOOLS, the installer) in a stage of its own, installed once by Debian's pip wheel and
+# hash-checked like every wheel; each installing RUN mounts it. It is in no layer of the image.
+FROM ${BASE} AS tools
+ARG WHEELS_TOOLS
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels-tools,target=/tmp/wheels/tools \
+    printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock \
+ && set -- /usr/share/python-wheels/pip-*.whl \
+ && python3 "$1/pip" install --no-index --no-deps --require-hashes \
+      --find-links /tmp/wheels/tools --target /opt/uv -r /tmp/tools.lock
+
 FROM ${BASE} AS common
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -29,32 +39,24 @@ RUN --network=none --mount=type=tmpfs,target=/tmp touch /tmp/.layer \
 WORKDIR /workspace
 # Wheels come as build arguments, one per layer, from the platform's locks (`builder build` passes
 # them; `builder print` lists them): WHEELS_<LAYER>="name==version --hash=sha256:<hex> ...", written
-# back one per line for --require-hashes. uv (WHEELS_TOOLS, the installer) runs from /tmp/uv for
-# one step at a time, bootstrapped by Debian's pip wheel here, by the venv's pip (from the common
-# lock, hash-checked like everything else) above.
-ARG WHEELS_TOOLS
+# back one per line for --require-hashes, and installed by uv from the tools stage.
 ARG WHEELS_COMMON
-RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools --mount=type=bind,from=wheels,source=common,target=/tmp/wheels/common \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-common,target=/tmp/wheels/common \
     touch /tmp/.layer \
- && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_COMMON > /tmp/common.lock \
- && set -- /usr/share/python-wheels/pip-*.whl \
- && python3 "$1/pip" install --no-index --no-deps --require-hashes \
-      --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
+ && printf '%s %s\n' $WHEELS_COMMON > /tmp/common.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/common -r /tmp/common.lock \
  && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM common AS torch
-ARG WHEELS_TOOLS
 # The layer plan (matrix.yaml's layers): one layer per group of the target's locked wheels, by what
 # changes together and about 1 GB at most, so a change to one group rebuilds, pushes and pulls that
 # layer and those above it, and the engine fetches the layers side by side.
 ARG WHEELS_TORCH
-RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools --mount=type=bind,from=wheels,source=torch,target=/tmp/wheels/torch \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-torch,target=/tmp/wheels/torch \
     if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
- && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
- && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
+ && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
  && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
@@ -90,12 +92,10 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runti
  && if [ -z "$EMULATED" ]; then python -m ml_runtime.devices.facts --record /opt/venv/share/ml-runtime/torch-facts.json; fi \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 # The target's own packages last: targets that differ only in them share every layer below.
-ARG WHEELS_TOOLS
 ARG WHEELS_PACKAGES
-RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=wheels,source=tools,target=/tmp/wheels/tools --mount=type=bind,from=wheels,source=packages,target=/tmp/wheels/packages \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-packages,target=/tmp/wheels/packages \
     if [ -n "$WHEELS_PACKAGES" ]; then touch /tmp/.layer \
- && printf '%s %s\n' $WHEELS_TOOLS > /tmp/tools.lock && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
- && pip install --no-index --no-deps --require-hashes --find-links /tmp/wheels/tools --target /tmp/uv -r /tmp/tools.lock \
+ && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/packages -r /tmp/packages.lock \
  && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
