@@ -250,8 +250,10 @@ def _locked(client: docker.DockerClient, project: Project, platform: str, lock: 
         if not registry_answers(host):
             raise UserError(f"registry {host} is unreachable, so the locked {platform} base {pinned.reference} "
                             "can't be pulled; start it or fix 'registry' in matrix.yaml") from None
+        # the engine's own words ("manifest unknown"), not docker-py's request URL
+        why = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else str(exc)
         say(f"the locked {platform} base is neither local nor in the registry "
-            f"({str(exc).splitlines()[0][:120]}): bootstrapping it")
+            f"({(why.splitlines() or ['?'])[0][:120]}): bootstrapping it")
     return None
 
 
