@@ -33,7 +33,7 @@ from builder.oci import buildkit, registry
 from builder.oci.engine import Engine
 
 __all__ = ["build_all", "build_labels", "build_request", "cache_ref", "docker_build", "ensure_base_present",
-           "registry_cache_sink", "registry_cache_supported", "wheels_context"]
+           "registry_cache_sink", "registry_cache_supported"]
 
 # smoke (and the host modules it needs) and base are imported where a target is really built, so
 # that a no-op build (every target reused) stays well under a second as a whole process.
@@ -58,7 +58,7 @@ def build_labels(root: Path) -> dict[str, str]:
 
 def build_request(
     project: Project, target: ResolvedTarget, *, stage: str | None = None, cache_from: Sequence[str] = (),
-    nocache: bool = False, contexts: dict[str, str] | None = None, registry_cache: bool = False,
+    nocache: bool = False, registry_cache: bool = False,
 ) -> buildkit.BuildRequest:
     """The build of one target view (or one stage of it), as data: what ``builder bake`` writes too.
 
@@ -72,21 +72,13 @@ def build_request(
     keeps it out of every step's cache key. (:func:`builder.images.plan.request`, with this commit's labels.)
     """
     return plans.request(project, target, build_labels(project.root), stage=stage, cache_from=cache_from,
-                         nocache=nocache, contexts=contexts, registry_cache=registry_cache)
+                         nocache=nocache, registry_cache=registry_cache)
 
 
 def registry_cache_supported(engine: Engine | docker.DockerClient) -> bool:
     """Whether builds here can export a registry cache: the docker driver can with the containerd
     image store only; a builder the user selects (docker-container, remote, kubernetes) always can."""
     return bool(os.environ.get("BUILDX_BUILDER")) or Engine.of(engine).store() == "containerd"
-
-
-def wheels_context(project: Project, target: ResolvedTarget) -> dict[str, str]:
-    """The view's named wheel contexts, staged: one per layer (:func:`builder.images.layers.wheel_contexts`)."""
-    from builder.images import layers
-
-    wheels = layers.context_layers(project, target)
-    return layers.wheel_contexts(wheelhouse.build_context(wheels), wheels)
 
 
 def docker_build(
@@ -104,8 +96,11 @@ def docker_build(
 ) -> tuple[str, int, int, tuple[str, ...]]:
     """Build one target view (or one stage of it) through BuildKit, alone (no smoke test, no tag);
     return (image ID, steps, steps from cache, the registry caches read)."""
+    from builder.images import layers
+
+    wheelhouse.build_context(layers.context_layers(project, target))  # the folders the request's contexts name
     request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache,
-                            contexts=wheels_context(project, target), registry_cache=registry_cache)
+                            registry_cache=registry_cache)
     host = registry.Ref.parse(target.primary_ref).host
     image_id, result = Engine.of(client).build(request, on_step=on_step, on_log=on_log, cancel=cancel,
                                                registry_host=host, cwd=project.root)

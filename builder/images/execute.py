@@ -185,12 +185,11 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
         time.sleep(0.2)
 
 
-def _stage_wheels(plan: plans.ViewPlan) -> dict[str, str]:
-    """The view's named wheel contexts, staged (hard links into the wheelhouse)."""
-    from builder.images import layers, wheelhouse
+def _stage_wheels(plan: plans.ViewPlan) -> None:
+    """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse)."""
+    from builder.images import wheelhouse
 
-    return layers.wheel_contexts(wheelhouse.build_context({layer: list(pins) for layer, pins in plan.wheels.items()}),
-                                 plan.wheels)
+    wheelhouse.build_context(plan.wheels)
 
 
 class Executor:
@@ -237,8 +236,8 @@ class Executor:
 
     def _build(self, run: _Run) -> None:
         plan, out, unit = run.plan, run.out, run.plan.unit
-        request = replace(plan.request, contexts=_stage_wheels(plan),
-                          cache_from=() if plan.request.no_cache else tuple(
+        _stage_wheels(plan)
+        request = replace(plan.request, cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
         image_id, result = self.engine.build(
             request, cancel=self.cancel, registry_host=plan.registry_host, cwd=self.project.root,
@@ -378,7 +377,8 @@ class Executor:
     def _shared_stage(self, plan: plans.ViewPlan) -> None:
         self.ui.say("building the shared stage once")
         try:
-            request = replace(plans.shared_stage(plan), contexts=_stage_wheels(plan))
+            _stage_wheels(plan)
+            request = plans.shared_stage(plan)
             self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
                               cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))
         except TargetFailed as exc:

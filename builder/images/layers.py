@@ -21,9 +21,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
@@ -71,16 +69,6 @@ def context_name(layer: str) -> str:
     build sent the wheels again (0.74 GB of nvidia-cu130's, 9 s, with every step cached).
     """
     return "wheels-" + layer
-
-
-def wheel_contexts(folder: Path, layer_names: Iterable[str]) -> dict[str, str]:
-    """The build's named contexts for the wheels staged in *folder* (one folder per layer).
-
-    Example:
-        >>> wheel_contexts(Path("/w"), ["tools", "cuda-dnn"])
-        {'wheels-tools': '/w/tools', 'wheels-cuda-dnn': '/w/cuda-dnn'}
-    """
-    return {context_name(layer): str(folder / layer) for layer in layer_names}
 
 
 def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
@@ -137,5 +125,5 @@ def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
 
 
 def context_layers(project: Project, target: ResolvedTarget) -> dict[str, list[Pin]]:
-    """{layer: its wheels}: the view's wheels, one named context per layer (:func:`wheel_contexts`)."""
+    """{layer: its wheels}: the view's wheels, one named context per layer (:func:`context_name`)."""
     return {layer.name: list(layer.pins) for layer in shared_and_planned(project, target)}

@@ -100,12 +100,14 @@ def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) ->
             found += pins
     return first_by_name(found)
 
+
 def first_by_name(pins: list[Pin]) -> list[Pin]:
     """*pins* with only the first pin of each (canonical) name: the first preference wins."""
     kept: dict[str, Pin] = {}
     for pin in pins:
         kept.setdefault(canonicalize_name(pin.name), pin)
     return list(kept.values())
+
 
 def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
     """The pins of this view's own lock as it stands, stale or not, minus the names the target asks
@@ -116,6 +118,7 @@ def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
     asked = {requirement_name(r) for r in _requirements(target)}
     _, pins = read_lock(project.root / target.lock)
     return [p for p in pins if canonicalize_name(p.name) not in asked]
+
 
 def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
     """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer.
@@ -138,9 +141,7 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
         siblings = sibling_pins(project, target, common)
         both = first_by_name([*previous_pins(project, target), *siblings])
         pins: list[Pin] = []
-        for preferred in [both] if both == siblings else [both, siblings]:
-            if not preferred:
-                continue
+        for preferred in filter(None, [both] if both == siblings else [both, siblings]):
             with contextlib.suppress(TargetFailed):  # else the target's packages need other versions
                 pins = attempt([*common, *preferred])
                 break

@@ -195,24 +195,34 @@ def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
     :func:`builder.images.wheelhouse.build_context` stages it)."""
     from builder.images import wheelhouse
 
-    return wheelhouse.context_folder({layer: list(pins) for layer, pins in wheels.items()})
+    return wheelhouse.context_folder(wheels)
 
 
 def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
-    """The build's named contexts for these layers' wheels, ``wheels-<layer>`` each (:func:`builder.images.layers.context_name`)."""
+    """The build's named contexts for these layers' wheels: ``wheels-<layer>`` each
+    (:func:`builder.images.layers.context_name`), that layer's folder of :func:`wheels_folder`.
+
+    Example:
+        >>> contexts = wheel_contexts({"tools": [], "cuda-dnn": []})
+        >>> list(contexts), Path(contexts["wheels-cuda-dnn"]).name
+        (['wheels-tools', 'wheels-cuda-dnn'], 'cuda-dnn')
+    """
     from builder.images import layers
 
-    return layers.wheel_contexts(wheels_folder(wheels), wheels)
+    folder = wheels_folder(wheels)
+    return {layers.context_name(layer): str(folder / layer) for layer in wheels}
 
 
 def request(
     project: Project, target: ResolvedTarget, labels: Mapping[str, str], *, stage: str | None = None,
-    cache_from: Sequence[str] = (), nocache: bool = False, contexts: dict[str, str] | None = None,
-    registry_cache: bool = False,
+    cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
+    wheels: Mapping[str, Sequence[Pin]] | None = None,
 ) -> buildkit.BuildRequest:
     """The build of one target view (or one stage of it), as data (:func:`builder.images.build.build_request`).
 
-    *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time.
+    *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time. *wheels*
+    (the view's :func:`builder.images.layers.context_layers`, when the caller has them) name the
+    wheel contexts.
     """
     from builder.images import content, layers
 
@@ -223,7 +233,7 @@ def request(
         platform=target.platform,
         build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"}),
                     "SOURCE_DATE_EPOCH": str(epoch)},
-        contexts=contexts if contexts is not None else wheel_contexts(layers.context_layers(project, target)),
+        contexts=wheel_contexts(layers.context_layers(project, target) if wheels is None else wheels),  # staged by the build
         labels={} if stage else dict(labels),
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
@@ -270,7 +280,7 @@ def plan_view(project: Project, view: ResolvedTarget, content_tag: str, options:
         registry_host=registry.Ref.parse(view.primary_ref).host,
         wheels=wheels,
         request=request(project, view, labels, nocache=options.rebuild, registry_cache=options.registry_cache,
-                        contexts=wheel_contexts(wheels)),
+                        wheels=wheels),
         stages=build_stages(options),
     )
 

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from builder.config.files import atomic_write
@@ -89,16 +90,16 @@ def missing(pins: list[Pin]) -> list[Pin]:
     return absent
 
 
-def context_folder(layers: dict[str, list[Pin]]) -> Path:
+def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
     """Where :func:`build_context` puts these layers' wheels (nothing is written)."""
     listing = json.dumps({layer: sorted(p.filename for p in pins) for layer, pins in layers.items()}, sort_keys=True)
     # Beside the wheels: the same file system, so hard links.
     return location() / ".contexts" / hashlib.sha256(listing.encode()).hexdigest()[:32]
 
 
-def build_context(layers: dict[str, list[Pin]]) -> Path:
+def build_context(layers: Mapping[str, Sequence[Pin]]) -> Path:
     """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels,
-    each the context ``wheels-<layer>`` (:func:`builder.images.layers.wheel_contexts`).
+    each the context ``wheels-<layer>`` (:func:`builder.images.plan.wheel_contexts`).
 
     A ``RUN`` mounts its layer's folder alone, and BuildKit keys its cache on the content of what
     is mounted (not on file times), so a layer's cache depends on its own wheels only, as on any
