@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from builder.config.project import load_project
-from builder.images import bake, content, layers
+from builder.images import bake, content, layers, wheelhouse
 from devtools.support import REPO
 
 
@@ -87,9 +87,9 @@ def test_bake_command_prints_and_writes(tmp_path):
     written = runner.invoke(bake_cmd, ["--matrix", str(REPO / "matrix.yaml"), "-o", str(out), "-t", "cpu"])
     assert written.exit_code == 0, written.output
     assert json.loads(out.read_text()) == bake.bake_definition(_project(), _project().select(["cpu"]))
-    # The wheels the file points at are staged, one folder per layer, exactly the locked files.
+    # The wheels the file points at are staged, one folder per layer, exactly the locked files (and the marker).
     cpu = _project().target("cpu")
     contexts = json.loads(out.read_text())["target"]["cpu"]["contexts"]
     for layer, pins in layers.context_layers(_project(), cpu).items():
         folder = Path(contexts[layers.context_name(layer)])
-        assert sorted(p.name for p in folder.iterdir()) == sorted(p.filename for p in pins), layer
+        assert sorted(p.name for p in folder.iterdir()) == sorted([wheelhouse.MARKER, *(p.filename for p in pins)]), layer

@@ -90,16 +90,25 @@ def missing(pins: list[Pin]) -> list[Pin]:
     return absent
 
 
+#: In every layer's folder beside its wheels, holding the layer's name: a context is never empty.
+#: A step mounting an empty named context (cpu's ``packages``) took its cache locally, but a second
+#: engine never matched it in the registry cache written from there, so that step ran again on
+#: every fresh runner (``tests/engine/test_registry_cache.py`` failed in CI, 8 of 9 steps cached).
+#: ``--find-links`` reads wheels only: pip and uv pass over this file.
+MARKER = "LAYER"
+
+
 def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
     """Where :func:`build_context` puts these layers' wheels (nothing is written)."""
-    listing = json.dumps({layer: sorted(p.filename for p in pins) for layer, pins in layers.items()}, sort_keys=True)
+    listing = json.dumps({layer: sorted(p.filename for p in pins) for layer, pins in layers.items()}
+                         | {MARKER: 1}, sort_keys=True)  # the folder's layout is part of its name
     # Beside the wheels: the same file system, so hard links.
     return location() / ".contexts" / hashlib.sha256(listing.encode()).hexdigest()[:32]
 
 
 def build_context(layers: Mapping[str, Sequence[Pin]]) -> Path:
-    """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels,
-    each the context ``wheels-<layer>`` (:func:`builder.images.plan.wheel_contexts`).
+    """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels
+    (and :data:`MARKER`), each the context ``wheels-<layer>`` (:func:`builder.images.plan.wheel_contexts`).
 
     A ``RUN`` mounts its layer's folder alone, and BuildKit keys its cache on the content of what
     is mounted (not on file times), so a layer's cache depends on its own wheels only, as on any
@@ -116,6 +125,7 @@ def build_context(layers: Mapping[str, Sequence[Pin]]) -> Path:
     try:
         for layer, pins in layers.items():
             (staging / layer).mkdir()
+            (staging / layer / MARKER).write_text(layer + "\n")
             for pin in pins:
                 source, dest = house / pin.filename, staging / layer / pin.filename
                 try:
