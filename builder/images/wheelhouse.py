@@ -94,14 +94,16 @@ def missing(pins: list[Pin]) -> list[Pin]:
 #: A step mounting an empty named context (cpu's ``packages``) took its cache locally, but a second
 #: engine never matched it in the registry cache written from there, so that step ran again on
 #: every fresh runner (``tests/engine/test_registry_cache.py`` failed in CI, 8 of 9 steps cached).
+#: BuildKit's side is not pinned down: a small Dockerfile mounting an empty context did not miss.
 #: ``--find-links`` reads wheels only: pip and uv pass over this file.
 MARKER = "LAYER"
 
 
 def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
     """Where :func:`build_context` puts these layers' wheels (nothing is written)."""
-    listing = json.dumps({layer: sorted(p.filename for p in pins) for layer, pins in layers.items()}
-                         | {MARKER: 1}, sort_keys=True)  # the folder's layout is part of its name
+    # What the folder holds, marker included: a folder staged without it is never taken for this one.
+    listing = json.dumps({layer: sorted([MARKER, *(p.filename for p in pins)]) for layer, pins in layers.items()},
+                         sort_keys=True)
     # Beside the wheels: the same file system, so hard links.
     return location() / ".contexts" / hashlib.sha256(listing.encode()).hexdigest()[:32]
 
