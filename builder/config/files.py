@@ -1,10 +1,38 @@
-"""Small file helpers: atomic writes so an error never leaves a half-written file."""
+"""Small file helpers: atomic writes so an error never leaves a half-written file, and a lock file
+that processes sharing a store (the wheelhouse, dist/published.json) take turns on."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+#: fcntl locks are per process: threads of one ``builder build -j`` take turns on this first.
+_THREADS: dict[str, threading.RLock] = {}
+_THREADS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def locked(path: Path, shared: bool = False) -> Iterator[None]:
+    """Hold the lock file *path* (created if absent) for the ``with`` block: exclusive, or *shared*.
+
+    The kernel drops the lock when the process dies (SIGKILL included), so a killed run never
+    leaves a stale lock behind. Never nest two locks on one path in one thread with different modes.
+
+    Example:
+        >>> with locked(Path("dist/published.json.lock")):
+        ...     pass
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _THREADS_GUARD:
+        guard = _THREADS.setdefault(str(path), threading.RLock())
+    with guard, open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def atomic_write(path: Path, text: str) -> None:

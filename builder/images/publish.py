@@ -12,9 +12,7 @@ either architecture gets its own image.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Any
 import docker
 
 from builder.config.errors import TargetFailed
-from builder.config.files import atomic_write, published_path
+from builder.config.files import atomic_write, locked, published_path
 from builder.config.project import Project, ResolvedTarget
 from builder.images.plan import push_order
 from builder.oci import registry
@@ -103,10 +101,6 @@ def push_index(project: Project, target: ResolvedTarget, revision: str) -> tuple
     return f"{target.name}: index {digest} lists {', '.join(present)} under {len(push_order(target))} tags{note}", entry
 
 
-#: Serialises record()'s read-change-write between this process's threads (``build -j``).
-_RECORD_LOCK = threading.Lock()
-
-
 def record(root: Path, records: list[dict[str, Any]]) -> Path:
     """Merge records into dist/published.json (one entry per target).
 
@@ -114,8 +108,7 @@ def record(root: Path, records: list[dict[str, Any]]) -> Path:
     """
     path = published_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _RECORD_LOCK, open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with locked(path.with_name(path.name + ".lock")):
         current = json.loads(path.read_text()) if path.exists() else {}
         for rec in records:
             current[rec["target"]] = rec
@@ -132,8 +125,7 @@ def amend(root: Path, key: str, fields: dict[str, Any]) -> None:
     path = published_path(root)
     if not path.exists():
         return
-    with _RECORD_LOCK, open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(path.with_name(path.name + ".lock")):
         current = json.loads(path.read_text())
         if key in current:
             current[key] = {**current[key], **fields}
