@@ -26,6 +26,19 @@ def location() -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
 
+
+def lock_path() -> Path:
+    """The wheelhouse's lock file (:func:`builder.config.files.locked`, exclusive): held by whoever
+    reads-modifies-writes :data:`VERIFIED`, removes or replaces a wheel, or stages, checks, replaces
+    or removes a folder under ``.contexts`` (staging here, ``builder gc``). Never nest it.
+
+    Example:
+        >>> lock_path().name
+        '.lock'
+    """
+    return location() / ".lock"
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
