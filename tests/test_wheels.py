@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -160,7 +164,7 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
 
 
 def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
-    """The stamp is per (size, mtime): a file rewritten after it was verified is checked again."""
+    """The stamp is per (inode, size, mtime, ctime): a file rewritten after it was verified is checked again."""
     data = b"good wheel"
     pin = _pin("uv", "0.13.9", data, "uv-0.13.9-py3-none-any.whl")
     house = _house_with(tmp_path, monkeypatch, {pin.filename: data})
@@ -254,3 +258,145 @@ def test_the_build_context_holds_each_layer_s_wheels_and_nothing_else(tmp_path, 
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
     assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}) == folder
+
+
+def _staged_house(tmp_path, monkeypatch):
+    """A private wheelhouse with two verified wheels; returns (house, {name: pin}, layers)."""
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    house = wheelhouse.location()
+    pins = {}
+    for name in ("a", "b"):
+        data = name.encode() * 100
+        (house / f"{name}-1.0-py3-none-any.whl").write_bytes(data)
+        pins[name] = lockfile.Pin(name, "1.0", hashlib.sha256(data).hexdigest(), f"{name}-1.0-py3-none-any.whl")
+    assert wheelhouse.missing(list(pins.values())) == []
+    return house, pins, {"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}
+
+
+def _alter(path, *, in_place: bool, keep_mtime: bool = True) -> None:
+    """Flip one byte of *path* (same size): in place (same inode) or as a new file; mtime kept or not."""
+    time.sleep(0.02)  # past the kernel's coarse timestamp tick: the change gets a ctime of its own
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    if in_place:
+        with path.open("r+b") as handle:
+            handle.write(bytes(data))
+    else:
+        path.unlink()
+        path.write_bytes(bytes(data))
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_a_wheel_altered_in_place_with_its_mtime_reset_is_hashed_again(tmp_path, monkeypatch):
+    """Same size, same inode, mtime set back: only the ctime tells (pip's and uv's stamp); the line names it."""
+    house, pins, _ = _staged_house(tmp_path, monkeypatch)
+    _alter(house / pins["a"].filename, in_place=True)
+    said = []
+    assert wheelhouse.missing(list(pins.values()), say=said.append) == [pins["a"]]
+    assert not (house / pins["a"].filename).exists()
+    assert len(said) == 1 and pins["a"].filename in said[0] and "fetching it again" in said[0]
+
+
+def test_staging_moves_no_stamp_so_nothing_is_hashed_again(tmp_path, monkeypatch):
+    """A hard link moves its file's ctime: the stamps follow, or every build would re-hash torch."""
+    _, pins, layers = _staged_house(tmp_path, monkeypatch)
+    folder = wheelhouse.build_context(layers, say=lambda s: pytest.fail(s))
+    wheelhouse.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s))  # more links
+    monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
+    assert wheelhouse.missing(list(pins.values())) == []
+    assert wheelhouse.build_context(layers, say=lambda s: pytest.fail(s)) == folder
+
+
+@pytest.mark.parametrize("how", ["replaced, same size and mtime", "replaced", "extra file", "removed", "marker"])
+def test_a_damaged_staged_folder_is_replaced_never_reused(tmp_path, monkeypatch, how):
+    """A staged folder is used only if every file in it checks out; else a fresh one takes its place
+    (the old removed), whose changed files have a size or mtime BuildKit has not synced yet."""
+    house, pins, layers = _staged_house(tmp_path, monkeypatch)
+    folder = wheelhouse.build_context(layers)
+    staged = folder / "torch" / pins["b"].filename
+    if how.startswith("replaced"):
+        _alter(staged, in_place=False, keep_mtime="mtime" in how)
+    elif how == "extra file":
+        (folder / "torch" / "c-1.0-py3-none-any.whl").write_bytes(b"c")
+        staged = folder / "torch" / "c-1.0-py3-none-any.whl"
+    elif how == "removed":
+        staged.unlink()
+    else:
+        staged = folder / "torch" / wheelhouse.MARKER
+        staged.write_text("tools\n")
+    old = staged.stat() if staged.exists() else None
+    said = []
+    assert wheelhouse.build_context(layers, say=said.append) == folder
+    assert len(said) == 1 and str(staged) in said[0] and "afresh" in said[0], said
+    assert sorted(p.name for p in (folder / "torch").iterdir()) == ["LAYER", pins["b"].filename]
+    assert (folder / "torch" / pins["b"].filename).samefile(house / pins["b"].filename)
+    assert (folder / "torch" / "LAYER").read_text() == "torch\n"
+    if how.startswith("replaced"):
+        new = (folder / "torch" / pins["b"].filename).stat()
+        assert (new.st_size, new.st_mtime_ns) != (old.st_size, old.st_mtime_ns), "BuildKit would keep its copy"
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name], "the old folder is left"
+    assert wheelhouse.build_context(layers, say=said.append) == folder and len(said) == 1  # now it checks out
+
+
+def test_a_staged_folder_of_a_wheel_fetched_again_is_replaced(tmp_path, monkeypatch):
+    """The user's case: a wheel altered in place (its staged hard link with it) is fetched again; the
+    staged folder still holds the altered inode, so it is replaced."""
+    house, pins, layers = _staged_house(tmp_path, monkeypatch)
+    folder = wheelhouse.build_context(layers)
+    path = house / pins["a"].filename
+    good = path.read_bytes()
+    _alter(path, in_place=True, keep_mtime=False)
+    assert wheelhouse.missing(list(pins.values()), say=lambda s: None) == [pins["a"]]
+    path.write_bytes(good)  # what fetching it again does
+    wheelhouse.remember(house, {path.name: wheelhouse.stamp(path, pins["a"].sha256)})
+    said = []
+    wheelhouse.build_context(layers, say=said.append)
+    assert len(said) == 1 and pins["a"].filename in said[0]
+    assert (folder / "tools" / path.name).read_bytes() == good
+
+
+def test_a_wheel_altered_after_its_fetch_fails_the_staging_with_its_name(tmp_path, monkeypatch):
+    house, pins, layers = _staged_house(tmp_path, monkeypatch)
+    _alter(house / pins["b"].filename, in_place=True)
+    with pytest.raises(TargetFailed, match=re.escape(pins["b"].filename) + ".*run the build again"):
+        wheelhouse.build_context(layers)
+    assert not (house / pins["b"].filename).exists()
+
+
+def test_copies_across_file_systems_carry_their_own_stamps(tmp_path, monkeypatch):
+    """Where a hard link fails (another file system), the copy is stamped in the folder itself."""
+    house, pins, layers = _staged_house(tmp_path, monkeypatch)
+
+    def no_link(*_a):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    folder = wheelhouse.build_context(layers)
+    copy = folder / "torch" / pins["b"].filename
+    assert not copy.samefile(house / pins["b"].filename)
+    monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
+    assert wheelhouse.build_context(layers, say=lambda s: pytest.fail(s)) == folder
+    _alter(copy, in_place=True)
+    said = []
+    wheelhouse.build_context(layers, say=said.append)
+    assert len(said) == 1 and str(copy) in said[0]
+    assert copy.read_bytes() == (house / pins["b"].filename).read_bytes()
+
+
+def test_a_killed_run_s_staging_folders_and_temporary_files_are_removed(tmp_path, monkeypatch):
+    house, _, layers = _staged_house(tmp_path, monkeypatch)
+    (house / ".contexts" / ".staging-x1y2z3" / "torch").mkdir(parents=True)
+    (house / ".contexts" / ".staging-x1y2z3" / "torch" / "LAYER").write_text("torch\n")
+    (house / f".{wheelhouse.VERIFIED}.k2j3h4g5").write_text('{"half": [')
+    folder = wheelhouse.build_context(layers)
+    assert sorted(p.name for p in (house / ".contexts").iterdir()) == [folder.name]
+    assert not list(house.glob(f".{wheelhouse.VERIFIED}.*"))
+
+
+def test_a_half_written_stamps_file_only_costs_a_hash(tmp_path, monkeypatch):
+    house, pins, _ = _staged_house(tmp_path, monkeypatch)
+    (house / wheelhouse.VERIFIED).write_text('{"a-1.0-py3-none-any.whl": [1, ')
+    assert wheelhouse.missing(list(pins.values())) == []
+    assert set(json.loads((house / wheelhouse.VERIFIED).read_text())) == {p.filename for p in pins.values()}

@@ -185,11 +185,12 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
         time.sleep(0.2)
 
 
-def _stage_wheels(plan: plans.ViewPlan) -> None:
-    """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse)."""
+def _stage_wheels(plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
+    """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse), or check
+    those staged before; *say* gets a line for each folder replaced."""
     from builder.images import wheelhouse
 
-    wheelhouse.build_context(plan.wheels)
+    wheelhouse.build_context(plan.wheels, say=say)
 
 
 class Executor:
@@ -236,7 +237,7 @@ class Executor:
 
     def _build(self, run: _Run) -> None:
         plan, out, unit = run.plan, run.out, run.plan.unit
-        _stage_wheels(plan)
+        _stage_wheels(plan, self.ui.say)
         request = replace(plan.request, cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
         image_id, result = self.engine.build(
@@ -377,7 +378,7 @@ class Executor:
     def _shared_stage(self, plan: plans.ViewPlan) -> None:
         self.ui.say("building the shared stage once")
         try:
-            _stage_wheels(plan)
+            _stage_wheels(plan, self.ui.say)
             request = plans.shared_stage(plan)
             self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
                               cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))

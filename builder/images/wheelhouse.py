@@ -1,8 +1,14 @@
-"""The shared wheelhouse: where resolved wheels live, and which of them were verified by hash.
+"""The shared wheelhouse: where resolved wheels live, which of them were verified by hash, and the
+per-layer folders a build mounts them from.
 
 One folder for all targets and all clones (``BUILDER_WHEELHOUSE``, else the user's state
-folder). A file is trusted only with its locked sha256; a verified (size, mtime_ns, sha256) is
-remembered in a sidecar file so that a no-op build does not re-hash gigabytes of wheels.
+folder). A file is trusted only with its locked sha256; a verified stamp (inode, size,
+mtime_ns, ctime_ns, sha256) is remembered in a sidecar file so that a no-op build does not
+re-hash gigabytes of wheels, as pip and uv do: any write to a file moves its ctime, which no
+one can set back, so a file altered in place is hashed again even when its mtime was reset.
+A staged folder is checked against those stamps before each build (:func:`build_context`).
+Everything that reads-modifies-writes the stamps, removes a wheel or touches ``.contexts``
+holds :func:`lock_path`.
 """
 
 from __future__ import annotations
@@ -11,11 +17,14 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from builder.config.files import atomic_write
+from builder.config.errors import TargetFailed
+from builder.config.files import atomic_write, locked
 from builder.config.state import state_dir
 from builder.images.lockfile import Pin
 
@@ -47,59 +56,85 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-#: Sidecar in the wheelhouse: {file: [size, mtime_ns, sha256]} of files whose hash was checked.
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+#: Sidecar in the wheelhouse: {file: [inode, size, mtime_ns, ctime_ns, sha256]} of files whose hash was
+#: checked (an older stamp without the inode and ctime never matches: that file is hashed once more).
 VERIFIED = ".verified.json"
 
 
+def _key(st: os.stat_result) -> list[object]:
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
 def stamp(path: Path, sha256: str) -> list[object]:
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns, sha256]
+    """The verified stamp of *path*, whose content hashes to *sha256* (the caller checked)."""
+    return [*_key(path.stat()), sha256]
 
 def _stamps(house: Path) -> dict[str, list[object]]:
     try:
         data = json.loads((house / VERIFIED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # absent, or not JSON: every file is hashed again
         return {}
     return data if isinstance(data, dict) else {}
 
-def remember(house: Path, changes: dict[str, list[object] | None]) -> None:
-    """Merge *changes* (None: forget) into the stamps; re-read first, other builds share the file."""
-    if not changes:
-        return
-    stamps = _stamps(house)
-    for name, stamp in changes.items():
-        if stamp is None:
-            stamps.pop(name, None)
-        else:
-            stamps[name] = stamp
+def _write_stamps(house: Path, stamps: Mapping[str, list[object]]) -> None:
+    """Write the stamps (the caller holds the lock)."""
     atomic_write(house / VERIFIED, json.dumps(stamps, sort_keys=True, indent=1) + "\n")
 
-def missing(pins: list[Pin]) -> list[Pin]:
-    """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file is removed.
+def remember(house: Path, changes: dict[str, list[object] | None]) -> None:
+    """Merge *changes* (None: forget) into the stamps, under the lock: other builds share the file."""
+    if not changes:
+        return
+    with locked(house / ".lock"):
+        stamps = _stamps(house)
+        for name, value in changes.items():
+            if value is None:
+                stamps.pop(name, None)
+            else:
+                stamps[name] = value
+        _write_stamps(house, stamps)
+
+def _verified(house: Path, stamps: dict[str, list[object]], name: str, sha256: str) -> bool | None:
+    """Whether wheelhouse file *name* holds *sha256*: by its stamp, else hashed (and *stamps* updated);
+    None when it is absent. A file that no longer matches is removed and its stamp forgotten."""
+    path = house / name
+    try:
+        current = stamp(path, sha256)
+    except FileNotFoundError:
+        stamps.pop(name, None)
+        return None
+    if stamps.get(name) == current:
+        return True
+    if sha256_file(path) == sha256:
+        stamps[name] = current
+        return True
+    path.unlink(missing_ok=True)  # truncated or altered: never serve it to a build
+    stamps.pop(name, None)
+    return False
+
+def missing(pins: list[Pin], say: Callable[[str], object] = _stderr) -> list[Pin]:
+    """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file is removed
+    (and said, in one line: the caller fetches it again).
 
     Hashing every locked file on each no-op build is too slow (CUDA torch is ~3 GB), so a
-    verified (size, mtime_ns, sha256) is remembered per file and only changed files are re-hashed.
+    verified stamp is remembered per file and only changed files are re-hashed.
     """
     house = location()
-    stamps = _stamps(house)
     absent: list[Pin] = []
-    changes: dict[str, list[object] | None] = {}
-    for pin in pins:
-        path = house / pin.filename
-        try:
-            current = stamp(path, pin.sha256)
-        except FileNotFoundError:
-            absent.append(pin)
-            continue
-        if stamps.get(pin.filename) == current:
-            continue
-        if sha256_file(path) == pin.sha256:
-            changes[pin.filename] = current
-        else:  # truncated or replaced: never serve it to a build
-            path.unlink(missing_ok=True)
-            changes[pin.filename] = None
-            absent.append(pin)
-    remember(house, changes)
+    with locked(house / ".lock"):
+        stamps = _stamps(house)
+        before = dict(stamps)
+        for pin in pins:
+            found = _verified(house, stamps, pin.filename, pin.sha256)
+            if found is False:
+                say(f"wheelhouse: {house / pin.filename} no longer matches its locked sha256 (altered on "
+                    f"disk): removed, fetching it again")
+            if not found:
+                absent.append(pin)
+        if stamps != before:
+            _write_stamps(house, stamps)
     return absent
 
 
@@ -110,6 +145,12 @@ def missing(pins: list[Pin]) -> list[Pin]:
 #: BuildKit's side is not pinned down: a small Dockerfile mounting an empty context did not miss.
 #: ``--find-links`` reads wheels only: pip and uv pass over this file.
 MARKER = "LAYER"
+#: In a staged folder (beside its layers' folders, in none of the contexts): the stamps of the wheels
+#: that are copies, not hard links (another file system): {"<layer>/<file>": stamp}.
+COPIES = ".copies.json"
+#: The prefix of a folder being staged, or replaced and being removed, under ``.contexts``: only
+#: ever there while a process holds the lock, so any found by the lock's holder is a killed run's.
+STAGING = ".staging-"
 
 
 def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
@@ -121,7 +162,7 @@ def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
     return location() / ".contexts" / hashlib.sha256(listing.encode()).hexdigest()[:32]
 
 
-def build_context(layers: Mapping[str, Sequence[Pin]]) -> Path:
+def build_context(layers: Mapping[str, Sequence[Pin]], say: Callable[[str], object] = _stderr) -> Path:
     """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels
     (and :data:`MARKER`), each the context ``wheels-<layer>`` (:func:`builder.images.plan.wheel_contexts`).
 
@@ -129,14 +170,82 @@ def build_context(layers: Mapping[str, Sequence[Pin]]) -> Path:
     is mounted (not on file times), so a layer's cache depends on its own wheels only, as on any
     runner. Content-addressed (``<wheelhouse>/.contexts/<digest>``) and made of hard links into the
     wheelhouse (copies across file systems): the same wheels give the same folder, ready for
-    ``docker buildx bake`` as well, and another build's folder is never touched.
+    ``docker buildx bake`` as well.
+
+    An existing folder is used only when every file in it checks out (:func:`check_context`):
+    each staged wheel is the verified wheelhouse file (a hard link shares its inode and its stat)
+    or a copy with its own stamp. Else it is replaced by a freshly staged one and removed, and
+    *say* gets one line naming the file. Staged files are never altered in place: BuildKit syncs a
+    named context by size and mtime, so a replaced file also gets an mtime the old one did not have.
+    Raises TargetFailed when a wheel is absent or altered in the wheelhouse (the caller fetched it).
     """
     folder = context_folder(layers)
-    if folder.is_dir():
-        return folder
-    house, root = location(), folder.parent
+    house = location()
+    with locked(house / ".lock"):
+        remove_leftovers(house)
+        stamps = _stamps(house)
+        before = dict(stamps)
+        try:
+            for pin in {p.filename: p for pins in layers.values() for p in pins}.values():
+                if not _verified(house, stamps, pin.filename, pin.sha256):
+                    raise TargetFailed(f"wheelhouse: {house / pin.filename} is absent or no longer matches its "
+                                       f"locked sha256 (removed); run the build again to fetch it")
+            problems = check_context(folder, layers, stamps) if folder.exists() else None
+            if problems == []:
+                return folder
+            _stage(folder, layers, house, stamps)
+        finally:
+            if stamps != before:
+                _write_stamps(house, stamps)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        say(f"wheelhouse: {problems[0]}{more}: staged {folder.name} afresh, the old folder removed")
+    return folder
+
+
+def check_context(folder: Path, layers: Mapping[str, Sequence[Pin]], stamps: Mapping[str, list[object]]) -> list[str]:
+    """What is wrong with the staged *folder* for *layers*, a phrase per file naming it ([]: nothing).
+
+    A wheel passes when its stat (inode, size, mtime, ctime) is its wheelhouse file's verified stamp
+    (a hard link: the same inode), or its own stamp in :data:`COPIES` (a copy); no stat changes
+    without the bytes' ctime moving, so nothing is hashed. Caller holds :func:`lock_path`.
+    """
+    problems: list[str] = []
+    try:
+        copies = json.loads((folder / COPIES).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        copies = {}
+    except (OSError, ValueError):
+        copies, problems = {}, [f"{folder / COPIES} is unreadable"]
+    for layer, pins in layers.items():
+        wanted = {MARKER: None, **{p.filename: p for p in pins}}
+        try:
+            found = {entry.name: entry for entry in os.scandir(folder / layer)}
+        except OSError:
+            problems.append(f"{folder / layer} is missing")
+            continue
+        problems += [f"{folder / layer / name} is not a staged file" for name in sorted(set(found) - set(wanted))]
+        for name, pin in wanted.items():
+            entry, path = found.get(name), folder / layer / name
+            if entry is None or not entry.is_file(follow_symlinks=False):
+                problems.append(f"{path} is missing")
+            elif pin is None:
+                if path.read_text(encoding="utf-8", errors="replace") != layer + "\n":
+                    problems.append(f"{path} was altered")
+            elif [*_key(entry.stat(follow_symlinks=False)), pin.sha256] not in (
+                    stamps.get(pin.filename), copies.get(f"{layer}/{name}")):
+                problems.append(f"{path} is not the verified wheel (altered or replaced since it was staged)")
+    return problems
+
+
+def _stage(folder: Path, layers: Mapping[str, Sequence[Pin]], house: Path, stamps: dict[str, list[object]]) -> None:
+    """Stage *folder* anew beside the old one (if any), swap them, remove the old one; keep *stamps*
+    current (a link moves its file's ctime). Every wheel is verified in *stamps*; caller holds the lock."""
+    root = folder.parent
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=root))
+    old = root / f"{STAGING}{folder.name}-replaced"
+    copies: dict[str, list[object]] = {}
     try:
         for layer, pins in layers.items():
             (staging / layer).mkdir()
@@ -147,11 +256,71 @@ def build_context(layers: Mapping[str, Sequence[Pin]]) -> Path:
                     os.link(source, dest)
                 except OSError:
                     shutil.copy2(source, dest)
-        try:
-            staging.rename(folder)
-        except OSError:  # another build made the same folder first: the same content
-            shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
+                    copies[f"{layer}/{pin.filename}"] = []
+        if folder.exists():
+            _new_mtimes(staging, folder)
+        for rel in copies:
+            copies[rel] = stamp(staging / rel, str(stamps[rel.split("/", 1)[1]][-1]))
+        if copies:
+            atomic_write(staging / COPIES, json.dumps(copies, sort_keys=True, indent=1) + "\n")
+        if folder.exists():
+            folder.rename(old)
+        staging.rename(folder)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return folder
+        shutil.rmtree(old, ignore_errors=True)
+        _restamp(house, stamps, {p.filename for pins in layers.values() for p in pins})
+
+
+def _new_mtimes(staging: Path, old: Path) -> None:
+    """A staged file that replaces another file of the same size and mtime gets a new mtime: BuildKit
+    would take it for the file it has already synced (it compares size and mtime, not the bytes)."""
+    for path in staging.glob("*/*"):
+        try:
+            before = (old / path.relative_to(staging)).stat()
+        except OSError:
+            continue
+        now = path.stat()
+        if now.st_ino != before.st_ino and (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
+            os.utime(path, ns=(now.st_atime_ns, max(time.time_ns(), before.st_mtime_ns + 1_000_000_000)))
+
+
+def _restamp(house: Path, stamps: dict[str, list[object]], names: Iterable[str]) -> None:
+    """Re-stamp *names*, verified just before under the lock held since: linking, unlinking or setting
+    the mtime of a file moves its ctime, which would otherwise make the next build hash it again."""
+    for name in names:
+        if name in stamps:
+            try:
+                stamps[name] = stamp(house / name, str(stamps[name][-1]))
+            except FileNotFoundError:
+                stamps.pop(name, None)
+
+
+def remove_context(folder: Path) -> None:
+    """Remove the staged *folder* (``builder gc``: one no lock references), keeping the stamps of the
+    wheels it linked current. Takes :func:`lock_path`."""
+    house = location()
+    with locked(house / ".lock"):
+        stamps = _stamps(house)
+        names = {p.name for p in folder.glob("*/*")}
+        valid = {n for n in names if n in stamps and (house / n).exists()
+                 and _key((house / n).stat()) == stamps[n][:4]}
+        shutil.rmtree(folder, ignore_errors=True)
+        if valid:
+            _restamp(house, stamps, valid)
+            _write_stamps(house, stamps)
+
+
+def remove_leftovers(house: Path) -> list[Path]:
+    """Remove what a killed run left in the wheelhouse *house*: half-staged or half-removed folders
+    under ``.contexts`` (:data:`STAGING`) and temporary files of :data:`VERIFIED`'s atomic writes.
+    Both only ever exist while their process holds the lock, so the caller must hold
+    :func:`lock_path`; return what was removed."""
+    root = house / ".contexts"
+    stale = [*(root.glob(f"{STAGING}*") if root.is_dir() else ()), *house.glob(f".{VERIFIED}.*")]
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale
