@@ -211,6 +211,9 @@ class FakeEngine:
         self._call("containers", label)
         return []
 
+    def container_labels(self, label: str) -> dict[str, dict[str, str]]:
+        return {}
+
     def remove_container(self, container: str) -> None:
         self._call("remove", container)
 

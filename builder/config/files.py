@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +37,10 @@ def locked(path: Path, shared: bool = False) -> Iterator[None]:
         yield
 
 
+#: The temporary file of an :func:`atomic_write` to ``NAME``: ``.NAME.<8 random characters>.tmp``.
+_TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write *text* to *path* through a temporary file in the same folder and a rename.
 
@@ -42,7 +48,7 @@ def atomic_write(path: Path, text: str) -> None:
         >>> atomic_write(Path("images/cpu/Dockerfile"), "FROM scratch\\n")
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -51,6 +57,25 @@ def atomic_write(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temporaries(*folders: Path, recursive: bool = False, age_s: float = 600) -> list[Path]:
+    """Remove the temporary files of :func:`atomic_write` that a killed run left in *folders* (and
+    below, if *recursive*): a write holds one for milliseconds, so one older than *age_s* is stale.
+
+    Example:
+        >>> remove_stale_temporaries(Path("images"), recursive=True)
+        []
+    """
+    stale = []
+    deadline = time.time() - age_s
+    for folder in folders:
+        for path in folder.rglob(".*.tmp") if recursive else folder.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                if _TEMPORARY.fullmatch(path.name) and path.is_file() and path.stat().st_mtime < deadline:
+                    path.unlink()
+                    stale.append(path)
+    return stale
 
 
 def published_path(root: Path) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import docker
 
-from builder.config import platforms
+from builder.config import files, platforms
 from builder.config.project import Project, ResolvedTarget
 from builder.images import locks, render, wheelhouse
 from builder.images import plan as plans
@@ -191,6 +191,9 @@ class _Run:
         return out
 
     def reuse_or_build(self, targets: list[ResolvedTarget], *, jobs: int, update_base: bool) -> list[Outcome]:
+        root = self.project.root  # a killed run's temporary files of atomic writes (locks, Dockerfiles, records)
+        files.remove_stale_temporaries(root, root / "dist")
+        files.remove_stale_temporaries(root / "images", recursive=True)
         failed_locks = locks.lock_all(self.project, targets, self.ui.say, fetch=False)
         rendered = render.render(self.project, targets)
         render.write(rendered)

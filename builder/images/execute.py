@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -168,10 +167,11 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
 
     BuildKit's own step containers are not the engine's: a cancelled build leaves none.
     """
+    from builder.config.state import owner
     from builder.images.smoke import SMOKE_LABEL
 
     deadline = time.monotonic() + timeout
-    label = f"{SMOKE_LABEL}={os.getpid()}"
+    label = f"{SMOKE_LABEL}={owner()}"
     while True:
         left = engine.containers(label)
         for cid in left:
@@ -183,6 +183,23 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
                 f"remove them with: docker rm -f {' '.join(c[:12] for c in left)}")
             return
         time.sleep(0.2)
+
+
+def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[str]:
+    """Remove the smoke containers of runs that were killed (SIGKILL, a CI runner's timeout): those
+    whose label names a process that is certainly gone (:func:`builder.config.state.owner_gone`;
+    exited or not). Another live run's, another host's, and every container without the label stay.
+    Returns their IDs; *say* gets one line when there were any."""
+    from builder.config.state import owner_gone
+    from builder.images.smoke import SMOKE_LABEL
+
+    gone = [cid for cid, labels in engine.container_labels(SMOKE_LABEL).items()
+            if owner_gone(labels.get(SMOKE_LABEL, ""))]
+    for cid in gone:
+        engine.remove_container(cid)
+    if gone:
+        say(f"removed {len(gone)} smoke container(s) a killed run left: {' '.join(c[:12] for c in gone)}")
+    return gone
 
 
 def _stage_wheels(plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
@@ -205,6 +222,7 @@ class Executor:
         self.engine, self.project, self.ui, self.options = engine, project, ui, options
         self.attest, self.smoke, self.revision = attest, smoke, revision
         self.cancel = cancel or threading.Event()
+        self._orphans_removed = False
         self._stages: dict[str, Callable[[_Run], None]] = {
             plans.BUILD: self._build, plans.SMOKE: self._smoke, plans.PULL: self._pull, plans.TAG: self._tag,
             plans.PUSH: self._push, plans.COPY_TAGS: self._copy_tags, plans.ATTEST: self._attest,
@@ -264,6 +282,9 @@ class Executor:
 
     def _smoke(self, run: _Run) -> None:
         out, unit = run.out, run.plan.unit
+        if not self._orphans_removed:  # once per run, before its first smoke container
+            self._orphans_removed = True
+            remove_orphans(self.engine, self.ui.say)
         self.ui.step(unit, out.steps, out.steps, "smoke test")
         result = self.smoke(self.engine, self.project, run.plan.view, out.image_id or "",
                             lambda s: self.ui.log(unit, s))

@@ -101,6 +101,15 @@ def push_index(project: Project, target: ResolvedTarget, revision: str) -> tuple
     return f"{target.name}: index {digest} lists {', '.join(present)} under {len(push_order(target))} tags{note}", entry
 
 
+def _read(path: Path) -> dict[str, Any]:
+    """dist/published.json's records; {} when absent or not a JSON object (damaged: rewritten whole)."""
+    try:
+        current = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return current if isinstance(current, dict) else {}
+
+
 def record(root: Path, records: list[dict[str, Any]]) -> Path:
     """Merge records into dist/published.json (one entry per target).
 
@@ -109,7 +118,7 @@ def record(root: Path, records: list[dict[str, Any]]) -> Path:
     path = published_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path.with_name(path.name + ".lock")):
-        current = json.loads(path.read_text()) if path.exists() else {}
+        current = _read(path)
         for rec in records:
             current[rec["target"]] = rec
         atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
@@ -126,7 +135,7 @@ def amend(root: Path, key: str, fields: dict[str, Any]) -> None:
     if not path.exists():
         return
     with locked(path.with_name(path.name + ".lock")):
-        current = json.loads(path.read_text())
+        current = _read(path)
         if key in current:
             current[key] = {**current[key], **fields}
             atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")

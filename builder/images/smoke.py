@@ -9,7 +9,9 @@ training example runs with ``accelerate launch`` on 2 CPU processes (gloo). When
 has the target vendor's GPUs, the probe container gets them and computes on one; otherwise
 the report says the device checks were skipped and why. A foreign platform's image runs under
 qemu emulation: the probe and the leftovers check run, the training and the device checks are
-skipped and the report says so. Every container is removed, pass or fail.
+skipped and the report says so. Every container is removed, pass or fail; one that a killed run
+left (its label names a process that is gone: :func:`builder.config.state.owner`) is removed by the
+next build (:func:`builder.images.execute.remove_orphans`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.project import Project, ResolvedTarget
+from builder.config.state import owner
 from builder.host.devices import device_options
 
+#: On every smoke container: its owner, this process (:func:`builder.config.state.owner`).
 SMOKE_LABEL = "io.ml-image-builder.images.smoke"
 PROBE = ["runtime-check", "probe", "--json", "--self-test"]
 #: Where a wheel or an installer cache could be left behind (the base's own Debian wheels aside).
@@ -70,18 +74,17 @@ def run_container(
 
     Parse stdout only: a warning on stderr can land inside the lines of a JSON document.
 
-    The label's value is this process's ID: an interrupted ``builder build`` removes its own.
+    The label's value is this process (:func:`builder.config.state.owner`): an interrupted ``builder
+    build`` removes its own, the next build those of a killed one.
     A container still running after *timeout* seconds fails the target (TargetFailed).
     """
-    import os
-
     import requests
     from urllib3.exceptions import ReadTimeoutError
 
     from builder.config.errors import TargetFailed
 
     container = client.containers.create(
-        image, command, labels={SMOKE_LABEL: str(os.getpid())}, network_mode="none", **kwargs
+        image, command, labels={SMOKE_LABEL: owner()}, network_mode="none", **kwargs
     )
     try:
         container.start()

@@ -216,6 +216,10 @@ class Engine:
         """The IDs of every container, running or not, carrying *label* (``key=value``)."""
         return [c["Id"] for c in self.client.api.containers(all=True, filters={"label": label})]
 
+    def container_labels(self, label: str) -> dict[str, dict[str, str]]:
+        """{ID: its labels} of every container, running or not, carrying *label* (``key`` or ``key=value``)."""
+        return {c["Id"]: c.get("Labels") or {} for c in self.client.api.containers(all=True, filters={"label": label})}
+
     def remove_container(self, container: str) -> None:
         """Force-remove a container; one gone already, or being removed, is no error."""
         try:

@@ -1,0 +1,79 @@
+"""What a killed run leaves, found and removed by the next one without an engine: smoke containers'
+owners (a fake engine's listing: the engine test is tests/engine/test_state.py), temporary files of
+atomic writes, a damaged dist/published.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from builder.config import files, state
+from builder.images import execute, publish
+from builder.images.smoke import SMOKE_LABEL
+
+
+def _dead_owner() -> str:
+    """The owner token a process had that has exited since."""
+    proc = subprocess.run([sys.executable, "-c", "from builder.config.state import owner; print(owner())"],
+                          capture_output=True, text=True, check=True)
+    return proc.stdout.strip()
+
+
+def test_an_owner_is_gone_only_when_certainly_so():
+    host, boot, namespace, pid, started = state.owner().split("/")
+    assert host == socket.gethostname() and pid == str(os.getpid())
+    assert not state.owner_gone(state.owner())
+    assert state.owner_gone(_dead_owner())
+    assert state.owner_gone(f"{host}/{boot}/{namespace}/{pid}/{int(started) + 1}"), "a reused PID is not its owner"
+    assert state.owner_gone(f"{host}/another-boot/{namespace}/{pid}/{started}"), "this host rebooted since"
+    assert not state.owner_gone(f"another-host/{boot}/{namespace}/99999999/1"), "another host's: never judged"
+    assert not state.owner_gone(f"{host}/{boot}/[1]/99999999/1"), "another PID namespace's: never judged"
+    assert not state.owner_gone(str(os.getpid() + 10_000_000)), "an unknown format: never judged"
+
+
+class Containers:
+    """A stand-in engine's container listing (the engine test runs the real one)."""
+
+    def __init__(self, labels: dict[str, dict[str, str]]) -> None:
+        self.labels, self.removed = labels, []
+
+    def container_labels(self, label: str) -> dict[str, dict[str, str]]:
+        return {cid: labels for cid, labels in self.labels.items() if label in labels}
+
+    def remove_container(self, cid: str) -> None:
+        self.removed.append(cid)
+
+
+def test_the_next_run_removes_the_smoke_containers_of_killed_runs_only():
+    engine = Containers({"dead" * 4: {SMOKE_LABEL: _dead_owner()}, "live" * 4: {SMOKE_LABEL: state.owner()},
+                         "old" * 4: {SMOKE_LABEL: "1"}, "mine" * 4: {"other": "x"}})
+    said = []
+    assert execute.remove_orphans(engine, said.append) == ["dead" * 4] == engine.removed
+    assert said == [f"removed 1 smoke container(s) a killed run left: {'dead' * 3}"]
+    engine = Containers({"live" * 4: {SMOKE_LABEL: state.owner()}})
+    assert execute.remove_orphans(engine, said.append) == [] and len(said) == 1  # nothing to say
+
+
+def test_stale_temporary_files_of_atomic_writes_are_removed(tmp_path):
+    files.atomic_write(tmp_path / "images" / "cpu" / "requirements.amd64.lock", "x\n")
+    old, fresh = tmp_path / "images" / "cpu" / ".requirements.amd64.lock.ab12cd_3.tmp", tmp_path / ".base.lock.json.zz99yy88.tmp"
+    kept = [fresh, tmp_path / "images" / ".notes.tmp", tmp_path / "images" / "cpu" / "requirements.amd64.lock"]
+    for path in (old, *kept):
+        path.write_text("half")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    os.utime(kept[1], (time.time() - 3600, time.time() - 3600))
+    assert files.remove_stale_temporaries(tmp_path / "images", recursive=True) == [old]
+    assert files.remove_stale_temporaries(tmp_path) == []  # fresh: maybe another run's write under way
+    assert all(p.exists() for p in kept)
+
+
+def test_a_damaged_published_json_is_rewritten(tmp_path):
+    path = files.published_path(tmp_path)
+    path.parent.mkdir()
+    path.write_text('{"cpu": {"target": "cp')
+    publish.record(tmp_path, [{"target": "cpu", "digest": "sha256:d"}])
+    assert json.loads(path.read_text()) == {"cpu": {"target": "cpu", "digest": "sha256:d"}}
