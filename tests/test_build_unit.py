@@ -3,6 +3,7 @@ on a recording fake of :class:`builder.oci.engine.Engine`, and publish.record's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import threading
@@ -271,6 +272,40 @@ def test_a_build_runs_its_stages_in_order_and_records_once(tmp_path):
     record = json.loads(root_published(tmp_path).read_text())["t0"]
     assert record["attachments"] == {"sig": "sha256:s"} and record["content_tag"] == plan.content_tag
     assert record["tags"] == [plan.content_tag, "127.0.0.1:1/fake:t0"] and record["current_revision"] == "abc"
+
+
+class RacedEngine(FakeEngine):
+    """Its first build fails as the containerd store fails when another build exports the same image."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error, self.requests = error, []
+
+    def build(self, request: BuildRequest, **kw: Any) -> tuple[str, BuildResult]:
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            raise TargetFailed(self.error)
+        return super().build(request, **kw)
+
+
+def test_an_image_another_build_exported_at_the_same_moment_is_exported_again(tmp_path):
+    """Two runs at once: one export is refused (moby/moby#46990); that build runs once more, from the
+    layers just built, and says so; any other failure is the view's error, with no second try."""
+    options = plans.Options(rebuild=True)
+    plan = _plan(options=options)
+    plan = dataclasses.replace(plan, request=dataclasses.replace(plan.request, no_cache=True))  # --rebuild
+    engine, said = RacedEngine('failed to solve: image "moby-dangling@sha256:cadd": already exists'), []
+    executor = _executor(engine, tmp_path, options)
+    executor.ui = SimpleNamespace(**{k: getattr(Silent(), k) for k in ("start", "step", "log", "done")},
+                                  say=said.append)
+    out = executor.run_view(plan, plans.decide(plan, None, options))
+    assert out.error is None and out.result == "built" and len(engine.requests) == 2
+    assert engine.requests[0].no_cache and not engine.requests[1].no_cache
+    (line,) = [s for s in said if "already exists" in s]
+    assert line.startswith("t0: image \"moby-dangling@sha256:cadd\": already exists: another build exported")
+    engine = RacedEngine("failed to solve: process did not complete successfully: exit code: 1")
+    out = _executor(engine, tmp_path, options).run_view(plan, plans.decide(plan, None, options))
+    assert out.error and len(engine.requests) == 1
 
 
 def test_a_failed_smoke_test_moves_no_tag(tmp_path):

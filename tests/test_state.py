@@ -77,3 +77,29 @@ def test_a_damaged_published_json_is_rewritten(tmp_path):
     path.write_text('{"cpu": {"target": "cp')
     publish.record(tmp_path, [{"target": "cpu", "digest": "sha256:d"}])
     assert json.loads(path.read_text()) == {"cpu": {"target": "cpu", "digest": "sha256:d"}}
+
+
+def test_two_runs_starting_the_local_registry_at_once_both_get_it(tmp_path):
+    """Two ``--push`` builds at once, no registry answering: one starts it, the other waits and finds it
+    (on main the second's docker-registry could not bind the port and that run failed)."""
+    import shutil
+    import signal
+
+    from devtools.support import free_port
+
+    if shutil.which("docker-registry") is None:
+        from devtools.support import fail_or_skip
+        fail_or_skip("docker-registry is not installed (make host installs it)")
+    host = f"127.0.0.1:{free_port()}"
+    code = f"from builder.oci.localregistry import ensure_local; print(ensure_local({host!r}))"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    pid = tmp_path / "ml-image-builder" / f"registry-{host.rsplit(':', 1)[1]}" / "registry.pid"
+    try:
+        assert [p.returncode for p in procs] == [0, 0, 0], [err[-500:] for _, err in outs]
+        assert sum(out.startswith("started") for out, _ in outs) == 1, outs
+    finally:
+        if pid.exists():
+            os.kill(int(pid.read_text()), signal.SIGTERM)

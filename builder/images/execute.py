@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,10 +42,14 @@ from builder.images import plan as plans
 from builder.images import publish
 from builder.images.outcome import Outcome
 from builder.oci import faults, registry
+from builder.oci.buildkit import BuildRequest, BuildResult
 from builder.oci.engine import Engine
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0
+#: The containerd store's refusal when two builds export one image at once (``failed to solve: image
+#: "moby-dangling@sha256:...": already exists``): seen in 1 of 4 rounds of two ``builder build -t cpu``.
+EXPORT_RACE = re.compile(r'image "[^"]+": already exists')
 
 
 class UI(Protocol):
@@ -258,10 +263,24 @@ class Executor:
         _stage_wheels(plan, self.ui.say)
         request = replace(plan.request, cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
-        image_id, result = self.engine.build(
-            request, cancel=self.cancel, registry_host=plan.registry_host, cwd=self.project.root,
-            on_step=lambda n, total, text: self.ui.step(unit, n, total, text),
-            on_log=lambda line: self.ui.log(unit, line))
+
+        def build(request: BuildRequest) -> tuple[str, BuildResult]:
+            return self.engine.build(
+                request, cancel=self.cancel, registry_host=plan.registry_host, cwd=self.project.root,
+                on_step=lambda n, total, text: self.ui.step(unit, n, total, text),
+                on_log=lambda line: self.ui.log(unit, line))
+
+        try:
+            image_id, result = build(request)
+        except TargetFailed as exc:
+            if not (refused := EXPORT_RACE.search(str(exc))) or self.cancel.is_set():
+                raise
+            # Another build of the same image (two runs at once) exported it at the same moment: the
+            # containerd store's export is not atomic (moby/moby#46990). Once more, from the layers
+            # just built (so with --rebuild too), and the export finds the record there.
+            self.ui.say(f"{unit}: {refused[0]}: another build exported the same image "
+                        f"at the same moment; exporting it again, from the layers just built")
+            image_id, result = build(replace(request, no_cache=False))
         out.image_id, out.steps, out.cached_steps, out.cache_read = image_id, result.steps, result.cached, \
             result.cache_read
         out.result = "built"

@@ -193,8 +193,9 @@ def resolve(
                    if not (house / pin.filename).exists()]
         if missing:
             (work / "download.txt").write_text("".join(missing))
-            proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house),
+            proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(work / "wheels"),
                          *platform_args(project, platform), "-r", str(work / "download.txt")])
+            wheelhouse.adopt(work / "wheels")
             if proc.returncode != 0:
                 raise TargetFailed(_pip_error(proc))
     pins = []
@@ -224,7 +225,6 @@ def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | 
     mirror of the machine that wrote the lock) from the target's index beside the host's sources.
     The sha256 pins the file whatever serves it, so asking another source is safe.
     """
-    house = wheelhouse.location()
     groups: dict[str | None, list[Pin]] = {}
     for pin in missing:
         groups.setdefault(pin.index, []).append(pin)
@@ -234,11 +234,12 @@ def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | 
         with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
             req = Path(tmp) / "req.txt"
             req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins))
-            download = ["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(house), "-r", str(req),
-                        *platform_args(project, platform)]
+            download = ["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(Path(tmp) / "wheels"),
+                        "-r", str(req), *platform_args(project, platform)]
             proc = _pip([*download, *(_index_args(recorded) if recorded else fallback)])
             if proc.returncode != 0 and recorded:
                 proc = _pip([*download, *fallback])
+            wheelhouse.adopt(Path(tmp) / "wheels")
         if proc.returncode != 0:
             errors.append(_pip_error(proc))
     if errors or wheelhouse.missing(missing):

@@ -138,6 +138,23 @@ def missing(pins: list[Pin], say: Callable[[str], object] = _stderr) -> list[Pin
     return absent
 
 
+def adopt(downloads: Path) -> None:
+    """Move the wheels pip downloaded into *downloads* (a private folder) into the wheelhouse, each by
+    one rename under the lock: pip writes a file in place, so downloading straight into the wheelhouse
+    let two builds at once rewrite a wheel that the other had verified or staged. A name another
+    build brought first stays as it is (the hash check that follows judges it)."""
+    house = location()
+    with locked(house / ".lock"):
+        for path in downloads.glob("*") if downloads.is_dir() else ():
+            if (house / path.name).exists():
+                continue
+            try:
+                os.rename(path, house / path.name)
+            except OSError:  # another file system: a copy, renamed into place whole
+                shutil.copyfile(path, house / f"{STAGING}{path.name}")
+                os.rename(house / f"{STAGING}{path.name}", house / path.name)
+
+
 #: In every layer's folder beside its wheels, holding the layer's name: a context is never empty.
 #: A step mounting an empty named context (cpu's ``packages``) took its cache locally, but a second
 #: engine never matched it in the registry cache written from there, so that step ran again on
@@ -148,8 +165,9 @@ MARKER = "LAYER"
 #: In a staged folder (beside its layers' folders, in none of the contexts): the stamps of the wheels
 #: that are copies, not hard links (another file system): {"<layer>/<file>": stamp}.
 COPIES = ".copies.json"
-#: The prefix of a folder being staged, or replaced and being removed, under ``.contexts``: only
-#: ever there while a process holds the lock, so any found by the lock's holder is a killed run's.
+#: The prefix of a folder being staged, or replaced and being removed, under ``.contexts``, and of
+#: a wheel being copied in (:func:`adopt`): only ever there while a process holds the lock, so any
+#: found by the lock's holder is a killed run's.
 STAGING = ".staging-"
 
 
@@ -313,11 +331,13 @@ def remove_context(folder: Path) -> None:
 
 def remove_leftovers(house: Path) -> list[Path]:
     """Remove what a killed run left in the wheelhouse *house*: half-staged or half-removed folders
-    under ``.contexts`` (:data:`STAGING`) and temporary files of :data:`VERIFIED`'s atomic writes.
+    under ``.contexts`` and half-copied wheels (:data:`STAGING`), and temporary files of
+    :data:`VERIFIED`'s atomic writes.
     Both only ever exist while their process holds the lock, so the caller must hold
     :func:`lock_path`; return what was removed."""
     root = house / ".contexts"
-    stale = [*(root.glob(f"{STAGING}*") if root.is_dir() else ()), *house.glob(f".{VERIFIED}.*")]
+    stale = [*(root.glob(f"{STAGING}*") if root.is_dir() else ()), *house.glob(f"{STAGING}*"),
+             *house.glob(f".{VERIFIED}.*")]
     for path in stale:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

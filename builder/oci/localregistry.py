@@ -10,8 +10,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 from builder.config.errors import UserError
+from builder.config.files import locked
 from builder.config.state import state_dir
 from builder.oci.registry import is_local, ping
 
@@ -32,7 +34,11 @@ def ensure_local(host: str) -> str | None:
         )
     port = host.rsplit(":", 1)[-1] if ":" in host else "80"
     folder = state_dir() / f"registry-{port}"
-    folder.mkdir(parents=True, exist_ok=True)
+    with locked(folder / ".lock"):  # two builds at once start one registry: the second finds it answering
+        return None if ping(host) else _start(binary, host, port, folder)
+
+
+def _start(binary: str, host: str, port: str, folder: Path) -> str:
     config = folder / "config.yml"
     config.write_text(
         f"version: 0.1\nlog: {{level: warn}}\nstorage:\n  filesystem: {{rootdirectory: {folder / 'data'}}}\n"
