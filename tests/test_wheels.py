@@ -400,3 +400,16 @@ def test_a_half_written_stamps_file_only_costs_a_hash(tmp_path, monkeypatch):
     (house / wheelhouse.VERIFIED).write_text('{"a-1.0-py3-none-any.whl": [1, ')
     assert wheelhouse.missing(list(pins.values())) == []
     assert set(json.loads((house / wheelhouse.VERIFIED).read_text())) == {p.filename for p in pins.values()}
+
+
+def test_removing_a_staged_folder_keeps_the_stamps_of_its_wheels(tmp_path, monkeypatch):
+    """``builder gc`` removes a folder no lock references: the unlink moves its wheels' ctimes, the
+    stamps follow, so no build hashes them again."""
+    _, pins, layers = _staged_house(tmp_path, monkeypatch)
+    kept = wheelhouse.build_context({"torch": [pins["a"], pins["b"]]})
+    gone = wheelhouse.build_context(layers)
+    wheelhouse.remove_context(gone)
+    assert not gone.exists() and kept.exists()
+    monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
+    assert wheelhouse.missing(list(pins.values())) == []
+    assert wheelhouse.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s)) == kept

@@ -234,6 +234,8 @@ def check_context(folder: Path, layers: Mapping[str, Sequence[Pin]], stamps: Map
     except FileNotFoundError:
         copies = {}
     except (OSError, ValueError):
+        copies = None
+    if not isinstance(copies, dict):
         copies, problems = {}, [f"{folder / COPIES} is unreadable"]
     for layer, pins in layers.items():
         wanted = {MARKER: None, **{p.filename: p for p in pins}}
