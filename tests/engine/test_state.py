@@ -120,7 +120,7 @@ def test_a_wheel_altered_in_a_staged_folder_is_staged_again_and_the_build_passes
     assert _staged(house, pin.filename).samefile(house / pin.filename)
 
 
-def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project, engine):
+def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project, engine, tmp_path):
     """SIGKILL to the builder's process group during the smoke test (a CI runner's timeout) leaves
     its smoke container; the next run removes it, and nothing else: not a live process's smoke
     container, not one of an unknown owner, not a container without the label."""
@@ -130,12 +130,14 @@ def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project
               for labels in ({SMOKE_LABEL: owner()}, {SMOKE_LABEL: "1"}, {})]  # owner(): this live process
     try:
         _change_runtime(root)
-        proc = subprocess.Popen([sys.executable, "-m", "builder", "build", "-t", "cpu", "-q"], cwd=root,
-                                env={**os.environ, **env}, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = tmp_path / "killed.log"
+        with log.open("w") as stderr:  # a file, not a pipe nobody reads while it builds
+            proc = subprocess.Popen([sys.executable, "-m", "builder", "build", "-t", "cpu", "-q"], cwd=root,
+                                    env={**os.environ, **env}, start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 900
         while not (smoking := _smoke_containers(engine, decoys)):
-            assert proc.poll() is None, f"the build ended before its smoke test: {proc.stderr.read()[-2000:]}"
+            assert proc.poll() is None, f"the build ended before its smoke test: {log.read_text()[-2000:]}"
             assert time.monotonic() < deadline, "no smoke container in 900 s"
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
