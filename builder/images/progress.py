@@ -40,7 +40,7 @@ class Progress:
         self._bar.stop()
 
     def say(self, text: str) -> None:
-        self._bar.console.print(escape(text))
+        self._bar.console.print(escape(text), soft_wrap=True)  # one line, at any width: a log greps it
 
     def start(self, target: str) -> None:
         with self._lock:

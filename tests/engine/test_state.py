@@ -36,16 +36,19 @@ def _locked_wheels(root: Path) -> list[lockfile.Pin]:
                              f"images/cpu/requirements.{arch}.lock") for pin in lockfile.read_lock(root / lock)[1]]
 
 
-@pytest.fixture
-def state_project(cpu_project, engine, tmp_path):
-    """(project root, its env with a private wheelhouse of copies): cpu built once there (no smoke)."""
+@pytest.fixture(scope="module")
+def state_project(based_project, engine, tmp_path_factory):
+    """(project root, its env with a private wheelhouse of copies): cpu built once there (no smoke).
+    Each test leaves it as healthy as it found it."""
+    tmp_path = tmp_path_factory.mktemp("state")
     root = copy_project(tmp_path / "p")
-    doc = edit_matrix(root, registry=registry_of(cpu_project) + f"-state-{uuid.uuid4().hex[:6]}")
-    publish_base_to(engine, cpu_project, root, doc["registry"])
+    doc = edit_matrix(root, registry=registry_of(based_project) + f"-state-{uuid.uuid4().hex[:6]}")
+    publish_base_to(engine, based_project, root, doc["registry"])
     shared, house = _shared_wheelhouse(), tmp_path / "house"
     house.mkdir()
     for pin in _locked_wheels(root):  # copies: damaging them must not touch the shared wheelhouse
-        shutil.copyfile(shared / pin.filename, house / pin.filename)
+        if (shared / pin.filename).exists():  # else the first build fetches it
+            shutil.copyfile(shared / pin.filename, house / pin.filename)
     env = {"BUILDER_WHEELHOUSE": str(house)}
     first = run_builder("build", "-t", "cpu", "--no-smoke", cwd=root, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
