@@ -7,7 +7,8 @@
   ``errors.py`` (``UserError``: exit 2 with a fix; ``TargetFailed``: one target failed).
 - ``project.py``: the resolution: matrix + wheel mapping + base pin -> ``ResolvedTarget``\\ s
   (tags, labels, torch pin, index, device flags); ``baselock.py``: ``base.lock.json``.
-- ``files.py``: atomic writes; ``state.py``: the user's state folder (wheelhouse, local registry).
+- ``files.py``: atomic writes, lock files; ``state.py``: the user's state folder (wheelhouse, local
+  registry) and this process as the owner of what it leaves on an engine (its smoke containers).
 
 A new matrix key goes into ``matrix.py`` (and, if it changes a target, ``project.py``); a new
 backend starts in ``wheel-mapping.json`` (``wheelmap.py`` says what an entry may hold).
