@@ -162,6 +162,7 @@ def _smoke_containers(engine, besides: list[str]) -> list[str]:
             if c["Id"] not in besides]
 
 
+@pytest.mark.timeout(2400)  # three rounds of two builds with their smoke tests, side by side on 2 cores
 def test_two_builds_of_one_target_at_once_both_pass(state_project, engine):
     """Two ``builder build -t cpu`` started together after a change under runtime/ (two terminals, two
     CI jobs on one runner), three rounds: both pass, with the same image, and leave nothing staged
