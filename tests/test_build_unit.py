@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import docker
 import pytest
 from click.testing import CliRunner
 from helpers import bare_build_project, fake_target
@@ -306,6 +307,24 @@ def test_an_image_another_build_exported_at_the_same_moment_is_exported_again(tm
     engine = RacedEngine("failed to solve: process did not complete successfully: exit code: 1")
     out = _executor(engine, tmp_path, options).run_view(plan, plans.decide(plan, None, options))
     assert out.error and len(engine.requests) == 1
+
+
+class TagRacedEngine(FakeEngine):
+    """Its first tag of each name fails as the containerd store fails when another build tags it too."""
+
+    def tag(self, image: str, ref: str) -> None:
+        if ("refused", ref) not in self.calls:
+            self._call("refused", ref)
+            super().tag(image, ref)  # the other build's tag, of the same image
+            raise docker.errors.APIError(f"failed to create an image {ref} with target {image} after deleting "
+                                         f"the existing one: image \"{ref}\": already exists")
+        super().tag(image, ref)
+
+
+def test_a_name_another_build_tagged_at_the_same_moment_is_no_failure(tmp_path):
+    engine, plan = TagRacedEngine(), _plan()
+    out = _executor(engine, tmp_path, plans.Options()).run_view(plan, plans.decide(plan, None, plans.Options()))
+    assert out.error is None and engine.images[plan.content_tag]["Id"] == "sha256:t0"
 
 
 def test_a_failed_smoke_test_moves_no_tag(tmp_path):

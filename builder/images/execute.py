@@ -325,10 +325,26 @@ class Executor:
         tested = [run.plan.content_tag] if plans.SMOKE in run.decision.stages else []
         for ref in [*tested, *run.plan.local_refs]:
             if ref not in run.present:
-                self.engine.tag(image, ref)
+                self._tag_ref(image, ref)
         if out.size_bytes is None:
             out.size_bytes = self.engine.size(image)
         out.tags = [r.rsplit(":", 1)[1] for r in run.plan.local_refs]
+
+    def _tag_ref(self, image: str, ref: str) -> None:
+        """Tag; when another build tags the same name at the same moment, the containerd store refuses
+        one (``failed to create an image ... after deleting the existing one: ... already exists``,
+        moby/moby#46990): done if the name now is this image, else tagged once more."""
+        for attempt in range(3):
+            try:
+                self.engine.tag(image, ref)
+                return
+            except faults.KNOWN as exc:
+                if "already exists" not in str(exc) or attempt == 2:
+                    raise
+                found = self.engine.image(ref)
+                if found is not None and found["Id"] == image:
+                    return
+                time.sleep(0.2)
 
     def _push(self, run: _Run) -> None:
         out, plan = run.out, run.plan
