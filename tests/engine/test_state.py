@@ -68,10 +68,10 @@ def _change_runtime(root: Path) -> None:
         handle.write(f"\n# {uuid.uuid4().hex}: a change the image carries\n")
 
 
-def _flip_byte(path: Path) -> None:
+def _flip_byte(path: Path, at: float = 0.5) -> None:
     """One byte flipped in place (same inode, same size), as the user's damaged wheel."""
     data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    data[int(len(data) * at)] ^= 0xFF
     with path.open("r+b") as handle:
         handle.write(bytes(data))
 
@@ -113,7 +113,7 @@ def test_a_wheel_altered_in_a_staged_folder_is_staged_again_and_the_build_passes
     staged = _staged(house, pin.filename)
     damaged = staged.with_name("damaged")
     shutil.copyfile(staged, damaged)
-    _flip_byte(damaged)
+    _flip_byte(damaged, at=0.3)  # not the byte the test above flips: a folder it left damaged stays damaged
     damaged.replace(staged)
     _change_runtime(root)
     proc = run_builder("build", "-t", "cpu", "--no-smoke", cwd=root, env=env)
