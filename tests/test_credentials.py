@@ -242,3 +242,29 @@ def test_cosign_gets_no_secret_but_its_key(monkeypatch, tmp_path):
     assert TOKEN not in proc.stdout
     assert seen[signing.KEY_ENV] == "the-key" and seen["COSIGN_PASSWORD"] == "its-password"
     assert "BUILDER_REGISTRY_PASSWORD" not in seen and "BUILDER_REGISTRY_USER" not in seen
+
+
+def test_an_error_quoting_the_index_prints_it_without_its_login(tmp_path):
+    """A lock that must be resolved from an index given with its login, which does not answer: the
+    one error line names the index credential-free (the resolver's own message quotes it as given)."""
+    from helpers import run_builder
+
+    root = copy_project(tmp_path / "project")
+    (root / "images" / "cpu" / "requirements.amd64.lock").unlink()
+    entry = load_project(root / "matrix.yaml").target("cpu").entry
+    from builder.config.wheelmap import index_env_var
+
+    proc = run_builder("lock", "-t", "cpu", "--platform", "linux/amd64", cwd=root,
+                       env={index_env_var(entry): f"https://ci:{TOKEN}@127.0.0.1:9/whl/cpu?token={TOKEN}",
+                            "PIP_INDEX_URL": f"https://ci:{TOKEN}@127.0.0.1:9/simple", "PIP_NO_INDEX": "",
+                            "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""})
+    assert proc.returncode != 0
+    assert "127.0.0.1:9" in proc.stdout + proc.stderr, proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr, proc.stderr
+
+
+def test_redact_every_url_in_a_message():
+    from builder.config.urls import redact
+
+    text = f"uv: https://ci:{TOKEN}@a.example/simple and http://b.example/x?sig={TOKEN} failed"
+    assert redact(text) == "uv: https://a.example/simple and http://b.example/x failed"

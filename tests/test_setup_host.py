@@ -169,8 +169,9 @@ def test_docker_ce_is_used_as_it_is_and_kept(chroot):
     assert "Suites: trixie-security" in sources and "Pin: release n=trixie-security" in pin
     assert ("Package: docker.io containerd docker-buildx cosign oras pigz\nPin: release n=trixie-security\n"
             "Pin-Priority: 500") in pin
+    assert "trixie-security/main" in chroot.run("apt-cache", "policy").stdout  # apt reads it
     policy = chroot.run("apt-cache", "policy", "pigz").stdout
-    assert "trixie-security" in policy and "trixie/main" in policy, policy
+    assert "trixie/main" in policy and policy.split("Installed: ")[1].split()[0] != "2.6-1", policy  # not bookworm's
     # The postinst asked policy-rc.d and was refused (101); the script's policy-rc.d is gone after.
     assert (chroot.root / "var/lib/standin-docker-registry-start").read_text().strip() == "101"
     assert "the install does not start docker-registry" in out
@@ -194,3 +195,20 @@ def test_a_conflict_stops_with_one_line_and_removes_nothing(chroot, tmp_path):
         assert len(lines) == 1 and "nothing was removed" in lines[0], out
     finally:
         chroot.run("dpkg", "--purge", "pigz-blocker", check=False)
+
+
+def test_the_ci_pidfile_is_not_a_predictable_name(tmp_path):
+    """.ci/run's SETUP_HOST_PIDFILE line, run twice as .ci/run runs it: a new file of its own each
+    time (mktemp: random name, 0600), never a name another user could create first (before:
+    ``ci-dockerd.<pid>.pid``)."""
+    line = next(line for line in (REPO / ".ci" / "run").read_text().splitlines()
+                if line.startswith(("SETUP_HOST_PIDFILE=", "export SETUP_HOST_PIDFILE=")))
+    made = []
+    for _ in range(2):
+        proc = subprocess.run(["bash", "-c", f'set -eu; {line}; echo "$SETUP_HOST_PIDFILE"; echo $$'],
+                              env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, check=True)
+        path, pid = proc.stdout.split()
+        assert Path(path).is_file() and (Path(path).stat().st_mode & 0o777) == 0o600, line
+        assert pid not in Path(path).name
+        made.append(path)
+    assert made[0] != made[1]

@@ -37,3 +37,16 @@ def public(url: str) -> str:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
         query = urllib.parse.urlencode([(k, v) for k, v in pairs if not SECRET_PARAM.search(k)])
     return parts._replace(netloc=netloc, query=query).geturl()
+
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()\[\]]+", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """*text* with each URL in it in its :func:`public` form (a tool's message may quote one as given).
+
+    Example:
+        >>> redact("ERROR: https://ci:tok3n@mirror.example/simple/torch/ answered 404")
+        'ERROR: https://mirror.example/simple/torch/ answered 404'
+    """
+    return _URL.sub(lambda m: public(m.group(0)), text)

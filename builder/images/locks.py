@@ -25,7 +25,7 @@ from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
 from builder.config.matrix import requirement_name
 from builder.config.project import Project, ResolvedTarget
-from builder.config.urls import public
+from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
 from builder.images.resolve import fetch_locked, index_reachable, resolve
@@ -157,10 +157,10 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
                 raise TargetFailed(f"{wheel} is not available: {where} is unreachable from "
                                    f"this host ({unreachable}) and pip's own sources lack it; {how}") from None
             if "torch" in str(exc) and ("No matching distribution" in str(exc) or "satisfies" in str(exc)):
-                raise TargetFailed(f"no wheel of {wheel} exists on {where} or pip's own sources: {exc}; "
+                raise TargetFailed(f"no wheel of {wheel} exists on {where} or pip's own sources: {redact(str(exc))}; "
                                    f"remove {target.platform} from the target's platforms, or {how}") from None
             raise TargetFailed(f"resolving {' '.join(requirements)} for {target.platform} from {where} failed: "
-                               f"{exc}; {how}") from None
+                               f"{redact(str(exc))}; {how}") from None
         check_torch_flavour(target, pins)  # before the lock is written
         shared = {canonicalize_name(p.name) for p in common}
         return [p for p in pins if canonicalize_name(p.name) not in shared]
