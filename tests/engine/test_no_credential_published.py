@@ -36,6 +36,9 @@ from devtools.support import copy_project, edit_matrix, native_only, retarget_ba
 pytestmark = pytest.mark.engine
 
 TOKEN = "tok3n-planted-31"
+MANIFESTS = {"application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",
+             "application/vnd.docker.distribution.manifest.v2+json",
+             "application/vnd.docker.distribution.manifest.list.v2+json"}
 
 
 def _git(root: Path, *args: str) -> None:
@@ -79,10 +82,13 @@ def _everything(repo: str, creds: dict[str, str]) -> dict[str, bytes]:
             continue
         found[digest] = body
         doc = json.loads(body)
-        todo += [f"{repo}@{m['digest']}" for m in doc.get("manifests", [])]
+        # An index lists manifests; BuildKit's registry cache (buildcache-*) lists blobs the same way.
+        entries = doc.get("manifests", [])
+        todo += [f"{repo}@{m['digest']}" for m in entries if m.get("mediaType") in MANIFESTS]
         listed, _ = artifacts.referrers(f"{repo}@{digest}", creds)
         todo += [f"{repo}@{m['digest']}" for m in listed]
-        for blob in [doc.get("config") or {}, *doc.get("layers", [])]:
+        blobs = [doc.get("config") or {}, *doc.get("layers", []), *(m for m in entries if m.get("mediaType") not in MANIFESTS)]
+        for blob in blobs:
             if blob.get("digest") and blob["digest"] not in found:
                 data = artifacts.get_blob(repo, blob["digest"], creds)
                 assert data is not None, blob
