@@ -3,6 +3,12 @@
 # Docker engine (26.1 or newer, with BuildKit) that answers. Run by the Makefile before both
 # commands and by .ci/run; safe to run again (it only acts on what is missing).
 #
+# The engine that is there is used as it is: Docker CE (docker-ce, containerd.io: Docker's install
+# guide), Moby's packages, Docker Desktop or any engine that answers. Nothing of an engine is
+# installed beside it (Debian's containerd conflicts with containerd.io), and apt never removes a
+# package (--no-remove: a conflict stops with one line, apt's own output above it). Debian's engine
+# (docker.io, containerd, docker-buildx) is installed only where there is none.
+#
 #   scripts/setup-host.sh            install what is missing (root: apt-get; else print the line)
 #                                    and start dockerd when no engine answers (root only)
 #   SETUP_HOST_PIDFILE=F ...         write the PID of a dockerd this script started to F
@@ -13,14 +19,21 @@
 set -euo pipefail
 
 # The engine and the verifiers. Debian 12 (bookworm) ships Docker 20.10 (end-of-life), so there
-# they come from Debian 13 (trixie), whose builds need only libc >= 2.34; an apt pin keeps every
-# other package on bookworm (runc, tini, iptables stay bookworm's: trixie's runc needs glibc 2.38).
+# they come from Debian 13 (trixie) with its security updates (trixie-security), whose builds need
+# only libc >= 2.34; an apt pin keeps every other package on bookworm (runc, tini, iptables stay
+# bookworm's: trixie's runc needs glibc 2.38).
 #   docker.io        dockerd 26.1 and its client; containerd 1.7 (the image store and runtime)
 #   docker-buildx    BuildKit's client (docker buildx build / bake)
+ENGINE_PACKAGES=(docker.io containerd docker-buildx)
+# Beside any engine (they never touch it):
 #   cosign oras      the standard verifiers the tests run against the registry (cosign verify,
 #                    oras discover)
 #   pigz             the engine unpacks gzip layers with unpigz (faster pulls)
-ENGINE_PACKAGES=(docker.io containerd docker-buildx cosign oras pigz)
+TOOL_PACKAGES=(cosign oras pigz)
+# Another engine's packages: Docker CE (Docker's own repository) and Moby's. With any of them
+# installed, that engine is the one used, and ENGINE_PACKAGES are never installed beside it.
+OTHER_ENGINE=(docker-ce docker-ce-cli containerd.io docker-buildx-plugin moby-engine moby-cli moby-containerd moby-runc
+  moby-buildx)
 # The rest, from the host's own suite:
 #   mmdebstrap       bootstraps the shared base image
 #   arch-test        lets mmdebstrap bootstrap a foreign architecture's base (under qemu)
@@ -32,6 +45,8 @@ ENGINE_PACKAGES=(docker.io containerd docker-buildx cosign oras pigz)
 #   slurm-wlm munge  a real Slurm cluster on loopback for the `builder slurm` tests (slurmctld, two
 #                    slurmd, munged: started and stopped by the tests, never as services)
 PACKAGES=(mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo slurm-wlm munge)
+# Their services, which the tests start and stop themselves: the install neither starts nor enables them.
+declare -A SERVICES=([docker-registry]=docker-registry [slurm-wlm]="slurmctld slurmd" [munge]=munge)
 MIN_ENGINE=26
 
 say() { printf 'setup-host: %s\n' "$*" >&2; }
@@ -46,33 +61,88 @@ TRIXIE_PIN=/etc/apt/preferences.d/ml-image-builder-trixie
 # packages at 500 (the newer version wins, so they come from trixie and stay current there).
 trixie_suite() {
   [ "$codename" = bookworm ] || return 0
-  [ -f "$TRIXIE_SOURCES" ] && [ -f "$TRIXIE_PIN" ] && return 0
-  say "Debian 12 ships Docker 20.10: adding Debian 13's suite to apt ($TRIXIE_SOURCES), pinned ($TRIXIE_PIN)"
-  say "  so that only ${ENGINE_PACKAGES[*]} come from it; everything else stays on bookworm"
+  # Current when both files name trixie-security (those an earlier version wrote lack it).
+  grep -qs trixie-security "$TRIXIE_SOURCES" && grep -qs trixie-security "$TRIXIE_PIN" && return 0
+  local pinned="${ENGINE_PACKAGES[*]} ${TOOL_PACKAGES[*]}"
+  say "Debian 12 ships Docker 20.10: adding Debian 13's suite and trixie-security to apt ($TRIXIE_SOURCES),"
+  say "  pinned ($TRIXIE_PIN) so that only $pinned come from them; everything else stays on bookworm"
   cat >"$TRIXIE_SOURCES" <<'EOF'
-# Added by ml-image-builder's scripts/setup-host.sh: Docker 26 and cosign/oras from Debian 13.
-# The pin beside it (/etc/apt/preferences.d/ml-image-builder-trixie) keeps the rest on bookworm.
+# Added by ml-image-builder's scripts/setup-host.sh: Docker 26 and cosign/oras from Debian 13, with
+# its security updates. The pin beside it (/etc/apt/preferences.d/ml-image-builder-trixie) keeps
+# the rest on bookworm.
 Types: deb
 URIs: http://deb.debian.org/debian
 Suites: trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: trixie-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
   cat >"$TRIXIE_PIN" <<EOF
-# Added by ml-image-builder's scripts/setup-host.sh: only the engine's packages from trixie.
+# Added by ml-image-builder's scripts/setup-host.sh: only the engine's packages and the tools from
+# trixie and trixie-security.
 Package: *
 Pin: release n=trixie
 Pin-Priority: 100
 
-Package: ${ENGINE_PACKAGES[*]}
+Package: *
+Pin: release n=trixie-security
+Pin-Priority: 100
+
+Package: $pinned
 Pin: release n=trixie
+Pin-Priority: 500
+
+Package: $pinned
+Pin: release n=trixie-security
 Pin-Priority: 500
 EOF
 }
 
+# The install neither starts nor enables the SERVICES of the packages it installs: for its time a
+# policy-rc.d answers 101 (action forbidden) for them, which invoke-rc.d and deb-systemd-invoke
+# obey, with or without systemd; where systemd runs they are masked too (no start at boot:
+# `systemctl unmask` to run one as a service). A policy-rc.d already there (containers have one)
+# is the host's and stays as it is.
+POLICY=${SETUP_HOST_POLICY_RC:-/usr/sbin/policy-rc.d}
+policy_ours=
+quiet_services() {
+  local services=() package
+  # shellcheck disable=SC2206 # a package's services: words
+  for package in "$@"; do services+=(${SERVICES[$package]:-}); done
+  ((${#services[@]})) || return 0
+  if [ ! -e "$POLICY" ]; then
+    printf '#!/bin/sh\n# Written by ml-image-builder scripts/setup-host.sh for its apt-get install; removed after it.\ncase "$1" in %s) exit 101 ;; esac\nexit 0\n' \
+      "$(IFS='|'; printf '%s' "${services[*]}")" >"$POLICY"
+    chmod 755 "$POLICY"
+    policy_ours=1
+  fi
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    systemctl mask --quiet "${services[@]/%/.service}" || true
+    say "masked ${services[*]}: the tests start them themselves (systemctl unmask to run one as a service)"
+  else
+    say "the install does not start ${services[*]}: the tests start them themselves"
+  fi
+}
+trap '[ -z "$policy_ours" ] || rm -f "$POLICY"' EXIT
+
 # The engine that answers, and the one installed (major versions; empty when none).
 answering=$(docker version --format '{{.Server.Version}}' 2>/dev/null || true)
-packaged=$(dpkg-query -W -f='${Version}' docker.io 2>/dev/null || true)
+packaged=$(installed docker.io && dpkg-query -W -f='${Version}' docker.io 2>/dev/null || true)
+# The engine that is there, used as it is: another engine's packages, or one that answers without
+# Debian's package (Docker Desktop, a static install, DOCKER_HOST elsewhere).
+other=()
+for package in "${OTHER_ENGINE[@]}"; do installed "$package" && other+=("$package"); done
+as_is=
+if ((${#other[@]})); then
+  as_is="Docker's own packages (${other[*]})"
+elif [ -n "$answering" ] && [ -z "$packaged" ]; then
+  as_is="Docker $answering, which answers (not Debian's docker.io)"
+fi
 upgrade=
 if [ -n "$packaged" ] && [ "$(major "$packaged")" -lt "$MIN_ENGINE" ]; then
   if [ "${CI:-}" = true ]; then
@@ -86,10 +156,16 @@ if [ -n "$packaged" ] && [ "$(major "$packaged")" -lt "$MIN_ENGINE" ]; then
 fi
 
 missing=()
-for package in "${PACKAGES[@]}"; do installed "$package" || missing+=("$package"); done
-for package in "${ENGINE_PACKAGES[@]}"; do
-  installed "$package" && [ -z "$upgrade" ] || missing+=("$package")
-done
+for package in "${PACKAGES[@]}" "${TOOL_PACKAGES[@]}"; do installed "$package" || missing+=("$package"); done
+if [ -n "$as_is" ]; then
+  not=()
+  for package in "${ENGINE_PACKAGES[@]}"; do installed "$package" || not+=("$package"); done
+  ((${#not[@]} == 0)) || say "using the engine that is there, $as_is, as it is: not installing ${not[*]} beside it"
+else
+  for package in "${ENGINE_PACKAGES[@]}"; do
+    installed "$package" && [ -z "$upgrade" ] || missing+=("$package")
+  done
+fi
 
 new_engine=
 if ((${#missing[@]})); then
@@ -99,10 +175,20 @@ if ((${#missing[@]})); then
     exit 1
   fi
   trixie_suite
+  quiet_services "${missing[@]}"
   say "installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null
+  # --no-remove: an install that needs a package removed (a conflict) stops here; nothing is removed.
+  apt_out=$(mktemp)
+  if ! apt-get install -y -qq --no-install-recommends --no-remove -o Dpkg::Options::=--force-confold \
+    "${missing[@]}" >"$apt_out" 2>&1; then
+    tail -n 25 "$apt_out" >&2
+    rm -f "$apt_out"
+    say "apt-get cannot install ${missing[*]} without removing a package (its output above); nothing was removed: resolve that, then run $0 again"
+    exit 1
+  fi
+  rm -f "$apt_out"
   [[ " ${missing[*]} " == *" docker.io "* ]] && new_engine=1
 fi
 
@@ -140,6 +226,10 @@ fi
 log=/var/log/ml-image-builder-dockerd.log
 if [ -n "$answering" ]; then
   if [ "$(major "$answering")" -ge "$MIN_ENGINE" ]; then
+    if [ -n "$as_is" ] && ! docker buildx version >/dev/null 2>&1; then
+      say "the engine that is there, $as_is, has no buildx (BuildKit's client): install Docker's docker-buildx-plugin"
+      exit 1
+    fi
     exit 0
   fi
   # The package was upgraded above (CI), but the old daemon still runs: restart it, if it is ours.
@@ -153,6 +243,9 @@ if [ -n "$answering" ]; then
     fi
   elif [ -z "${DOCKER_HOST:-}" ]; then
     say "the engine that answers is Docker $answering; this project needs Docker >= $MIN_ENGINE.0 (BuildKit, zstd, the containerd store)"
+    if installed docker-ce; then
+      say "  upgrade it with: sudo apt-get install --only-upgrade docker-ce docker-ce-cli containerd.io docker-buildx-plugin"
+    fi
     exit 1
   fi
 fi

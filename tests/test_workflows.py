@@ -83,11 +83,14 @@ def _matrix_jobs(jobs: dict) -> list[tuple[str, dict, re.Match]]:
 def test_build_job_consumes_the_plan_with_fromjson():
     jobs = images_workflow()["jobs"]
     matrix_jobs = _matrix_jobs(jobs)
-    assert [name for name, _, _ in matrix_jobs] == ["build"], "the build job's matrix must be fromJSON(needs.plan...)"
-    _, build, m = matrix_jobs[0]
-    needs = build["needs"] if isinstance(build["needs"], list) else [build["needs"]]
-    assert m["job"] == "plan" and "plan" in needs
-    assert build["strategy"]["fail-fast"] is False
+    assert [name for name, _, _ in matrix_jobs] == ["build", "publish"], \
+        "the build and publish jobs' matrix must be fromJSON(needs.plan...)"
+    for _, build, m in matrix_jobs:
+        needs = build["needs"] if isinstance(build["needs"], list) else [build["needs"]]
+        assert m["job"] == "plan" and "plan" in needs
+        assert build["strategy"]["fail-fast"] is False
+        # An empty include list fails the job: each is guarded by the plan's count.
+        assert build["if"].startswith("needs.plan.outputs.count != '0' && ")
     plan = jobs["plan"]
     output = plan["outputs"][m["output"]]
     step_id, key = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.([\w-]+)\s*\}\}", output).groups()
@@ -97,7 +100,6 @@ def test_build_job_consumes_the_plan_with_fromjson():
     # An empty include list fails the job: the build job is guarded by the plan's count.
     count = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.count\s*\}\}", plan["outputs"]["count"])
     assert count and count[1] == step_id and "count=" in step["run"]
-    assert build["if"] == "needs.plan.outputs.count != '0'"
 
 
 def test_matrix_fields_used_by_the_build_job_exist():
@@ -106,33 +108,124 @@ def test_matrix_fields_used_by_the_build_job_exist():
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["include"]
     assert rows and all("target" in row for row in rows)
-    build = images_workflow()["jobs"]["build"]
-    expressions = re.findall(r"\$\{\{(.*?)\}\}", json.dumps(build)) + [s["if"] for s in build["steps"] if "if" in s]
-    used = set(re.findall(r"\bmatrix\.([\w-]+)", " ".join(expressions)))  # not the file name matrix.yaml
-    assert "target" in used
-    assert used <= set(rows[0]), used - set(rows[0])
+    for name in ("build", "publish"):
+        build = images_workflow()["jobs"][name]
+        expressions = re.findall(r"\$\{\{(.*?)\}\}", json.dumps(build)) + [s["if"] for s in build["steps"] if "if" in s]
+        used = set(re.findall(r"\bmatrix\.([\w-]+)", " ".join(expressions)))  # not the file name matrix.yaml
+        assert "target" in used
+        assert used <= set(rows[0]), used - set(rows[0])
 
 
-def test_build_job_builds_one_target_and_pushes_only_from_main():
-    build = images_workflow()["jobs"]["build"]
-    text = json.dumps(build)
-    runs = "\n".join(s.get("run", "") for s in build["steps"])
-    assert "pip install -q ." in runs and "builder base --update" in runs
-    assert re.search(r'builder build "\$\{args\[@\]\}"', runs) and '-t "$TARGET" --platform "$PLATFORM" --json' in runs
-    assert build["env"]["TARGET"] == "${{ matrix.target }}" and build["env"]["PLATFORM"] == "${{ matrix.platform }}"
-    assert build["runs-on"] == "${{ matrix.runner }}", "each platform builds on a runner of its architecture"
-    publish = build["env"]["PUBLISH"]
-    assert publish.startswith("${{ github.ref == 'refs/heads/main' && (") and "pull_request" not in publish
-    # --push only when publishing to a configured registry; pull requests never push.
-    assert '"$PUBLISH" = "true" ] && [ -n "$IMAGE_REGISTRY" ]; then\n  args+=(--push)' in runs
-    assert runs.count("--push") == 1
-    assert build["env"]["BUILDER_REGISTRY_USER"] == "${{ secrets.BUILDER_REGISTRY_USER }}"
-    assert build["env"]["BUILDER_REGISTRY_PASSWORD"] == "${{ secrets.BUILDER_REGISTRY_PASSWORD }}"
-    assert 'docker login "${IMAGE_REGISTRY%%/*}"' in runs and "--password-stdin" in runs
-    upload = next(s for s in build["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert upload["if"] == "always()" and "matrix.target" in upload["with"]["path"]
-    assert "secrets." not in text.replace("${{ secrets.BUILDER_REGISTRY_USER }}", "").replace(
-        "${{ secrets.BUILDER_REGISTRY_PASSWORD }}", ""), "no other secret reaches the build"
+def _runs(job: dict) -> str:
+    return "\n".join(s.get("run", "") for s in job["steps"])
+
+
+def _secrets(value: object) -> set[str]:
+    return set(re.findall(r"secrets\.([A-Z_]+)", json.dumps(value)))
+
+
+WRITE_SECRETS = {"BUILDER_REGISTRY_USER", "BUILDER_REGISTRY_PASSWORD", "BUILDER_SIGNING_KEY", "COSIGN_PASSWORD"}
+PUBLISHING = ("github.ref == 'refs/heads/main' && vars.IMAGE_REGISTRY != '' && (github.event_name == 'push' || "
+              "(github.event_name == 'workflow_dispatch' && inputs.publish))")
+
+
+def test_build_and_publish_jobs_build_one_target_each():
+    jobs = images_workflow()["jobs"]
+    for name in ("build", "publish"):
+        job, runs = jobs[name], _runs(jobs[name])
+        assert "pip install -q ." in runs and "builder base --update" in runs
+        assert re.search(r'builder build "\$\{args\[@\]\}"', runs) and '-t "$TARGET" --platform "$PLATFORM" --json' in runs
+        assert job["env"]["TARGET"] == "${{ matrix.target }}" and job["env"]["PLATFORM"] == "${{ matrix.platform }}"
+        assert job["runs-on"] == "${{ matrix.runner }}", "each platform builds on a runner of its architecture"
+        assert 'docker login "${IMAGE_REGISTRY%%/*}"' in runs and "--password-stdin" in runs
+        upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+        assert upload["if"] == "always()" and "matrix.target" in upload["with"]["path"]
+    # Exactly one of them runs: publish only from main (a push, or a dispatch with publish).
+    assert jobs["build"]["if"] == f"needs.plan.outputs.count != '0' && !({PUBLISHING})"
+    assert jobs["publish"]["if"] == f"needs.plan.outputs.count != '0' && {PUBLISHING}"
+
+
+def test_pull_requests_get_no_write_credential_and_push_nothing():
+    """Everything a pull request runs (plan, build, checks): no write secret, no --push, no push of
+    the base to the shared registry (a base main has not published is bootstrapped on loopback)."""
+    jobs = images_workflow()["jobs"]
+    for name in ("plan", "build", "checks"):
+        assert not _secrets(jobs[name]) & WRITE_SECRETS, (name, _secrets(jobs[name]))
+        assert "--push" not in _runs(jobs[name]) and "environment" not in jobs[name], name
+    base = _step(jobs["build"], "Base")["run"]
+    missing = base[base.index("10)"):]
+    assert missing.index("git checkout -- matrix.yaml base.lock.json") < missing.index('echo "IMAGE_REGISTRY=" >> "$GITHUB_ENV"') \
+        < missing.index("builder base --update"), "the base goes to the loopback registry, never the shared one"
+
+
+def test_pushes_only_through_the_environment_signed():
+    doc = images_workflow()
+    publish = doc["jobs"]["publish"]
+    assert publish["environment"] == "publish"
+    writers = [name for name, job in doc["jobs"].items() if _secrets(job) & WRITE_SECRETS]
+    assert writers == ["publish"], writers
+    runs = _runs(publish)
+    assert runs.count("--push") == 1 and 'args=(-t "$TARGET" --platform "$PLATFORM" --json --push)' in runs
+    step = _step(publish, "builder build --push")
+    assert step["env"]["BUILDER_SIGNING_KEY"] == "${{ secrets.BUILDER_SIGNING_KEY }}"
+    assert step["env"]["COSIGN_PASSWORD"] == "${{ secrets.COSIGN_PASSWORD }}"
+    assert any(s.get("uses", "").startswith("sigstore/cosign-installer@") for s in publish["steps"])
+
+
+def test_publishing_without_a_signing_key_stops(project, tmp_path):
+    """The publish step itself, run as `shell: bash` runs it, with no key: one ::error:: line, nothing built."""
+    script = _step(images_workflow()["jobs"]["publish"], "builder build --push")["run"]
+    proc, _ = _run_step(script, project, tmp_path, "registry.example/team/ml-runtime")
+    assert proc.returncode == 1 and "::error::publishing signs what it pushes" in proc.stdout, proc.stdout + proc.stderr
+    assert not list(project.glob("build-*.json"))
+
+
+def test_secrets_only_on_the_steps_that_use_them():
+    doc = images_workflow()
+    assert not _secrets(doc.get("env", {})), "no secret for the whole workflow"
+    for name, job in doc["jobs"].items():
+        assert not _secrets(job.get("env", {})), f"{name}: no secret for a whole job"
+        for step in job["steps"]:
+            if _secrets(step):
+                assert "uses" not in step and set(_secrets(step)) == _secrets(step.get("env", {})), (name, step)
+                assert step["name"].startswith(("Registry login", "Base", "builder build", "builder matrix")), step
+
+
+def test_checkouts_keep_no_token():
+    for path in workflow_files():
+        for job in load(path)["jobs"].values():
+            for step in job.get("steps", []):
+                if step.get("uses", "").startswith("actions/checkout@"):
+                    assert step["with"]["persist-credentials"] is False, path
+
+
+def zizmor() -> str:
+    """The zizmor binary beside python (the 'test' extra), else one on PATH."""
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        if (folder / "zizmor").is_file():
+            return str(folder / "zizmor")
+    found = shutil.which("zizmor")
+    if found is None:
+        pytest.fail("zizmor not found beside python or on PATH: pip install zizmor "
+                    "(part of the 'test' extra: pip install -e '.[test]')")
+    return found
+
+
+def test_zizmor_finds_nothing():
+    """zizmor (offline: no GitHub here) at its default persona and severity: no finding."""
+    proc = subprocess.run([zizmor(), "--offline", "--no-progress", str(WORKFLOWS)], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_zizmor_catches_an_unpinned_action(tmp_path):
+    """The audit really audits: a tag-pinned checkout that keeps its token is reported."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\npermissions: {}\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n"
+                   "      - uses: actions/checkout@v5\n")
+    proc = subprocess.run([zizmor(), "--offline", "--no-progress", str(bad)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode != 0 and "unpinned-uses" in proc.stdout and "artipacked" in proc.stdout, proc.stdout
 
 
 def test_checks_job_runs_make_check_and_test():
@@ -142,13 +235,23 @@ def test_checks_job_runs_make_check_and_test():
     assert "needs" not in checks  # independent of the builds: it runs in parallel
 
 
-def test_only_known_actions():
-    allowed = {"actions/checkout", "actions/setup-python", "actions/upload-artifact"}
+#: Each action the workflows use: the commit its tag pointed at (read from the action's own repository)
+#: and that tag, written as the comment after the SHA.
+PINNED = {
+    "actions/checkout": ("fbc6f3992d24b796d5a048ff273f7fcc4a7b6c09", "v5.1.0"),
+    "actions/setup-python": ("ece7cb06caefa5fff74198d8649806c4678c61a1", "v6.3.0"),
+    "actions/upload-artifact": ("b7c566a772e6b6bfb58ed0dc250532a479d7789f", "v6.0.0"),
+    "sigstore/cosign-installer": ("6f9f17788090df1f26f669e9d70d6ae9567deba6", "v4.1.2"),
+}
+
+
+def test_only_known_actions_pinned_by_commit_with_the_tag_beside():
     for path in workflow_files():
-        for job in load(path)["jobs"].values():
-            for step in job.get("steps", []):
-                if "uses" in step:
-                    assert step["uses"].split("@")[0] in allowed, step["uses"]
+        for line in path.read_text().splitlines():
+            if m := re.match(r"\s*(?:- )?uses: (\S+)@(\S+)(.*)", line):
+                action, ref, rest = m.groups()
+                assert action in PINNED, line
+                assert (ref, rest.strip()) == (PINNED[action][0], f"# {PINNED[action][1]}"), line
 
 
 REGISTRY_STEP = "Registry ("
@@ -158,7 +261,8 @@ def _step(job: dict, prefix: str) -> dict:
     return next(s for s in job["steps"] if s.get("name", "").startswith(prefix))
 
 
-def _run_step(script: str, root: Path, tmp_path: Path, registry: str) -> tuple[subprocess.CompletedProcess, str]:
+def _run_step(script: str, root: Path, tmp_path: Path, registry: str,
+              extra: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, str]:
     """One run: step as `shell: bash` runs it, in *root*, with IMAGE_REGISTRY; (process, step summary)."""
     summary, output = tmp_path / "summary", tmp_path / "output"
     summary.write_text("")
@@ -167,8 +271,9 @@ def _run_step(script: str, root: Path, tmp_path: Path, registry: str) -> tuple[s
     path.write_text(script)
     env = {**os.environ, "IMAGE_REGISTRY": registry, "GITHUB_STEP_SUMMARY": str(summary),
            "GITHUB_OUTPUT": str(output), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    for key in ("BUILDER_REGISTRY_USER", "BUILDER_REGISTRY_PASSWORD"):
+    for key in ("BUILDER_REGISTRY_USER", "BUILDER_REGISTRY_PASSWORD", "BUILDER_SIGNING_KEY", "COSIGN_PASSWORD"):
         env.pop(key, None)
+    env.update(extra or {})
     proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
     return proc, summary.read_text()
@@ -177,16 +282,33 @@ def _run_step(script: str, root: Path, tmp_path: Path, registry: str) -> tuple[s
 def test_registry_comes_from_the_variable_or_the_dispatch_input():
     doc = images_workflow()
     assert doc["env"]["IMAGE_REGISTRY"] == "${{ inputs.registry || vars.IMAGE_REGISTRY }}"
+    assert doc["env"]["CONFIGURED_REGISTRY"] == "${{ vars.IMAGE_REGISTRY }}"
+    assert doc["env"]["DISPATCH_REGISTRY"] == "${{ inputs.registry }}"
     assert doc[True]["workflow_dispatch"]["inputs"]["registry"]["default"] == ""  # `on:` loads as True
     assert doc["defaults"]["run"]["shell"] == "bash"  # -eo pipefail: tests/engine/test_two_runners.py runs it so
     jobs = doc["jobs"]
-    plan, build = _step(jobs["plan"], REGISTRY_STEP), _step(jobs["build"], REGISTRY_STEP)
-    assert plan["run"] == build["run"], "plan and build must point builder at the same registry"
-    assert jobs["plan"]["env"] == {k: jobs["build"]["env"][k] for k in jobs["plan"]["env"]}  # the same credentials
-    names = [s.get("name", "") for s in jobs["build"]["steps"]]
-    order = [next(i for i, n in enumerate(names) if n.startswith(p))
-             for p in ("Engine", "Install the builder", REGISTRY_STEP, "Registry login", "Base", "builder build")]
-    assert order == sorted(order), names
+    steps = [_step(jobs[name], REGISTRY_STEP)["run"] for name in ("plan", "build", "publish")]
+    assert steps[0] == steps[1] == steps[2], "plan, build and publish must point builder at the same registry"
+    for name in ("build", "publish"):
+        names = [s.get("name", "") for s in jobs[name]["steps"]]
+        order = [next(i for i, n in enumerate(names) if n.startswith(p))
+                 for p in ("Engine", "Install the builder", REGISTRY_STEP, "Registry login", "Base", "builder build")]
+        assert order == sorted(order), names
+
+
+@pytest.mark.parametrize(("dispatched", "ok"), [
+    ("registry.example:5443/team/other", True), ("", True),
+    ("evil.example/team/ml-runtime", False), ("registry.example/team/ml-runtime", False)])
+def test_a_dispatch_names_a_repository_on_the_configured_host_only(project, tmp_path, dispatched, ok):
+    """The credentials go to the registry's host: a dispatch input naming another host stops the job."""
+    script = _step(images_workflow()["jobs"]["plan"], REGISTRY_STEP)["run"]
+    before = (project / "matrix.yaml").read_text()
+    proc, _ = _run_step(script, project, tmp_path, dispatched or "registry.example:5443/team/ml-runtime",
+                        {"CONFIGURED_REGISTRY": "registry.example:5443/team/ml-runtime", "DISPATCH_REGISTRY": dispatched})
+    assert (proc.returncode == 0) is ok, proc.stdout + proc.stderr
+    if not ok:
+        assert "::error::the workflow_dispatch input 'registry' must be on the host" in proc.stdout
+        assert (project / "matrix.yaml").read_text() == before
 
 
 def test_registry_step_without_a_registry_says_nothing_is_published(project, tmp_path):

@@ -35,6 +35,7 @@ from builder.cli.images import (
 )
 from builder.cli.supply import verify_cmd
 from builder.config.errors import TargetFailed, UserError
+from builder.config.urls import redact
 from builder.oci import faults
 
 
@@ -65,7 +66,7 @@ def _run() -> int:
         code = cli.main(standalone_mode=False)
     except UserError as exc:
         for line in exc.lines:
-            click.echo(f"error: {line}", err=True)
+            click.echo(f"error: {redact(line)}", err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
@@ -77,12 +78,12 @@ def _run() -> int:
         click.echo("interrupted", err=True)
         return 130
     except TargetFailed as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {redact(str(exc))}", err=True)
         return 1
     except Exception as exc:  # the engine, a registry, or our own fault: one line, its class's code
         if os.environ.get("BUILDER_TRACEBACK"):
             raise
         fault = faults.describe(exc)
-        click.echo(f"error: {fault.line}", err=True)
+        click.echo(f"error: {redact(fault.line)}", err=True)
         return fault.code
     return code if isinstance(code, int) else 0

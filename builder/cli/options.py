@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from builder.config.project import load_project
+from builder.oci import registry
 
 
 def _index_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -50,6 +51,7 @@ def project_options(func: Callable[..., Any] | None = None, *, pinned: bool = Tr
             matrix_path, mapping_path, allow_unpinned=allow_unpinned or not pinned,
             index_overrides=_index_pairs(indexes),
         )
+        registry.use_for(project.matrix.registry)  # BUILDER_REGISTRY_* go to this registry alone
         return func(project, **kw)
 
     return wrapper

@@ -25,6 +25,7 @@ from builder.config.baselock import LOCK_NAME, read_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
 from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix
+from builder.config.urls import public
 from builder.config.validation import format_errors
 from builder.config.wheelmap import BACKEND_VENDOR, RunFlags, WheelMapping, distributed_backend, index_for
 
@@ -293,7 +294,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
         labels = {
             "org.opencontainers.image.title": f"ml-runtime {t.name}",
             "org.opencontainers.image.version": f"{t.name}-torch{t.torch}",
-            **({"org.opencontainers.image.source": matrix.source} if matrix.source else {}),
+            **({"org.opencontainers.image.source": public(matrix.source)} if matrix.source else {}),
             f"{LABEL_PREFIX}.target": t.name,
             f"{LABEL_PREFIX}.backend": t.backend,
             f"{LABEL_PREFIX}.vendor": vendor,

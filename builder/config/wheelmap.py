@@ -19,6 +19,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from builder.config import grammar as g
 from builder.config.matrix import Backend, Requirement, Url, requirement_name
+from builder.config.urls import public
 
 Vendor = Literal["nvidia", "amd", "intel", "cpu"]
 #: The vendor behind each backend (ROCm is AMD's, XPU Intel's); a fact, not configuration.
@@ -178,7 +179,7 @@ def _suffix_problems(key: str, entry: Entry) -> list[str]:
         return [(f"{where}: {suffix!r} is the suffix of another build than {entry.backend}{version}; write "
                  f"{expected!r} (or '' where the index publishes torch without one)")]
     if suffix and NO_LOCAL_VERSIONS.fullmatch(entry.index_url):
-        return [(f"{where}: {suffix!r}: {entry.index_url} publishes no local versions, so "
+        return [(f"{where}: {suffix!r}: {public(entry.index_url)} publishes no local versions, so "
                  f"torch==<release>{suffix} never resolves there; write '' or point index_url at the index that "
                  "has them")]
     return []

@@ -25,6 +25,7 @@ from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
 from builder.config.matrix import requirement_name
 from builder.config.project import Project, ResolvedTarget
+from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
 from builder.images.resolve import fetch_locked, index_reachable, resolve
@@ -148,7 +149,7 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
         try:
             pins = pins or attempt(common)
         except TargetFailed as exc:
-            where = f"the index {target.index_url} ({target.entry})"
+            where = f"the index {public(target.index_url)} ({target.entry})"
             how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"
             wheel = (f"torch=={target.torch_pin} for {target.platform} "
                      f"({platforms.machine(target.platform)} manylinux, CPython {project.matrix.python})")
@@ -156,10 +157,10 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
                 raise TargetFailed(f"{wheel} is not available: {where} is unreachable from "
                                    f"this host ({unreachable}) and pip's own sources lack it; {how}") from None
             if "torch" in str(exc) and ("No matching distribution" in str(exc) or "satisfies" in str(exc)):
-                raise TargetFailed(f"no wheel of {wheel} exists on {where} or pip's own sources: {exc}; "
+                raise TargetFailed(f"no wheel of {wheel} exists on {where} or pip's own sources: {redact(str(exc))}; "
                                    f"remove {target.platform} from the target's platforms, or {how}") from None
             raise TargetFailed(f"resolving {' '.join(requirements)} for {target.platform} from {where} failed: "
-                               f"{exc}; {how}") from None
+                               f"{redact(str(exc))}; {how}") from None
         check_torch_flavour(target, pins)  # before the lock is written
         shared = {canonicalize_name(p.name) for p in common}
         return [p for p in pins if canonicalize_name(p.name) not in shared]
@@ -187,7 +188,7 @@ def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
     raise TargetFailed(
         f"target {target.unit}: {found}, expected {target.torch_pin} ({want}); fix: remove that wheel or "
         f"its source from pip's configuration (`pip config list`: find-links, extra-index-url) so "
-        f"{target.index_url} supplies torch, delete {target.lock} if it holds the wrong torch, and run "
+        f"{public(target.index_url)} supplies torch, delete {target.lock} if it holds the wrong torch, and run "
         f"`builder lock -t {target.name} --platform {target.platform}`"
     )
 

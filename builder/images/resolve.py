@@ -30,6 +30,7 @@ from uv import find_uv_bin
 from builder.config import platforms
 from builder.config.errors import TargetFailed
 from builder.config.project import Project
+from builder.config.urls import public
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
 
@@ -108,12 +109,6 @@ def _source_url(value: str) -> str | None:
     if value.startswith("file://") and not Path(urllib.parse.urlparse(value).path).exists():
         return None
     return value
-
-
-def public(url: str) -> str:
-    """*url* without credentials (what a lock may record)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def uv_config(sources: PipSources, vendor_index: str | None) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from builder.config.errors import TargetFailed, UserError
+from builder.oci.secrets import child_env
 
 #: How long a cancelled build may take to stop after SIGINT before it is killed.
 CANCEL_S = 20.0
@@ -133,7 +134,7 @@ def version() -> str:
     """``docker buildx version``'s line (empty when buildx is missing)."""
     if shutil.which("docker") is None:
         return ""
-    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env())
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -145,7 +146,7 @@ def builder_problem(name: str, docker_host: str) -> str | None:
     Every other driver (docker-container, remote, kubernetes) loads the result into DOCKER_HOST's
     engine, wherever it builds.
     """
-    proc = subprocess.run(["docker", "buildx", "inspect", name], capture_output=True, text=True, check=False)
+    proc = subprocess.run(["docker", "buildx", "inspect", name], capture_output=True, text=True, check=False, env=child_env())
     if proc.returncode != 0:
         return (f"buildx builder {name!r} is unknown ({(proc.stderr.strip().splitlines() or ['?'])[-1][:160]}); "
                 "list them with: docker buildx ls")
@@ -165,7 +166,7 @@ def available() -> str | None:
     """Why builds can't run here (no buildx), or None."""
     if shutil.which("docker") is None:
         return "the docker CLI is not installed (apt-get install docker.io)"
-    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False)
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env())
     if proc.returncode != 0:
         return "docker buildx is not installed (apt-get install docker-buildx): builds need BuildKit"
     return None
@@ -258,9 +259,10 @@ def _strip_ansi(text: str) -> str:
 
 @contextlib.contextmanager
 def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[dict[str, str]]:
-    """The environment for buildx: with *creds* for *host* (from BUILDER_REGISTRY_*), a private
-    DOCKER_CONFIG naming them, removed afterwards; the build never sees them as arguments."""
-    env = dict(os.environ)
+    """The environment for buildx: without the registry and signing secrets (secrets.child_env); with
+    *creds* for *host* (from BUILDER_REGISTRY_*), a private DOCKER_CONFIG naming them, removed
+    afterwards; the build never sees them as arguments."""
+    env = child_env()
     if not host or not creds:
         yield env
         return

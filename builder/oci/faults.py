@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import docker.errors
 import requests.exceptions
 
+from builder.config.urls import public
 from builder.oci.engine import engine_address
 
 #: The Docker engine failed or could not be reached.
@@ -50,7 +51,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _host(url: str | None) -> str:
-    return urllib.parse.urlsplit(url or "").netloc or "?"
+    return urllib.parse.urlsplit(public(url or "")).netloc or "?"
 
 
 def describe(exc: BaseException) -> Fault:
@@ -65,7 +66,7 @@ def describe(exc: BaseException) -> Fault:
             fix = "rate-limited: wait and retry, or log in for a higher limit"
         else:
             fix = "the registry failed: retry, or check its logs"
-        return Fault(f"registry {host} answered HTTP {code} for {exc.url}: {fix}", EXIT_REGISTRY)
+        return Fault(f"registry {host} answered HTTP {code} for {public(exc.url)}: {fix}", EXIT_REGISTRY)
     if isinstance(exc, urllib.error.URLError):
         return Fault(f"registry unreachable ({_first_line(exc)}): start it or fix 'registry' in matrix.yaml",
                      EXIT_REGISTRY)

@@ -2,7 +2,12 @@
 
 Credentials come only from the environment (``BUILDER_REGISTRY_USER`` and
 ``BUILDER_REGISTRY_PASSWORD``) or the Docker config (``docker login``); they are never
-printed or written anywhere.
+printed or written anywhere. The environment's are the matrix registry's (:func:`use_for`): no
+other host gets them (the base's upstream, ``builder run``'s and ``builder verify``'s references,
+an old registry), while ``docker login`` credentials are per host already. A token service (the
+realm a registry names) gets them only over https, or http on loopback.
+
+Child processes (buildx, cosign) get :func:`builder.oci.secrets.child_env`: the environment without them.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import json
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
 import docker.auth
 
 from builder.config.errors import UserError
+from builder.config.urls import public
 from builder.oci.faults import RegistryFault
+from builder.oci.secrets import PASSWORD_ENV, USER_ENV
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -67,10 +75,21 @@ def _base_url(host: str) -> str:
     return f"{'http' if is_local(host) else 'https'}://{host}"
 
 
+#: The host the environment's credentials are for: the matrix registry's, once a project is loaded.
+_matrix_host: str | None = None
+
+
+def use_for(registry: str) -> None:
+    """Give BUILDER_REGISTRY_USER/PASSWORD to *registry*'s host (``host[:port]/repository``) alone."""
+    global _matrix_host
+    _matrix_host = Ref.parse(registry).host if "/" in registry else registry
+
+
 def credentials(host: str) -> dict[str, str] | None:
-    """Credentials for *host* from the environment, else the Docker config, else None."""
-    user, password = os.environ.get("BUILDER_REGISTRY_USER"), os.environ.get("BUILDER_REGISTRY_PASSWORD")
-    if user and password:
+    """Credentials for *host*: the environment's when *host* is the matrix registry's (:func:`use_for`),
+    else the Docker config's for *host*, else None."""
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user and password and host == _matrix_host:
         return {"username": user, "password": password}
     found = docker.auth.load_config().resolve_authconfig(host)
     if found and found.get("username") and found.get("password"):
@@ -89,12 +108,30 @@ def ping(host: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def _bearer(challenge: str, creds: dict[str, str] | None) -> str | None:
+def token_realm(host: str, realm: str) -> str:
+    """*realm* (the token service a registry on *host* names) when credentials may go there: https,
+    or http on loopback; else a :class:`RegistryFault` (nothing is sent).
+
+    Example:
+        >>> token_realm("registry.example", "https://auth.example/token")
+        'https://auth.example/token'
+        >>> token_realm("registry.example", "http://auth.example/token")
+        Traceback (most recent call last):
+        builder.oci.faults.RegistryFault: registry registry.example names the token service http://auth.example/token: ...
+    """
+    parts = urllib.parse.urlsplit(realm)
+    if parts.scheme == "https" and parts.hostname or parts.scheme == "http" and is_local(parts.netloc):
+        return realm
+    raise RegistryFault(f"registry {host} names the token service {public(realm)}: credentials go only to an "
+                        "https token service (or http on loopback); fix the registry's auth configuration")
+
+
+def _bearer(host: str, challenge: str, creds: dict[str, str] | None) -> str | None:
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
     if "realm" not in params:
         return None
     query = "&".join(f"{k}={v}" for k, v in params.items() if k in ("service", "scope"))
-    request = urllib.request.Request(f"{params['realm']}?{query}")
+    request = urllib.request.Request(f"{token_realm(host, params['realm'])}?{query}")
     if creds:
         request.add_header("Authorization", "Basic " + _basic(creds))
     with urllib.request.urlopen(request, timeout=10) as resp:
@@ -105,11 +142,11 @@ def _bearer(challenge: str, creds: dict[str, str] | None) -> str | None:
 def _token(host: str, challenge: str, creds: dict[str, str] | None) -> str | None:
     """:func:`_bearer`, its failures as one line naming the registry and its token endpoint."""
     try:
-        return _bearer(challenge, creds)
+        return _bearer(host, challenge, creds)
     except urllib.error.HTTPError as exc:
         fix = ("log in again (docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD): the login "
                "is wrong or expired") if exc.code in (401, 403) else "retry later, or check the token service"
-        raise RegistryFault(f"registry {host}: its token endpoint {exc.url} answered HTTP {exc.code}; {fix}") from None
+        raise RegistryFault(f"registry {host}: its token endpoint {public(exc.url)} answered HTTP {exc.code}; {fix}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise RegistryFault(f"registry {host}: its token endpoint is unreachable or answered no token ({exc}); "
                             "retry, or check the registry's auth service") from None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -28,14 +27,8 @@ from pathlib import Path
 
 from builder.config.errors import TargetFailed, UserError
 from builder.oci import registry
-from builder.supply.signing import (
-    COSIGN_PASSWORD_ENV,
-    KEY_ENV,
-    PASSWORD_ENV,
-    SIGNING_ENV,
-    VERIFY_ENV,
-    SigningKey,
-)
+from builder.oci.secrets import child_env
+from builder.supply.signing import COSIGN_PASSWORD_ENV, KEY_ENV, SigningKey
 
 #: cosign attest --type for each attestation the builder makes.
 TYPES = {"sbom": "cyclonedx", "att": "slsaprovenance1"}
@@ -50,14 +43,9 @@ def binary() -> str:
     return found
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    # The builder's own key variables are not cosign's business; the key goes in as KEY_ENV only.
-    drop = (SIGNING_ENV, PASSWORD_ENV, VERIFY_ENV, KEY_ENV, COSIGN_PASSWORD_ENV)
-    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
-
-
 def _run(args: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([binary(), *args], env=_env(extra), capture_output=True, text=True, check=False,
+    # No secret of the environment reaches cosign (secrets.child_env); the key goes in as KEY_ENV only.
+    return subprocess.run([binary(), *args], env=child_env(extra), capture_output=True, text=True, check=False,
                           timeout=300)
 
 

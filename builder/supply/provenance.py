@@ -2,8 +2,9 @@
 
 It names the image (subject: repository and manifest digest) and how it was made:
 ``externalParameters`` hold the target's resolved matrix entry for the platform (what
-``builder print`` shows) and its content tag; ``resolvedDependencies`` the git revision (with
-whether the tree was dirty), the base by digest, each lock the image installs and the
+``builder print`` shows, every URL in its credential-free form) and its content tag;
+``resolvedDependencies`` the source by its git remote (credential-free; never a local path) and
+commit (with whether the tree was dirty), the base by digest, each lock the image installs and the
 Dockerfile, each with its SHA-256; ``runDetails.builder`` the builder and its version.
 
 Example:
@@ -15,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import time
 from dataclasses import asdict
@@ -23,6 +25,7 @@ from typing import Any
 
 from builder.config.errors import UserError
 from builder.config.project import Project, ResolvedTarget
+from builder.config.urls import public
 from builder.oci.registry import Ref
 from builder.supply.sbom import builder_version, contents
 
@@ -59,6 +62,37 @@ def git_state(root: Path) -> tuple[str, bool]:
     return revision, bool(git("status", "--porcelain", "--untracked-files=no")[1])
 
 
+def git_remote(root: Path) -> str | None:
+    """The checkout's remote as a credential-free ``git+`` URI (the branch's upstream remote, else
+    ``origin``, else the only one); None without one. A local path is never named.
+
+    Example:
+        >>> remote_uri("https://ci:ghp_x@github.com/org/ml-image-builder.git")
+        'git+https://github.com/org/ml-image-builder.git'
+        >>> remote_uri("git@github.com:org/ml-image-builder.git")
+        'git+ssh://github.com/org/ml-image-builder.git'
+    """
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    names = git("remote").split()
+    upstream = git("rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{upstream}").partition("/")[0]
+    name = next((n for n in (upstream, "origin") if n in names), names[0] if len(names) == 1 else None)
+    return remote_uri(git("remote", "get-url", name)) if name else None
+
+
+def remote_uri(url: str) -> str | None:
+    """A git remote URL as a credential-free ``git+<scheme>://`` URI; None for a local path."""
+    scp = re.fullmatch(r"(?:[^@/:]+@)?([^/:]+):(?!//)(.+)", url)
+    if scp and "://" not in url:
+        return f"git+ssh://{scp.group(1)}/{scp.group(2).lstrip('/')}"
+    if "://" not in url or url.startswith("file:"):
+        return None
+    return "git+" + public(url.removeprefix("git+"))
+
+
 def _file(root: Path, rel: str) -> dict[str, Any]:
     path = root / rel
     try:
@@ -79,10 +113,12 @@ def statement(project: Project, target: ResolvedTarget, image: str, content_tag:
     """
     c = contents(project, target)
     revision, dirty = git_state(project.root)
-    entry = {**asdict(target), "lock": target.lock, "arch": target.arch}
+    # The index as given may hold its login (https://user:token@mirror/simple): published without it.
+    entry = {**asdict(target), "index_url": public(target.index_url), "lock": target.lock, "arch": target.arch}
     base = Ref.parse(c.base)
+    remote = git_remote(project.root)
     dependencies: list[dict[str, Any]] = [
-        {"name": "source", "uri": f"git+file://{project.root}", "digest": {"gitCommit": revision},
+        {"name": "source", **({"uri": remote} if remote else {}), "digest": {"gitCommit": revision},
          "annotations": {"dirty": dirty}},
     ]
     if base.digest:

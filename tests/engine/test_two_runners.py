@@ -1,9 +1,9 @@
-"""The build job of .github/workflows/images.yml, run for real on two fresh runners against one registry.
+"""The publish job of .github/workflows/images.yml, run for real on two fresh runners against one registry.
 
 The job's ``run:`` steps are read from the workflow file (never retyped) and executed with
 ``bash --noprofile --norc -eo pipefail`` (what ``shell: bash`` runs on GitHub), with the job's
-``env:`` filled in for the cpu target: TARGET=cpu, PUBLISH=true, IMAGE_REGISTRY pointing at an
-htpasswd-protected test registry and its credentials. Each runner is a ``dockerd`` of its own
+``env:`` (and its steps') filled in for the cpu target: TARGET=cpu, IMAGE_REGISTRY pointing at an
+htpasswd-protected test registry, its credentials and a signing key (the Environment's secrets). Each runner is a ``dockerd`` of its own
 (data root, exec root, socket, bridge) that starts empty, and a checkout of its own.
 
 What the test cannot run, by one rule (:data:`SKIPPED`): ``uses:`` steps (actions/*), and the
@@ -32,6 +32,8 @@ from pathlib import Path
 import docker
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from builder.oci import registry as oci
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
@@ -42,6 +44,8 @@ pytestmark = pytest.mark.engine
 WORKFLOW = REPO / ".github" / "workflows" / "images.yml"
 #: Steps provisioning a GitHub runner, skipped here (by name prefix), besides every ``uses:`` step.
 SKIPPED = ("Free disk space", "System tools", "Install the builder")
+#: The job run here: main's, which pushes (pull requests run `build`, which pushes nothing).
+JOB = "publish"
 SHELL = ["bash", "--noprofile", "--norc", "-eo", "pipefail"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -49,10 +53,11 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def build_job() -> tuple[dict[str, str], list[tuple[str, str]]]:
     """(the env the build job sets, [(step name, script)] of the run: steps the test executes)."""
     doc = yaml.safe_load(WORKFLOW.read_text())
-    job = doc["jobs"]["build"]
+    job = doc["jobs"][JOB]
     shell = (job.get("defaults") or doc.get("defaults") or {}).get("run", {}).get("shell")
     assert shell == "bash", "the test runs steps as `shell: bash` does; the workflow must say so"
     steps = []
+    env = {**doc.get("env", {}), **job.get("env", {})}
     for step in job["steps"]:
         if "uses" in step:
             continue
@@ -62,7 +67,8 @@ def build_job() -> tuple[dict[str, str], list[tuple[str, str]]]:
         assert "if" not in step, f"step {name!r} has an if: this test does not evaluate conditions"
         assert "shell" not in step and "working-directory" not in step, name
         steps.append((name, step["run"]))
-    return {**doc.get("env", {}), **job.get("env", {})}, steps
+        env.update(step.get("env", {}))  # the secrets each step is given: every step gets them here
+    return env, steps
 
 
 def job_env(spec: dict[str, str], values: dict[str, str]) -> dict[str, str]:
@@ -146,8 +152,12 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
     repo = f"{host}/two-runners"
     tags = [f"{repo}:cpu", f"{repo}:cpu-torch2.13.0", f"{repo}:latest-cpu"]
     spec, steps = build_job()
-    env = job_env(spec, {"TARGET": "cpu", "PLATFORM": host_platform(), "PUBLISH": "true", "IMAGE_REGISTRY": repo,
-                         "BUILDER_REGISTRY_USER": user, "BUILDER_REGISTRY_PASSWORD": password})
+    key = ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    env = job_env(spec, {"TARGET": "cpu", "PLATFORM": host_platform(), "IMAGE_REGISTRY": repo,
+                         "CONFIGURED_REGISTRY": repo, "DISPATCH_REGISTRY": "",
+                         "BUILDER_REGISTRY_USER": user, "BUILDER_REGISTRY_PASSWORD": password,
+                         "BUILDER_SIGNING_KEY": key, "COSIGN_PASSWORD": ""})
 
     # The base this machine bootstraps (never the committed pin: the Debian mirror moves on).
     based = request.getfixturevalue("based_project")
@@ -172,6 +182,7 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
                 assert oci.manifest_digest(ref, creds) == built["digest"], ref
             record = a.published()
             assert record["digest"] == oci.manifest_digest(content_a, creds) and record["content_tag"] == content_a
+            assert set(record["attachments"]) == {"sig", "sbom", "att"}, "the publish job signs and attests"
             assert set(record["tags"]) == {content_a, *tags}, record["tags"]
             assert "bootstrapping" not in a.log and "pulled the locked base" in a.log, a.log[-4000:]
             assert f"Registry: `{repo}`" in a.summary.read_text()

@@ -1,0 +1,270 @@
+"""Credentials go only where they belong, and nothing printed or published holds one (issue 31).
+
+- Every URL the builder prints, records or publishes is in its credential-free form
+  (``builder.config.urls.public``): the provenance's matrix entry, the label naming the source,
+  the lock messages, registry faults.
+- The provenance names the source by its git remote, credential-free, and commit; never a local path.
+- ``BUILDER_REGISTRY_USER``/``PASSWORD`` go to the matrix registry's host alone; a token service
+  gets credentials only over https, or http on loopback (a real HTTP registry on loopback names
+  the realm).
+- docker buildx and cosign run without the registry and signing secrets of the environment
+  (``builder.oci.secrets.child_env``, one function for both).
+
+Each test here fails on the code before issue 31.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import stat
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from builder.config.project import load_project
+from builder.config.urls import public
+from builder.oci import buildkit, registry, secrets
+from builder.oci.faults import RegistryFault
+from builder.supply import cosign, provenance, signing
+from devtools.support import copy_project
+
+TOKEN = "tok3n-sec-31"
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    (f"https://user:{TOKEN}@mirror.example/simple", "https://mirror.example/simple"),
+    (f"https://{TOKEN}@mirror.example:8443/whl/cu130/", "https://mirror.example:8443/whl/cu130/"),
+    (f"https://s3.example/wheels/?X-Amz-Signature={TOKEN}&X-Amz-Credential={TOKEN}&v=1",
+     "https://s3.example/wheels/?v=1"),
+    (f"https://mirror.example/simple?access_token={TOKEN}", "https://mirror.example/simple"),
+    ("https://download.pytorch.org/whl/cpu", "https://download.pytorch.org/whl/cpu"),
+    ("file:///srv/wheels", "file:///srv/wheels"),
+])
+def test_public_drops_userinfo_and_secret_query_parameters(url, expected):
+    assert public(url) == expected
+
+
+# --- the provenance ------------------------------------------------------------------------------------
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example"})
+
+
+@pytest.fixture
+def git_project(tmp_path) -> Path:
+    """A copy of the project in its own git checkout, whose remote holds a token (as CI's clones do)."""
+    root = copy_project(tmp_path / "project")
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "x")
+    _git(root, "remote", "add", "origin", f"https://x-access-token:{TOKEN}@github.example/org/images.git")
+    return root
+
+
+def test_provenance_holds_no_index_credential_and_names_the_remote_not_the_path(git_project):
+    """An index given with its login (``--index``/``BUILDER_INDEX_*``) is published without it, and
+    the source is the remote (credential-free) and commit; before: the raw index URL and
+    ``git+file://<checkout>``."""
+    entry = load_project(git_project / "matrix.yaml").target("cpu").entry
+    project = load_project(git_project / "matrix.yaml",
+                           index_overrides={entry: f"https://ci:{TOKEN}@mirror.example/whl/cpu?token={TOKEN}"})
+    st = provenance.statement(project, project.target("cpu"), f"localhost:5000/ml-runtime@{DIGEST}", None)
+    text = json.dumps(st)
+    assert TOKEN not in text
+    assert str(git_project) not in text, "a local path is not published"
+    params = st["predicate"]["buildDefinition"]["externalParameters"]
+    assert params["matrix_entry"]["index_url"] == "https://mirror.example/whl/cpu"
+    source = next(d for d in st["predicate"]["buildDefinition"]["resolvedDependencies"] if d["name"] == "source")
+    assert source["uri"] == "git+https://github.example/org/images.git"
+    head = subprocess.run(["git", "-C", str(git_project), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert source["digest"] == {"gitCommit": head}
+
+
+def test_provenance_without_a_remote_names_no_path(tmp_path):
+    root = copy_project(tmp_path / "project")
+    _git(root, "init", "-q")
+    project = load_project(root / "matrix.yaml")
+    st = provenance.statement(project, project.target("cpu"), f"localhost:5000/ml-runtime@{DIGEST}", None)
+    source = next(d for d in st["predicate"]["buildDefinition"]["resolvedDependencies"] if d["name"] == "source")
+    assert "uri" not in source and str(root) not in json.dumps(st)
+
+
+@pytest.mark.parametrize(("url", "uri"), [
+    ("git@github.com:org/images.git", "git+ssh://github.com/org/images.git"),
+    (f"https://u:{TOKEN}@gitlab.example/org/images", "git+https://gitlab.example/org/images"),
+    ("/srv/git/images.git", None),
+    ("file:///srv/git/images.git", None),
+])
+def test_remote_uri(url, uri):
+    assert provenance.remote_uri(url) == uri
+
+
+def test_the_source_label_holds_no_credential(tmp_path):
+    root = copy_project(tmp_path / "project")
+    text = (root / "matrix.yaml").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("source:")]
+    (root / "matrix.yaml").write_text(f"source: https://bot:{TOKEN}@github.example/org/images\n" + "\n".join(lines))
+    labels = load_project(root / "matrix.yaml").target("cpu").labels
+    assert labels["org.opencontainers.image.source"] == "https://github.example/org/images"
+
+
+# --- registry credentials ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def env_login(monkeypatch, tmp_path) -> Iterator[None]:
+    """BUILDER_REGISTRY_* set, no docker login (an empty Docker config); the matrix registry restored after."""
+    (tmp_path / "docker").mkdir()
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    monkeypatch.setenv("BUILDER_REGISTRY_USER", "ci")
+    monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", TOKEN)
+    monkeypatch.setattr(registry, "_matrix_host", None)
+    yield
+
+
+def test_environment_credentials_go_to_the_matrix_registry_alone(env_login):
+    registry.use_for("registry.example:5000/ml-runtime")
+    assert registry.credentials("registry.example:5000") == {"username": "ci", "password": TOKEN}
+    for other in ("docker.io", "registry.example", "ghcr.io", "127.0.0.1:5000"):
+        assert registry.credentials(other) is None, other
+
+
+def test_no_environment_credentials_before_a_project_names_its_registry(env_login):
+    assert registry.credentials("registry.example:5000") is None
+
+
+def test_the_cli_scopes_them_to_matrix_yaml_s_registry(env_login, tmp_path):
+    """``builder`` commands that load the project give the credentials to its registry's host."""
+    from click.testing import CliRunner
+
+    from builder.cli.images import print_cmd
+
+    root = copy_project(tmp_path / "project")
+    result = CliRunner().invoke(print_cmd, ["--matrix", str(root / "matrix.yaml"), "-t", "cpu"])
+    assert result.exit_code == 0, result.output
+    host = registry.Ref.parse(load_project(root / "matrix.yaml").matrix.registry).host
+    assert registry.credentials(host) is not None and registry.credentials("elsewhere.example") is None
+
+
+@pytest.mark.parametrize("realm", ["https://auth.example/token", "http://127.0.0.1:5001/token",
+                                   "http://localhost/token"])
+def test_a_token_service_over_https_or_on_loopback_gets_them(realm):
+    assert registry.token_realm("registry.example", realm) == realm
+
+
+@pytest.mark.parametrize("realm", ["http://auth.example/token", "file:///etc/passwd", "ftp://auth.example/t",
+                                   "https:///token", f"http://u:{TOKEN}@10.0.0.1/token"])
+def test_a_token_service_elsewhere_gets_nothing(realm):
+    with pytest.raises(RegistryFault, match="names the token service") as err:
+        registry.token_realm("registry.example", realm)
+    assert TOKEN not in str(err.value)
+
+
+class _Challenging(http.server.BaseHTTPRequestHandler):
+    """A registry (on loopback) whose /v2/ wants a token from the realm the test names."""
+
+    realm = ""
+    seen: ClassVar[list[str]] = []
+
+    def do_HEAD(self) -> None:
+        self.seen.append(f"{self.path} {self.headers.get('Authorization', '')}")
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", f'Bearer realm="{self.realm}",service="registry"')
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_real_registry_naming_a_plain_http_realm_gets_no_credentials():
+    """A registry answers 401 naming an http token service on TEST-NET-1 (RFC 5737, nobody answers):
+    the builder refuses it in one line before connecting (before: it sent the Basic credentials
+    there, and failed only because nothing answered)."""
+    _Challenging.realm, _Challenging.seen = "http://192.0.2.1/token", []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Challenging)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        host = f"127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(RegistryFault, match=r"names the token service http://192\.0\.2\.1/token: credentials go "
+                                                r"only to an https token service"):
+            registry.manifest_digest(f"{host}/ml-runtime:cpu", {"username": "ci", "password": TOKEN})
+        assert _Challenging.seen, "the registry was asked"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- what child processes see --------------------------------------------------------------------------------
+
+
+SECRETS = {"BUILDER_REGISTRY_USER": "ci", "BUILDER_REGISTRY_PASSWORD": TOKEN, "BUILDER_SIGNING_KEY": TOKEN,
+           "BUILDER_SIGNING_KEY_PASSWORD": TOKEN, "COSIGN_PASSWORD": TOKEN}
+
+
+def test_every_signing_variable_is_a_secret():
+    for name in (signing.SIGNING_ENV, signing.PASSWORD_ENV, signing.COSIGN_PASSWORD_ENV, signing.KEY_ENV):
+        assert name in secrets.SECRET_ENV
+
+
+def test_buildx_gets_no_secret(monkeypatch):
+    for key, value in SECRETS.items():
+        monkeypatch.setenv(key, value)
+    with buildkit.docker_config(None, None) as env:
+        assert not set(SECRETS) & set(env) and TOKEN not in json.dumps(env)
+    with buildkit.docker_config("registry.example", {"username": "ci", "password": TOKEN}) as env:
+        assert not set(SECRETS) & set(env)
+        assert "DOCKER_CONFIG" in env  # the login, in a private config file for this build alone
+
+
+def test_cosign_gets_no_secret_but_its_key(monkeypatch, tmp_path):
+    """A stand-in ``cosign`` on PATH (a script printing its environment) shows what cosign is given:
+    the key as BUILDER_COSIGN_KEY/COSIGN_PASSWORD and nothing else of the secrets."""
+    fake = tmp_path / "bin" / "cosign"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nenv\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    for key, value in SECRETS.items():
+        monkeypatch.setenv(key, value)
+    proc = cosign._run(["version"], {signing.KEY_ENV: "the-key", signing.COSIGN_PASSWORD_ENV: "its-password"})
+    seen = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    assert TOKEN not in proc.stdout
+    assert seen[signing.KEY_ENV] == "the-key" and seen["COSIGN_PASSWORD"] == "its-password"
+    assert "BUILDER_REGISTRY_PASSWORD" not in seen and "BUILDER_REGISTRY_USER" not in seen
+
+
+def test_an_error_quoting_the_index_prints_it_without_its_login(tmp_path):
+    """A lock that must be resolved from an index given with its login, which does not answer: the
+    one error line names the index credential-free (the resolver's own message quotes it as given)."""
+    from helpers import run_builder
+
+    root = copy_project(tmp_path / "project")
+    (root / "images" / "cpu" / "requirements.amd64.lock").unlink()
+    entry = load_project(root / "matrix.yaml").target("cpu").entry
+    from builder.config.wheelmap import index_env_var
+
+    proc = run_builder("lock", "-t", "cpu", "--platform", "linux/amd64", cwd=root,
+                       env={index_env_var(entry): f"https://ci:{TOKEN}@127.0.0.1:9/whl/cpu?token={TOKEN}",
+                            "PIP_INDEX_URL": f"https://ci:{TOKEN}@127.0.0.1:9/simple", "PIP_NO_INDEX": "",
+                            "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": ""})
+    assert proc.returncode != 0
+    assert "127.0.0.1:9" in proc.stdout + proc.stderr, proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr, proc.stderr
+
+
+def test_redact_every_url_in_a_message():
+    from builder.config.urls import redact
+
+    text = f"uv: https://ci:{TOKEN}@a.example/simple and http://b.example/x?sig={TOKEN} failed"
+    assert redact(text) == "uv: https://a.example/simple and http://b.example/x failed"
