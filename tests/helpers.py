@@ -25,11 +25,13 @@ def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeou
 
 
 def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[str, Any]:
-    """Pin src's base in dest as ``<registry>/base@...`` and push it there (same layers: same digest)."""
+    """Pin src's base in dest as ``<registry>/base@...`` and copy it there from src's registry, byte for
+    byte (same digest; a push from the classic store would re-encode its manifest)."""
+    from builder.images.base import copy_base
+
     source = base_pin(src)["reference"]  # the engine's own ID for it differs by image store
     lock = retarget_base_lock(src, dest, registry)
-    engine.api.tag(source, registry + "/base", "bookworm")
-    engine.api.push(registry + "/base", "bookworm")
+    assert copy_base(source, registry + "/base", "bookworm") == source.split("@")[1]
     return lock
 
 

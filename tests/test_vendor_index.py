@@ -1,7 +1,9 @@
-"""Dependency confusion: a name the vendor index has never comes from the default index.
+"""Resolving against real indexes: dependency confusion, and relocks that keep pins.
 
 Two PEP 503 indexes on loopback, with tiny wheels built here: the vendor's ``foo==1.0``, the
-default's ``foo==99`` (and ``bar``, which only the default has).
+default's ``foo==99`` (and ``bar``, which only the default has). A name the vendor index has
+never comes from the default index. The relock tests let the indexes gain newer releases between
+two locks (real uv and pip): a relock moves only the pins its change forces, and says each.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import yaml
 
 from builder.config.project import load_project
-from builder.images import lockfile, locks, resolve, wheelhouse
+from builder.images import layers, lockfile, locks, resolve, wheelhouse
 from devtools.support import edit_matrix
 
 
@@ -118,61 +120,132 @@ def test_a_wheel_whose_recorded_index_fails_here_is_fetched_from_the_host_source
     assert wheelhouse.sha256_file(wheelhouse.location() / bar.filename) == bar.sha256
 
 
+def _cpu_index(project: Path, tmp_path: Path, vendor: str, monkeypatch) -> None:
+    """cpu's torch on the vendor index (needing foo), accelerate (matrix.yaml's torch_packages) on the default one."""
+    _wheel(tmp_path / "vendor" / "simple", "torch", "2.13.0+cpu", requires=("foo",))
+    _wheel(tmp_path / "default" / "simple", "accelerate", "1.0", requires=("torch",))
+    monkeypatch.setenv("BUILDER_INDEX_CPU", vendor)  # cpu's torch index (download.pytorch.org) is this one here
+    (project / "images" / "cpu" / "requirements.amd64.lock").unlink()  # the committed one pins PyPI's accelerate
+
+
+def _index_moves_on(tmp_path: Path, monkeypatch, *wheels: tuple[str, str, str, tuple[str, ...]]) -> None:
+    """New releases appear between two locks: (index, name, version, requires) each; uv sees the new pages."""
+    for index, name, version, requires in wheels:
+        _wheel(tmp_path / index / "simple", name, version, requires=requires)
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / f"uv-cache-{len(list(tmp_path.glob('uv-cache*')))}"))
+
+
+def _set_packages(project: Path, name: str, packages: list[str], **changes: object) -> None:
+    doc = yaml.safe_load((project / "matrix.yaml").read_text())
+    for t in doc["targets"]:
+        if t["name"] == name:
+            t["packages"] = packages
+    edit_matrix(project, targets=doc["targets"], **changes)
+
+
+def _lock(project: Path, name: str, said: list[str], common: list[lockfile.Pin] | None = None) -> dict[str, str]:
+    proj = load_project(project / "matrix.yaml")
+    pins = locks.target_lock(proj, proj.target(name).on("linux/amd64"), common or [], say=said.append)
+    return {p.name: p.version for p in pins}
+
+
+def _plan(project: Path, name: str) -> dict[str, tuple[lockfile.Pin, ...]]:
+    """The layer plan `builder print` shows: {layer: its wheels}."""
+    proj = load_project(project / "matrix.yaml")
+    return {layer.name: layer.pins for layer in layers.plan(proj, proj.target(name).on("linux/amd64"))}
+
+
 def test_a_target_added_later_keeps_its_siblings_pins_unless_its_packages_need_others(
         project, indexes, tmp_path, monkeypatch):
-    """The index moves on between two locks (foo 2.0 appears after cpu was locked): a target added
-    later, cpu plus a package, still gets cpu's foo 1.0, so it shares cpu's torch layers; one whose own
-    package needs foo>=2 gets foo 2.0 (the siblings' pins are a preference, not a cap)."""
+    """The index moves on between two locks (foo 2.0 and accelerate 1.1 appear after cpu was locked): a
+    target added later, cpu plus a package, still gets cpu's foo 1.0 and accelerate 1.0, so it shares
+    cpu's torch layers; one whose own package needs foo>=2 gets foo 2.0 and nothing else moves (the
+    siblings' pins are a preference, not a cap), said in one line."""
     vendor, _default = indexes
-    _wheel(tmp_path / "vendor" / "simple", "torch", "2.13.0+cpu", requires=("foo",))
-    _wheel(tmp_path / "default" / "simple", "accelerate", "1.0", requires=("torch",))  # matrix.yaml's torch_packages
-    monkeypatch.setenv("BUILDER_INDEX_CPU", vendor)  # cpu's torch index (download.pytorch.org) is this one here
+    _cpu_index(project, tmp_path, vendor, monkeypatch)
     doc = yaml.safe_load((project / "matrix.yaml").read_text())
     cpu = next(t for t in doc["targets"] if t["name"] == "cpu")
     edit_matrix(project, targets=[*doc["targets"], {**cpu, "name": "cpu-hf", "packages": ["bar"]},
                                   {**cpu, "name": "cpu-new", "packages": ["foonext"]}])
-    proj = load_project(project / "matrix.yaml")
-
-    def versions(name: str) -> dict[str, str]:
-        return {p.name: p.version for p in locks.target_lock(proj, proj.target(name).on("linux/amd64"), [])}
-
-    assert versions("cpu") == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0"}
-    _wheel(tmp_path / "vendor" / "simple", "foo", "2.0")  # the index moves on (foo comes from the vendor's: first-index)
-    _wheel(tmp_path / "default" / "simple", "foonext", "1.0", requires=("foo>=2",))
-    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache-later"))  # uv sees the new pages (no cached ones)
-    assert versions("cpu-hf") == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0",
-                                 "bar": "2.0"}
-    assert versions("cpu-new") == {"torch": "2.13.0+cpu", "foo": "2.0", "accelerate": "1.0",
-                                  "foonext": "1.0"}
+    said: list[str] = []
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0"}
+    _index_moves_on(tmp_path, monkeypatch, ("vendor", "foo", "2.0", ()),  # from the vendor's: first-index
+                    ("default", "accelerate", "1.1", ("torch",)), ("default", "foonext", "1.0", ("foo>=2",)))
+    assert _lock(project, "cpu-hf", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0",
+                                              "bar": "2.0"}
+    assert _lock(project, "cpu-new", said) == {"torch": "2.13.0+cpu", "foo": "2.0", "accelerate": "1.0",
+                                               "foonext": "1.0"}
+    assert said == ["images/cpu-new/requirements.amd64.lock: foo 1.0 -> 2.0: foonext 1.0 needs foo>=2"]
 
 
-def test_a_relock_for_an_added_package_keeps_the_targets_own_pins(project, indexes, tmp_path, monkeypatch):
-    """cpu is locked with foo 1.0; the index moves on (foo 2.0); then cpu gets a package: the relock
-    keeps foo 1.0 from cpu's own lock (no sibling shares cpu's torch here), so only the packages
-    layer changes. A requirement the target states itself wins over its old pin (bar 1.0 -> 2.0)."""
+def test_an_extra_package_after_the_index_moved_changes_only_the_packages_layer(
+        project, indexes, tmp_path, monkeypatch):
+    """cpu is locked; the index gains accelerate 1.1 (a shared dependency: every target's accelerate
+    layer); cpu then gets a package: the relock keeps accelerate 1.0 and foo 1.0, so the layer plan
+    differs in its last layer alone. A package that needs the newer accelerate moves it, in one line
+    that says why, and nothing else."""
     vendor, _default = indexes
-    _wheel(tmp_path / "vendor" / "simple", "torch", "2.13.0+cpu", requires=("foo",))
-    _wheel(tmp_path / "default" / "simple", "accelerate", "1.0", requires=("torch",))
+    _cpu_index(project, tmp_path, vendor, monkeypatch)
+    said: list[str] = []
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0"}
+    before = _plan(project, "cpu")
+    _index_moves_on(tmp_path, monkeypatch, ("vendor", "foo", "2.0", ()), ("default", "accelerate", "1.1", ("torch",)),
+                    ("default", "needy", "1.0", ("accelerate>=1.1",)))
+    _set_packages(project, "cpu", ["bar"])
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0", "bar": "2.0"}
+    after = _plan(project, "cpu")
+    assert [name for name in before if before[name] != after[name]] == ["packages"]
+    assert said == []
+    _set_packages(project, "cpu", ["bar", "needy"])
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.1", "bar": "2.0",
+                                           "needy": "1.0"}
+    assert said == ["images/cpu/requirements.amd64.lock: accelerate 1.0 -> 1.1: needy 1.0 needs accelerate>=1.1"]
+
+
+def test_removing_a_package_moves_no_other_pin(project, indexes, tmp_path, monkeypatch):
+    """cpu with two packages is locked; the index gains newer accelerate and bar; one package goes:
+    the relock drops it and keeps every other pin (bar stays 1.0: the target asks for ``bar``, which
+    1.0 still satisfies). A requirement that excludes the old pin moves it, and says so."""
+    vendor, _default = indexes
+    _cpu_index(project, tmp_path, vendor, monkeypatch)
     _wheel(tmp_path / "default" / "simple", "bar", "1.0")
-    monkeypatch.setenv("BUILDER_INDEX_CPU", vendor)
-    doc = yaml.safe_load((project / "matrix.yaml").read_text())
-
-    def versions(packages: list[str]) -> dict[str, str]:
-        for t in doc["targets"]:
-            if t["name"] == "cpu":
-                t["packages"] = packages
-        edit_matrix(project, targets=doc["targets"])
-        proj = load_project(project / "matrix.yaml")
-        cpu = proj.target("cpu").on("linux/amd64")
-        assert not locks.sibling_pins(proj, cpu, []), "the test needs cpu without siblings"
-        return {p.name: p.version for p in locks.target_lock(proj, cpu, [])}
-
-    assert versions(["bar==1.0"]) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0", "bar": "1.0"}
-    _wheel(tmp_path / "vendor" / "simple", "foo", "2.0")
     _wheel(tmp_path / "default" / "simple", "baz", "1.0")
-    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache-later"))
-    assert versions(["bar", "baz"]) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0",
-                                        "bar": "2.0", "baz": "1.0"}
+    said: list[str] = []
+    _set_packages(project, "cpu", ["bar<2", "baz"])
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0", "bar": "1.0",
+                                           "baz": "1.0"}
+    _index_moves_on(tmp_path, monkeypatch, ("default", "accelerate", "1.1", ("torch",)), ("default", "bar", "3.0", ()))
+    _set_packages(project, "cpu", ["bar"])
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0", "bar": "1.0"}
+    assert said == []
+    _set_packages(project, "cpu", ["bar>=3"])
+    assert _lock(project, "cpu", said) == {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0", "bar": "3.0"}
+    assert said == ["images/cpu/requirements.amd64.lock: bar 1.0 -> 3.0: matrix.yaml asks bar>=3"]
+
+
+def test_a_relock_after_an_inputs_change_moves_only_what_the_change_forces(project, indexes, tmp_path, monkeypatch):
+    """The common lock and cpu's are written; the index gains newer cmn, dep and accelerate; a common
+    package is added, which needs the newer dep: the common relock moves dep alone (one line, why) and
+    keeps cmn; cpu's lock, stale through its inputs (the common pins are among them), keeps accelerate."""
+    vendor, _default = indexes
+    _cpu_index(project, tmp_path, vendor, monkeypatch)
+    _wheel(tmp_path / "default" / "simple", "cmn", "1.0", requires=("dep",))
+    _wheel(tmp_path / "default" / "simple", "dep", "1.0")
+    said: list[str] = []
+
+    def lock_both(common_packages: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+        edit_matrix(project, common_packages=common_packages)
+        proj = load_project(project / "matrix.yaml")
+        common = locks.common_lock(proj, "linux/amd64", say=said.append)
+        return {p.name: p.version for p in common}, _lock(project, "cpu", said, common)
+
+    assert lock_both(["cmn"]) == ({"cmn": "1.0", "dep": "1.0"},
+                                  {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0"})
+    _index_moves_on(tmp_path, monkeypatch, ("default", "cmn", "1.1", ("dep",)), ("default", "dep", "1.1", ()),
+                    ("default", "accelerate", "1.1", ("torch",)), ("default", "extra", "1.0", ("dep>=1.1",)))
+    assert lock_both(["cmn", "extra"]) == ({"cmn": "1.0", "dep": "1.1", "extra": "1.0"},
+                                           {"torch": "2.13.0+cpu", "foo": "1.0", "accelerate": "1.0"})
+    assert said == ["images/common.amd64.lock: dep 1.0 -> 1.1: extra 1.0 needs dep>=1.1"]
 
 
 def test_without_the_vendor_index_the_default_one_serves(project, indexes):

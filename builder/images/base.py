@@ -5,10 +5,17 @@ SOURCE_DATE_EPOCH the same packages give the same bytes. We then write the docke
 ourselves, with a config whose ``created`` time is that epoch, so the image ID (the config's
 digest) is reproducible too (``docker import`` would stamp the current time). With
 ``image:``, the pinned reference is pulled. The registry digest goes into base.lock.json.
+
+The base is pushed from its own bytes (:func:`push_base`), not by the engine: the engine
+compresses a layer as its content store happens to hold it (uncompressed as loaded, or a gzip or
+zstd copy of the same layer that an earlier build or pull left), so the same content got other
+manifest digests. Our layer blob is the tarball gzipped by zlib at a fixed level with a fixed
+header, so the same content always gives the same pin.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -17,6 +24,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,10 +34,10 @@ import docker
 
 from builder.config import platforms
 from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
-from builder.config.errors import TargetFailed, UserError
+from builder.config.errors import UserError
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, spec_hash
-from builder.images.publish import push_ref
+from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import credentials
 from builder.oci.registry import ping as registry_answers
@@ -139,6 +147,101 @@ def write_archive(rootfs: Rootfs, config: bytes, repo_tag: str, archive: Path) -
 def base_tag(project: Project, platform: str) -> str:
     """The tag a platform's base is pushed under before it is pinned by digest: ``base:<suite>-<arch>``."""
     return f"{project.base_repository}:{project.matrix.base.debian_suite}-{platforms.arch(platform)}"
+
+
+#: The media types of the base's own manifest (OCI: every engine this project supports pulls it).
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+
+
+def gzip_layer(tarball: Path) -> bytes:
+    """*tarball* as a gzip blob that depends on its bytes alone: zlib at level 6, the gzip header's
+    time 0 (Python's zlib, the same on every host with the same zlib).
+
+    Example:
+        >>> blob = gzip_layer(Path("matrix.yaml"))
+        >>> blob == gzip_layer(Path("matrix.yaml")), blob[:10].hex()  # magic, deflate, no flags, time 0, Unix
+        (True, '1f8b0800000000000003')
+    """
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip header and trailer
+    out = []
+    with tarball.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            out.append(compressor.compress(chunk))
+    return b"".join([*out, compressor.flush()])
+
+
+def base_manifest(layer: bytes, config: bytes) -> bytes:
+    """The base's OCI image manifest, serialised canonically: the same blobs give the same digest."""
+    def descriptor(media: str, blob: bytes) -> dict[str, object]:
+        return {"mediaType": media, "digest": "sha256:" + hashlib.sha256(blob).hexdigest(), "size": len(blob)}
+
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "config": descriptor(OCI_CONFIG, config),
+                "layers": [descriptor(OCI_LAYER_GZIP, layer)]}
+    return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+
+
+def push_base(client: docker.DockerClient, project: Project, platform: str, layer: bytes, config: bytes) -> str:
+    """Push the base from its own bytes (the :func:`gzip_layer` blob, the config, :func:`base_manifest`)
+    under its tag, then pull it by digest, so the engine holds what is pinned; return the manifest digest."""
+    repository = project.base_repository
+    creds = credentials(repository.split("/", 1)[0])
+    push_blob(repository, layer, creds)
+    push_blob(repository, config, creds)
+    tag = base_tag(project, platform)
+    digest = put_manifest(repository, tag.rsplit(":", 1)[1], base_manifest(layer, config), OCI_MANIFEST, creds)
+    _hold(client, f"{repository}@{digest}", platform)
+    return digest
+
+
+def _hold(client: docker.DockerClient, reference: str, platform: str) -> None:
+    """Pull the base just pushed as *reference*, so the engine holds it under the pinned reference."""
+    try:
+        client.api.pull(reference, platform=platform, auth_config=credentials(reference.split("/", 1)[0]))
+    except docker.errors.APIError as exc:
+        raise UserError(f"the engine could not pull the {platform} base it was pushed as ({reference}): "
+                        f"{(exc.explanation or str(exc)).strip()[:200]}") from None
+
+
+def copy_base(source: str, repository: str, tag: str) -> str | None:
+    """The base *source* pins, copied from its registry into *repository* under *tag* byte for byte
+    (the same digest, nothing through the engine); None when that registry lacks it or is unreachable."""
+    old_host = source.split("/", 1)[0]
+    creds, new_creds = credentials(old_host), credentials(repository.split("/", 1)[0])
+    try:
+        found = get_manifest(source, creds)
+        if found is None:
+            return None
+        media, body, _digest = found
+        manifest = json.loads(body)
+        for descriptor in [manifest["config"], *manifest["layers"]]:
+            blob = get_blob(source.split("@")[0], descriptor["digest"], creds)
+            if blob is None:
+                return None
+            push_blob(repository, blob, new_creds)
+    except UserError:  # the old registry is gone
+        return None
+    return put_manifest(repository, tag, body, media, new_creds)
+
+
+def saved_blobs(client: docker.DockerClient, ref: str, workdir: Path) -> tuple[bytes, bytes]:
+    """(:func:`gzip_layer` blob, config) of the local one-layer image *ref*, read from ``docker save``
+    (its layer plain or gzipped, as the image store keeps it)."""
+    archive = workdir / "saved.tar"
+    with archive.open("wb") as handle:
+        for chunk in client.api.get_image(ref):
+            handle.write(chunk)
+    with tarfile.open(archive) as tar:
+        (entry,) = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        config = tar.extractfile(entry["Config"]).read()  # type: ignore[union-attr]
+        (name,) = entry["Layers"]
+        layer = workdir / "layer.tar"
+        with tar.extractfile(name) as src, layer.open("wb") as dst:  # type: ignore[union-attr]
+            head = src.read(2)
+            src.seek(0)
+            shutil.copyfileobj(gzip.GzipFile(fileobj=src) if head == b"\x1f\x8b" else src, dst)
+    archive.unlink()
+    return gzip_layer(layer), config
 
 
 def make_image(client: docker.DockerClient, project: Project, workdir: Path, platform: str) -> tuple[str, Rootfs]:
@@ -261,8 +364,11 @@ def _bootstrap(client: docker.DockerClient, project: Project, platform: str, loc
                pinned: PinnedBase | None, *, update: bool, say: Callable[[str], object]) -> PinnedBase:
     """Bootstrap *platform*'s base, push it and pin it; a fresh bootstrap that differs from *pinned*
     (the Debian mirror moved) is re-pinned with *update* only."""
+    spec = project.matrix.base.bootstrap
+    assert spec is not None
     with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
         image_id, rootfs = make_image(client, project, Path(tmp), platform)
+        layer = gzip_layer(rootfs.tarball)
     if pinned is not None and image_id != pinned.image_id:
         report = drift_report(pinned.packages, rootfs.packages)
         lines = [f"base drift ({platform}): a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}",
@@ -271,10 +377,7 @@ def _bootstrap(client: docker.DockerClient, project: Project, platform: str, loc
             raise UserError(*lines, "run 'builder base --update' to re-pin, then 'builder render' and commit both")
         for line in lines:
             say(line)
-    try:
-        digest = push_ref(client, base_tag(project, platform))
-    except TargetFailed as exc:
-        raise UserError(f"pushing the {platform} base: {exc}") from None
+    digest = push_base(client, project, platform, layer, image_config(rootfs, spec, platform))
     new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages)
     if new != pinned:
         current = lock or BaseLock(spec_sha256=spec_hash(project.matrix))
@@ -286,18 +389,18 @@ def _bootstrap(client: docker.DockerClient, project: Project, platform: str, loc
 def _move_to_registry(
     client: docker.DockerClient, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
 ) -> PinnedBase | None:
-    """The matrix's registry changed: the same base (local, else pulled from the old one) pushed to the
-    new registry and pinned there; None when it can be had from neither (then it is bootstrapped)."""
-    old_host = pinned.reference.split("/", 1)[0]
-    try:
-        if not _local_has(client, pinned):
-            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(old_host))
-        tag = base_tag(project, platform)
-        client.api.tag(pinned.reference, *tag.rsplit(":", 1))
-        digest = push_ref(client, tag)
-    except (docker.errors.DockerException, TargetFailed) as exc:
-        say(f"the locked {platform} base {pinned.reference} is neither local nor in its old registry "
-            f"({str(exc).splitlines()[0][:120]}): bootstrapping it")
+    """The matrix's registry changed: the same base (copied from the old registry byte for byte, else
+    pushed from the engine's copy) pinned in the new one; None when it can be had from neither (then it
+    is bootstrapped)."""
+    tag = base_tag(project, platform)
+    digest = copy_base(pinned.reference, project.base_repository, tag.rsplit(":", 1)[1])
+    if digest is not None:
+        _hold(client, f"{project.base_repository}@{digest}", platform)
+    elif _local_has(client, pinned):
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            digest = push_base(client, project, platform, *saved_blobs(client, pinned.reference, Path(tmp)))
+    if digest is None:
+        say(f"the locked {platform} base {pinned.reference} is neither local nor in its old registry: bootstrapping it")
         return None
     moved = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=pinned.image_id,
                        packages=pinned.packages)
@@ -319,9 +422,8 @@ def _push_if_missing(
     from builder.oci.registry import manifest_digest
 
     if manifest_digest(pinned.reference, credentials(pinned.reference.split("/", 1)[0])) is None:
-        tag = base_tag(project, platform)
-        client.api.tag(pinned.reference, tag)
-        digest = push_ref(client, tag)
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            digest = push_base(client, project, platform, *saved_blobs(client, pinned.reference, Path(tmp)))
         say(f"pushed the {platform} base to {project.base_repository} ({digest})")
         if not pinned.reference.endswith(digest):
             say(f"note: the registry digest {digest} differs from the lock's {pinned.reference}")

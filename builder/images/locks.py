@@ -7,29 +7,37 @@ platform, into the shared wheelhouse (:mod:`builder.images.wheelhouse`). Three l
 shared layer) and ``images/<target>/requirements.<arch>.lock`` (torch and friends, pinned to
 agree with common).
 A lock whose recorded inputs are unchanged and whose wheels are present is reused as is:
-a no-op rebuild never re-resolves.
+a no-op rebuild never re-resolves. A lock whose inputs changed is re-resolved preferring the
+versions it pinned (a target's also its siblings'), as pip-tools and uv keep an output file's
+pins: only what the change forces moves, and each pin that moves is said in one line, with why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.parser
 import hashlib
 import json
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
-from builder.config.matrix import requirement_name
 from builder.config.project import Project, ResolvedTarget
 from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
 from builder.images.resolve import fetch_locked, index_reachable, resolve
+from builder.images.wheelhouse import location as wheelhouse_location
 from builder.images.wheelhouse import missing as missing_wheels
+
+Say = Callable[[str], object]
 
 
 def _fingerprint(*parts: object) -> str:
@@ -57,20 +65,81 @@ def shared_lock_path(project: Project, name: str, platform: str) -> Path:
     """images/<name>.<arch>.lock: a lock every target of the platform shares (tools, common)."""
     return project.images_dir / f"{name}.{platforms.arch(platform)}.lock"
 
-def tools_lock(project: Project, platform: str, fetch: bool = True) -> list[Pin]:
+def _relock(project: Project, platform: str, path: Path, requirements: list[str], preferred: list[Pin],
+            say: Say, *, vendor_index: str | None = None, constraints: Sequence[Pin] = ()) -> list[Pin]:
+    """Resolve *requirements* preferring the versions *preferred* pins; say each preferred pin that
+    moved, from what to what and why (``<lock>: accelerate 1.15.0 -> 1.16.0: rich 14.0 needs
+    accelerate>=1.16``)."""
+    pins = resolve(project, requirements, platform, vendor_index=vendor_index, constraints=constraints,
+                   preferences=preferred)
+    before = {canonicalize_name(p.name): p.version for p in preferred}
+    where = path.relative_to(project.root) if path.is_relative_to(project.root) else path
+    for pin in ordered(pins):
+        old = before.get(canonicalize_name(pin.name))
+        if old is not None and old != pin.version:
+            why = why_moved(project, platform, pin.name, old, requirements, pins)
+            say(f"{where}: {pin.name} {old} -> {pin.version}: {why}")
+    return pins
+
+def why_moved(project: Project, platform: str, name: str, old: str, requirements: list[str],
+              pins: list[Pin]) -> str:
+    """Why the resolution *pins* does not keep *name* at *old*: a requirement of matrix.yaml's, else
+    one of a resolved wheel's (its METADATA in the wheelhouse), whose specifier excludes *old*."""
+    unknown = (f"no resolution keeps {old} (it left the index, has no wheel for this Python and platform, "
+               "or conflicts through other packages)")
+    try:
+        version = Version(old)
+    except InvalidVersion:
+        return unknown
+    env = {**{k: str(v) for k, v in default_environment().items()}, "python_version": project.matrix.python,
+           "python_full_version": f"{project.matrix.python}.0", "platform_machine": platforms.machine(platform),
+           "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "extra": ""}
+
+    def excludes(req: Requirement) -> bool:
+        return (canonicalize_name(req.name) == canonicalize_name(name)
+                and not req.specifier.contains(version, prereleases=True)
+                and (req.marker is None or req.marker.evaluate(env)))
+
+    for line in requirements:
+        with contextlib.suppress(InvalidRequirement):
+            if excludes(Requirement(line)):
+                return f"matrix.yaml asks {line}"
+    for pin in pins:
+        for req in _requires(wheelhouse_location() / pin.filename):
+            if excludes(req):
+                return f"{pin.name} {pin.version} needs {req.name}{req.specifier}"
+    return unknown
+
+def _requires(wheel: Path) -> list[Requirement]:
+    """The Requires-Dist of a wheel (its METADATA), [] when it can't be read."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            name = next(n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+            text = archive.read(name).decode("utf-8", "replace")
+    except (OSError, zipfile.BadZipFile, StopIteration):
+        return []
+    found = []
+    for line in email.parser.Parser().parsestr(text, headersonly=True).get_all("Requires-Dist") or []:
+        with contextlib.suppress(InvalidRequirement):
+            found.append(Requirement(line))
+    return found
+
+def tools_lock(project: Project, platform: str, fetch: bool = True, say: Say = lambda _line: None) -> list[Pin]:
     """images/tools.<arch>.lock: the installer used during builds (never left in an image)."""
     m = project.matrix
+    path = shared_lock_path(project, "tools", platform)
     fp = _fingerprint("tools", m.installer, m.python, project.glibc, platforms.machine(platform))
-    return _ensure(project, platform, shared_lock_path(project, "tools", platform), "the build-time installer", fp,
-                   lambda: resolve(project, [m.installer], platform), fetch=fetch)
+    return _ensure(project, platform, path, "the build-time installer", fp,
+                   lambda: _relock(project, platform, path, [m.installer], read_lock(path)[1], say), fetch=fetch)
 
-def common_lock(project: Project, platform: str, fetch: bool = True) -> list[Pin]:
+def common_lock(project: Project, platform: str, fetch: bool = True, say: Say = lambda _line: None) -> list[Pin]:
     """images/common.<arch>.lock: the backend-independent layer shared by every target."""
     m = project.matrix
+    path = shared_lock_path(project, "common", platform)
     fp = _fingerprint("common", sorted(m.common_packages), m.python, project.glibc, platforms.machine(platform))
-    return _ensure(project, platform, shared_lock_path(project, "common", platform),
-                   "the shared layer of every target", fp,
-                   lambda: resolve(project, list(m.common_packages), platform), fetch=fetch)
+    return _ensure(project, platform, path, "the shared layer of every target", fp,
+                   lambda: _relock(project, platform, path, list(m.common_packages), read_lock(path)[1], say),
+                   fetch=fetch)
 
 def _requirements(target: ResolvedTarget) -> list[str]:
     return [f"torch=={target.torch_pin}", *target.packages]
@@ -111,22 +180,21 @@ def first_by_name(pins: list[Pin]) -> list[Pin]:
 
 
 def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
-    """The pins of this view's own lock as it stands, stale or not, minus the names the target asks
-    for itself (``torch==X``, its ``packages:``): what a relock prefers, so that a package added to a
-    CUDA target keeps the accelerate (and every other) wheel it had, and re-pushes its layer alone,
-    even after the index has moved on. A name the target asks for takes the new requirement.
+    """The pins of this view's own lock as it stands, stale or not: what a relock prefers, so that a
+    package added to a target keeps the accelerate (and every other) wheel it had, and re-pushes its
+    layer alone, even after the index has moved on. A preference only: a version the target's new
+    requirements exclude (``torch==X``, a ``packages:`` specifier) is not kept.
     """
-    asked = {requirement_name(r) for r in _requirements(target)}
-    _, pins = read_lock(project.root / target.lock)
-    return [p for p in pins if canonicalize_name(p.name) not in asked]
+    return read_lock(project.root / target.lock)[1]
 
 
-def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True) -> list[Pin]:
+def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True,
+                say: Say = lambda _line: None) -> list[Pin]:
     """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer.
 
-    Resolved with the lock's own previous pins (:func:`previous_pins`) and then the siblings'
-    (:func:`sibling_pins`) as constraints; when the target's own packages need other versions,
-    with the siblings' alone, then with only the common layer's.
+    Resolved with the common layer's pins as constraints, preferring the lock's own previous pins
+    (:func:`previous_pins`), then the siblings' (:func:`sibling_pins`): uv moves only what the
+    target's new requirements force.
     """
     path = project.root / target.lock
     requirements = _requirements(target)
@@ -134,20 +202,12 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
 
     def resolver() -> list[Pin]:
         unreachable = index_reachable(target.index_url)
-
-        def attempt(constraints: list[Pin]) -> list[Pin]:
-            return resolve(project, requirements, target.platform,
-                           vendor_index=None if unreachable else target.index_url, constraints=constraints)
-
-        siblings = sibling_pins(project, target, common)
-        both = first_by_name([*previous_pins(project, target), *siblings])
-        pins: list[Pin] = []
-        for preferred in filter(None, [both] if both == siblings else [both, siblings]):
-            with contextlib.suppress(TargetFailed):  # else the target's packages need other versions
-                pins = attempt([*common, *preferred])
-                break
+        shared = {canonicalize_name(p.name) for p in common}
+        preferred = [p for p in first_by_name([*previous_pins(project, target), *sibling_pins(project, target, common)])
+                     if canonicalize_name(p.name) not in shared]  # the common lock says its own moves
         try:
-            pins = pins or attempt(common)
+            pins = _relock(project, target.platform, path, requirements, preferred, say,
+                           vendor_index=None if unreachable else target.index_url, constraints=common)
         except TargetFailed as exc:
             where = f"the index {public(target.index_url)} ({target.entry})"
             how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"
@@ -162,7 +222,6 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
             raise TargetFailed(f"resolving {' '.join(requirements)} for {target.platform} from {where} failed: "
                                f"{redact(str(exc))}; {how}") from None
         check_torch_flavour(target, pins)  # before the lock is written
-        shared = {canonicalize_name(p.name) for p in common}
         return [p for p in pins if canonicalize_name(p.name) not in shared]
 
     def index() -> str | None:
@@ -202,14 +261,14 @@ def lock_all(
     common: dict[str, list[Pin]] = {}
     for platform in dict.fromkeys(t.platform for t in targets):
         try:
-            tools_lock(project, platform, fetch)
-            common[platform] = common_lock(project, platform, fetch)
+            tools_lock(project, platform, fetch, say)
+            common[platform] = common_lock(project, platform, fetch, say)
         except TargetFailed as exc:
             raise UserError(f"resolving the shared packages for {platform} failed: {exc}") from None
     failed = {}
     for target in targets:
         try:
-            pins = target_lock(project, target, common[target.platform], fetch)
+            pins = target_lock(project, target, common[target.platform], fetch, say)
             say(f"{target.unit}: {len(pins)} wheels locked in {target.lock}")
         except TargetFailed as exc:
             failed[target.unit] = str(exc)

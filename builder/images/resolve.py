@@ -141,18 +141,20 @@ def _uv_error(proc: subprocess.CompletedProcess[str]) -> str:
     return text[:400]
 
 
-_ANNOTATED = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==(?P<version>\S+)\n(?:\s+#.*\n)*?\s+# from (?P<index>\S+)",
+_ANNOTATED = re.compile(r"^(?P<name>[A-Za-z0-9._-]+)==(?P<version>\S+)[^\n]*\n\s+# from (?P<index>\S+)",
                         re.MULTILINE)
 
 
 def resolve(
     project: Project, requirements: list[str], platform: str, *, vendor_index: str | None = None,
-    constraints: Sequence[Pin] = (),
+    constraints: Sequence[Pin] = (), preferences: Sequence[Pin] = (),
 ) -> list[Pin]:
     """Resolve *requirements* for the image's *platform* with uv and fetch the wheels into the wheelhouse.
 
     Every name *vendor_index* has comes from it, never from the host's other sources; each pin
-    records the index it came from. Raises ``TargetFailed`` with the resolver's error.
+    records the index it came from. The versions *preferences* pins are kept where the
+    requirements allow them (uv's, and pip-tools', preferences: the pins of an existing output
+    file), so only what conflicts moves. Raises ``TargetFailed`` with the resolver's error.
     """
     house = wheelhouse.location()
     sources = pip_sources()
@@ -170,9 +172,12 @@ def resolve(
             options += ["-c", str(work / "constraints.txt")]
         for extra in sources.constraints:
             options += ["-c", extra]
-        proc = _uv([*options, "-o", str(work / "pylock.toml")], sources.cert)
-        if proc.returncode == 0:  # the same resolution (cached), with the index of each pin
-            proc = _uv([*options, "--emit-index-annotation", "-o", str(work / "annotated.txt")], sources.cert)
+        # The resolution, with the index of each pin; the output file's pins as it stands are uv's preferences.
+        (work / "annotated.txt").write_text("".join(f"{p.name}=={p.version}\n" for p in preferences))
+        proc = _uv([*options, "--emit-index-annotation", "--annotation-style", "line",
+                    "-o", str(work / "annotated.txt")], sources.cert)
+        if proc.returncode == 0:  # the same resolution (its every pin a constraint), with each wheel's URL and hash
+            proc = _uv([*options, "-c", str(work / "annotated.txt"), "-o", str(work / "pylock.toml")], sources.cert)
         if proc.returncode != 0:
             raise TargetFailed(_uv_error(proc))
         indexes = {canonicalize_name(m["name"]): m["index"]

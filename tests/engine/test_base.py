@@ -94,3 +94,33 @@ def test_a_load_the_engine_refuses_is_one_line_naming_it(engine, tmp_path):
     assert str(caught.value).startswith("the engine could not load the linux/amd64 base: ")
     assert len(str(caught.value).splitlines()) == 1
     assert not engine.images.list(name=ref.split(":")[0])
+
+
+def test_the_base_pin_follows_the_content_not_what_the_engine_holds(tmp_path, engine, based_project):
+    """The same base bootstrapped and pushed by an engine that holds its layer otherwise, an empty one of
+    the other image store (the containerd store pushed the loaded layer uncompressed, the classic store
+    gzipped it anew, each into another manifest), into a fresh registry (the registry data is gone):
+    the same manifest digest as the session's first pin. Both pins are made here (the Debian mirror
+    moves: no committed digest is compared); the same image ID shows the mirror held still."""
+    from builder.oci.engine import image_store
+    from devtools.dockerd import DockerdUnavailable, extra_dockerd
+    from devtools.support import fail_or_skip, start_registry, stop
+
+    first = base_pin(based_project)
+    other = "classic" if image_store(engine.info()) == "containerd" else "containerd"
+    fresh, proc = start_registry(tmp_path / "fresh-registry")
+    try:
+        with extra_dockerd(tmp_path / "engine", "pb", store=other) as host:
+            root = copy_project(tmp_path / "p")
+            edit_matrix(root, registry=f"{fresh}/ml-runtime")
+            native_only(root)
+            (root / "base.lock.json").unlink()
+            made = run_builder("base", cwd=root, env={"DOCKER_HOST": host})
+            assert made.returncode == 0, made.stderr + made.stdout
+    except DockerdUnavailable as exc:
+        fail_or_skip(str(exc))
+    finally:
+        stop(proc)
+    second = base_pin(root)
+    assert second["image_id"] == first["image_id"], "the mirror moved between the two bootstraps: rerun"
+    assert second["reference"].split("@")[1] == first["reference"].split("@")[1], made.stdout
