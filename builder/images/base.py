@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
 from builder.config.errors import TargetFailed, UserError
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, spec_hash
+from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.images.publish import push_ref
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import credentials
@@ -64,6 +66,7 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str) -> list[str]:
         "--dpkgopt=path-exclude=/usr/share/doc/*",
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         "--dpkgopt=path-exclude=/usr/share/info/*",
+        "--verbose",  # dpkg's lines: the heartbeat counts the packages
         spec.suite,
         str(output),
         spec.mirror,
@@ -78,16 +81,39 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
         raise UserError(f"bootstrapping the base: {problem}")
     output = workdir / "rootfs.tar"
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
-    proc = subprocess.run(mmdebstrap_argv(spec, output, platform), env=env, capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+    code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, output, platform), env, platform)
+    if code != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
         raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {spec.mirror}: {tail}")
     digest = hashlib.sha256()
     with output.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return Rootfs(output, f"sha256:{digest.hexdigest()}", _packages(output))
+
+
+def _run_mmdebstrap(argv: list[str], env: dict[str, str], platform: str,
+                    heartbeat_s: float = HEARTBEAT_S) -> tuple[int, str]:
+    """Run mmdebstrap, saying what it does every *heartbeat_s* seconds (minutes under qemu, silent
+    otherwise); return its exit code and output. ``--verbose`` prints dpkg's lines, which count the packages."""
+    started, lines, unpacked = time.monotonic(), [], [0]
+    stage = ["starting"]
+
+    def status() -> str:
+        return (f"bootstrapping {platform}: {unpacked[0]} packages unpacked, {stage[0]} "
+                f"({time.monotonic() - started:.0f} s)")
+
+    with heartbeat(status, heartbeat_s), subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Unpacking "):
+                unpacked[0] += 1
+            elif line.startswith("I: "):
+                stage[0] = line[3:].strip().rstrip(".")
+        code = proc.wait()
+    return code, "".join(lines)
 
 
 def _packages(tarball: Path) -> dict[str, str]:
