@@ -21,8 +21,9 @@ from rich.table import Table
 
 from builder.images.outcome import Outcome
 
-#: The longest a long step stays silent, in seconds: CI systems take a silent job for a hung one.
-HEARTBEAT_S = 15.0
+#: How long a long step stays silent, in seconds: well inside the 15 s a person (or a CI system
+#: that takes a silent job for a hung one) waits; the log's own check rounds it up by up to 1 s.
+HEARTBEAT_S = 10.0
 
 
 def stderr_console() -> Console:
@@ -132,7 +133,7 @@ class Progress:
         task = self._tasks.get(target)
         if task is not None:
             self._bar.update(task, completed=n, total=total, description=escape(text[:60]))
-        doing = " ".join(text.split())[:200]
+        doing = " ".join(text.split())
         with self._lock:
             if target in self._running and self._running[target][1] != doing:
                 self._running[target] = (time.monotonic(), doing)
