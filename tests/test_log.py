@@ -92,6 +92,21 @@ def test_heartbeat_says_what_a_slow_step_does_within_each_interval() -> None:
     assert max(said.gaps(start, end)) <= 0.3 + 0.25
 
 
+def test_an_inner_heartbeat_speaks_and_the_outer_says_what_is_left() -> None:
+    said = _Clock()
+    start = time.monotonic()
+    with heartbeat(lambda: "the base: loading it", interval=0.3, say=said):
+        with heartbeat(lambda: "bootstrapping: 3 packages unpacked", interval=0.3, say=said):
+            subprocess.run(["sleep", "1.0"], check=True)
+        subprocess.run(["sleep", "1.0"], check=True)
+    end = time.monotonic()
+    texts = [text for _, text in said.lines]
+    inner = texts.index("the base: loading it")
+    assert inner >= 2 and set(texts[:inner]) == {"bootstrapping: 3 packages unpacked"}
+    assert set(texts[inner:]) == {"the base: loading it"} and len(texts) - inner >= 2
+    assert max(said.gaps(start, end)) <= 0.3 + 0.25
+
+
 def test_a_silent_build_step_says_it_is_alive(tmp_path: Path) -> None:
     from rich.console import Console
 

@@ -279,7 +279,7 @@ def _locked(client: docker.DockerClient, project: Project, platform: str, lock: 
         # the engine's own words ("manifest unknown"), not docker-py's request URL
         why = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else str(exc)
         say(f"the locked {platform} base is neither local nor in the registry "
-            f"({(why.splitlines() or ['?'])[0][:120]}): bootstrapping it")
+            f"({(why.splitlines() or ['?'])[0]}): bootstrapping it")
     return None
 
 
@@ -287,8 +287,18 @@ def _bootstrap(client: docker.DockerClient, project: Project, platform: str, loc
                pinned: PinnedBase | None, *, update: bool, say: Callable[[str], object]) -> PinnedBase:
     """Bootstrap *platform*'s base, push it and pin it; a fresh bootstrap that differs from *pinned*
     (the Debian mirror moved) is re-pinned with *update* only."""
-    with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-        image_id, rootfs = make_image(client, project, Path(tmp), platform)
+    started, stage = time.monotonic(), ["writing its image and loading it into the engine"]
+    with heartbeat(lambda: f"the {platform} base: {stage[0]} ({time.monotonic() - started:.0f} s)"):
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            image_id, rootfs = make_image(client, project, Path(tmp), platform)
+        stage[0] = f"pushing it to {project.base_repository}"
+        return _pin_bootstrapped(client, project, platform, lock, pinned, image_id, rootfs, update=update, say=say)
+
+
+def _pin_bootstrapped(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock | None,
+                      pinned: PinnedBase | None, image_id: str, rootfs: Rootfs, *, update: bool,
+                      say: Callable[[str], object]) -> PinnedBase:
+    """Push and pin a bootstrapped base (:func:`_bootstrap`'s second half)."""
     if pinned is not None and image_id != pinned.image_id:
         report = drift_report(pinned.packages, rootfs.packages)
         lines = [f"base drift ({platform}): a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}",
