@@ -148,3 +148,67 @@ def test_the_bootstrap_says_packages_and_stage(tmp_path: Path, capsys) -> None:
     assert any(line.startswith("bootstrapping linux/arm64: 2 packages unpacked, installing essential packages (")
                for line in err), err
     assert any("2 packages unpacked, creating tarball (" in line for line in err), err
+
+
+def _wheel(folder: Path, payload: int) -> Path:
+    """A small valid wheel with *payload* bytes of incompressible data."""
+    import os
+    import zipfile
+
+    path = folder / "slowpkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as whl:
+        whl.writestr("slowpkg/__init__.py", "")
+        whl.writestr("slowpkg/data.bin", os.urandom(payload))
+        whl.writestr("slowpkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: slowpkg\nVersion: 1.0\n")
+        whl.writestr("slowpkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                     "Tag: py3-none-any\n")
+        whl.writestr("slowpkg-1.0.dist-info/RECORD", "")
+    return path
+
+
+def test_the_wheel_download_says_how_far_it_is(tmp_path: Path, capsys) -> None:
+    """pip downloads from a real HTTP server on loopback that sends the wheel slowly (a stand-in for
+    a large torch wheel from PyPI); the heartbeat counts what pip has written so far."""
+    import http.server
+    import threading
+
+    from builder.images import resolve
+
+    wheel = _wheel(tmp_path, 3_000_000)
+    data = wheel.read_bytes()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            if self.path.endswith(".whl"):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for i in range(0, len(data), len(data) // 10):
+                    self.wfile.write(data[i:i + len(data) // 10])
+                    self.wfile.flush()
+                    time.sleep(0.15)
+                return
+            page = f'<a href="/{wheel.name}">{wheel.name}</a>'.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dest = tmp_path / "house"
+        proc = resolve._download(["download", "--no-deps", "--no-index", "--find-links",
+                                  f"http://127.0.0.1:{server.server_port}/", "-d", str(dest), "slowpkg==1.0"],
+                                 {wheel.name: len(data)}, heartbeat_s=0.3)
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    assert (dest / wheel.name).read_bytes() == data
+    beats = [line for line in capsys.readouterr().err.splitlines() if line.startswith("downloading: ")]
+    assert len(beats) >= 2, beats
+    assert any(b.startswith("downloading: 1 of 1 wheels, ") and b.endswith(" of 0.00 GB") for b in beats), beats
