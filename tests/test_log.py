@@ -178,7 +178,7 @@ def test_the_wheel_download_says_how_far_it_is(tmp_path: Path, capsys) -> None:
     data = wheel.read_bytes()
 
     class Slow(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:
             if self.path.endswith(".whl"):
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(data)))
