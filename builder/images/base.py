@@ -269,7 +269,9 @@ def _locked(client: docker.DockerClient, project: Project, platform: str, lock: 
         _push_if_missing(client, project, platform, pinned, say)
         return pinned
     try:
-        client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
+        started = time.monotonic()
+        with heartbeat(lambda: f"pulling the locked {platform} base ({time.monotonic() - started:.0f} s)"):
+            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
         say(f"pulled the locked base {pinned.reference} ({platform})")
         return pinned
     except docker.errors.DockerException as exc:
