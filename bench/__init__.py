@@ -108,7 +108,9 @@ def engine_build(
     from builder.oci import buildkit, engine
 
     request = buildkit.BuildRequest(dockerfile=str(context / dockerfile), context=str(context),
-                                    platform=host_platform(), build_args=buildargs or {}, no_cache=nocache)
+                                    platform=host_platform(), build_args=buildargs or {}, no_cache=nocache,
+                                    contexts={"wheels": str(baseline_wheels(context))},
+                                    compression="gzip")  # Docker's default
     return engine.image_id(client, buildkit.run(request).ids)
 
 
@@ -218,22 +220,31 @@ def shared_by_all(stacks: list[list[Layer]]) -> float | None:
 
 
 def baseline_context(folder: Path, project_root: Path, backend: str, wheel_files: list[Path],
-                     requirements: list[str]) -> Path:
-    """The baseline's build context: its Dockerfile, exactly the target's locked wheels, runtime, examples."""
-    wheels_dir = folder / "wheels"
+                     requirements: list[str], uv_files: list[Path], uv_requirements: list[str]) -> Path:
+    """The baseline's build context (its Dockerfile, runtime, examples) in *folder*/context, and beside
+    it, in :func:`baseline_wheels`, the named context ``wheels``: exactly the target's locked wheels
+    and uv's, and their hash-locked requirements (``name==version --hash=sha256:...`` lines)."""
+    context, wheels_dir = folder / "context", folder / "wheels"
+    context.mkdir(parents=True, exist_ok=True)
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    for wheel in wheel_files:
+    for wheel in [*wheel_files, *uv_files]:
         dest = wheels_dir / wheel.name
         try:
             os.link(wheel, dest)  # same file system: no copy of GBs of wheels
         except OSError:
             shutil.copy2(wheel, dest)
     (wheels_dir / f"requirements-{backend}.txt").write_text("".join(f"{r}\n" for r in requirements))
-    shutil.copy2(BASELINE_DOCKERFILE, folder / "Dockerfile")
-    sync_runtime(project_root, folder)
-    shutil.copytree(project_root / "examples", folder / "examples", dirs_exist_ok=True,
+    (wheels_dir / "requirements-uv.txt").write_text("".join(f"{r}\n" for r in uv_requirements))
+    shutil.copy2(BASELINE_DOCKERFILE, context / "Dockerfile")
+    sync_runtime(project_root, context)
+    shutil.copytree(project_root / "examples", context / "examples", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    return folder
+    return context
+
+
+def baseline_wheels(context: Path) -> Path:
+    """The ``wheels`` named context beside a :func:`baseline_context`."""
+    return context.parent / "wheels"
 
 
 def sync_runtime(project_root: Path, folder: Path) -> None:

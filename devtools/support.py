@@ -185,11 +185,11 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
 
 
 def registry_manifest(ref: str) -> dict[str, Any]:
-    """The image manifest under *ref* (``host:port/name:tag``, a plain-HTTP registry), read from the
+    """The image manifest under *ref* (``host:port/name:tag`` or ``@digest``, a plain-HTTP registry), read from the
     registry itself."""
     import urllib.request
 
-    repository, tag = ref.rsplit(":", 1)
+    repository, tag = ref.split("@", 1) if "@" in ref else ref.rsplit(":", 1)
     host, name = repository.split("/", 1)
     accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
     request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})

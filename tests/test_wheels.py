@@ -119,7 +119,7 @@ def test_fetching_locked_wheels_uses_the_image_platform_tags(proj, tmp_path, mon
     lockfile.write_lock(lock, "common", "sha256:same", [pin])
     calls = []
 
-    def fake_pip(args):
+    def fake_pip(args, env=None):
         calls.append(args)
         (house / pin.filename).write_bytes(data)
         return subprocess.CompletedProcess(args, 0, "", "")
@@ -145,7 +145,7 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
     lockfile.write_lock(lock, "target cpu", "sha256:same", [pin])
     fetched = []
 
-    def fake_pip(args):
+    def fake_pip(args, env=None):
         req = Path(args[args.index("-r") + 1]).read_text()
         fetched.append(req)
         assert not (house / pin.filename).exists(), "the bad file must be gone before pip runs"
@@ -159,7 +159,7 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
 
     # Verified once: a no-op rebuild neither hashes nor fetches again.
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda _p: pytest.fail("re-hashed a verified wheel"))
-    monkeypatch.setattr(resolve, "_pip", lambda _a: pytest.fail("fetched a verified wheel"))
+    monkeypatch.setattr(resolve, "_pip", lambda _a, env=None: pytest.fail("fetched a verified wheel"))
     assert locks._ensure(proj, "linux/amd64", lock, "target cpu", "sha256:same", _no_resolve) == [pin]
 
 

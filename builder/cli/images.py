@@ -215,16 +215,14 @@ def _pinned_base(client: Any, project: Project, platforms: list[str], update: bo
 
 
 def _report(outcomes: list[Any], as_json: bool) -> None:
-    from builder.images.progress import summary
+    from builder.images.progress import print_summary
 
     if as_json:
         keys = ("target", "platform", "result", "content_tag", "tags", "image_id", "size_bytes", "seconds", "smoke",
                 "notes", "steps", "cached_steps", "cache_read", "digest", "error")
         click.echo(json.dumps([{k: o.as_dict()[k] for k in keys} for o in outcomes], indent=2))
     else:
-        from rich.console import Console
-
-        Console(stderr=True).print(summary(outcomes))
+        print_summary(outcomes)
     if any(o.error for o in outcomes):
         sys.exit(1)
 

@@ -152,8 +152,9 @@ class Layer(_Strict):
 PACKAGES_LAYER = "packages"
 
 
-#: gzip: every engine and enroot pull it. zstd: Docker >= 23 and containerd pull it, and decompress
-#: it several times faster (the fresh-node pull); Docker 20.10 and enroot (Slurm's pyxis) cannot.
+#: zstd (the default): Docker >= 23.0, containerd >= 1.5, CRI-O, podman and enroot >= 4.0.0 (Slurm's
+#: pyxis) pull it, and BuildKit writes and engines decompress it several times faster than gzip.
+#: gzip: for older consumers (Docker 20.10, enroot 3); docs/building.md has the table.
 Compression = Literal["gzip", "zstd"]
 
 
@@ -239,9 +240,10 @@ class Matrix(_Strict):
         "must not hold what startup_imports needs). Default: one layer, 'wheels', for every wheel.",
     )
     compression: Compression = Field(
-        "gzip",
-        description="Layer compression of the published images: gzip (the default: every engine, enroot "
-        "and Slurm's pyxis pull it) or zstd (faster pulls; Docker >= 23 or containerd only). A target may "
+        "zstd",
+        description="Layer compression of the published images: zstd (the default: Docker >= 23.0, containerd "
+        ">= 1.5, CRI-O, podman and enroot >= 4.0.0 pull it; faster builds and pulls) or gzip (older consumers: "
+        "Docker 20.10, enroot 3). A target may "
         "set its own. BuildKit writes it in the containerd image store, and `builder doctor` warns when this "
         "engine could not pull what the matrix publishes.",
     )

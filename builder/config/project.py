@@ -64,7 +64,7 @@ class ResolvedTarget:
     #: The Kubernetes resource ``builder k8s`` asks for (matrix key k8s_resource; None: the vendor's default).
     k8s_resource: str | None = None
     #: Layer compression of the image (matrix key compression, the target's or the top level's).
-    compression: str = "gzip"
+    compression: str = "zstd"
 
     @property
     def primary_ref(self) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import grp
 import os
 import shutil
+import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,15 +121,39 @@ def check_buildkit(ctx: Context) -> list[Check]:
     return [Check("ok", "buildx", f"{found}; builder: {builder}")]
 
 
-def check_compression(ctx: Context) -> list[Check]:
-    """What the matrix publishes (gzip, zstd) and whether this engine keeps and pulls it."""
+#: The first releases that pull zstd layers (OCI media types); docs/building.md has the sources.
+ZSTD_DOCKER = (23, 0)
+ZSTD_ENROOT = (4, 0)
+
+
+def _enroot_version() -> tuple[int, int] | None:
+    """This host's enroot (Slurm's pyxis imports through it), or None where it is not installed."""
+    if shutil.which("enroot") is None:
+        return None
+    proc = subprocess.run(["enroot", "version"], capture_output=True, text=True, check=False, timeout=10)
+    return engine.engine_version(proc.stdout)
+
+
+def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None] = _enroot_version) -> list[Check]:
+    """What the matrix publishes (zstd, gzip) and whether this host's engine (and enroot) could pull it."""
     if ctx.project is None or ctx.info is None:
         return []
     zstd = sorted({t.name for t in ctx.project.targets if t.compression == "zstd"})
     if not zstd:
         return [Check("ok", "compression", "gzip layers: every engine, enroot and pyxis pull them")]
-    checks = [Check("warn", "compression", f"{', '.join(zstd)} publish zstd layers: Docker < 23 and enroot "
-                    "(Slurm's pyxis) cannot pull them", "set compression: gzip for targets such nodes run")]
+    names, fix = ", ".join(zstd), "set compression: gzip (top level, or per target) for the nodes that run them"
+    version = str(ctx.info.get("ServerVersion", ""))
+    if engine.engine_version(version) < ZSTD_DOCKER:
+        checks = [Check("warn", "compression", f"{names} publish zstd layers: this engine (Docker {version}) cannot "
+                        "pull them (Docker >= 23.0 can)", f"upgrade the engine, or {fix}")]
+    else:
+        checks = [Check("ok", "compression", f"{names} publish zstd layers (OCI media types): this engine pulls them; "
+                        "older consumers: docs/building.md#compression")]
+    found = enroot()
+    if found is not None and found < ZSTD_ENROOT:
+        checks.append(Check("warn", "compression", f"{names} publish zstd layers: this host's enroot "
+                            f"{'.'.join(map(str, found))} (Slurm's pyxis) cannot import them (enroot >= 4.0.0 can)",
+                            f"upgrade enroot, or set ENROOT_GZIP_PROGRAM=zstd for its imports, or {fix}"))
     if engine.image_store(ctx.info) == "classic":
         checks.append(Check("warn", "compression", "this engine's classic image store keeps gzip whatever BuildKit "
                             "writes, so these targets are published gzip from here",

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
 from builder.config.errors import UserError
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, spec_hash
+from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import credentials
@@ -72,6 +74,7 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str) -> list[str]:
         "--dpkgopt=path-exclude=/usr/share/doc/*",
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         "--dpkgopt=path-exclude=/usr/share/info/*",
+        "--verbose",  # dpkg's lines: the heartbeat counts the packages
         spec.suite,
         str(output),
         spec.mirror,
@@ -86,16 +89,39 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
         raise UserError(f"bootstrapping the base: {problem}")
     output = workdir / "rootfs.tar"
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
-    proc = subprocess.run(mmdebstrap_argv(spec, output, platform), env=env, capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+    code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, output, platform), env, platform)
+    if code != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
         raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {spec.mirror}: {tail}")
     digest = hashlib.sha256()
     with output.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return Rootfs(output, f"sha256:{digest.hexdigest()}", _packages(output))
+
+
+def _run_mmdebstrap(argv: list[str], env: dict[str, str], platform: str,
+                    heartbeat_s: float = HEARTBEAT_S) -> tuple[int, str]:
+    """Run mmdebstrap, saying what it does every *heartbeat_s* seconds (minutes under qemu, silent
+    otherwise); return its exit code and output. ``--verbose`` prints dpkg's lines, which count the packages."""
+    started, lines, unpacked = time.monotonic(), [], [0]
+    stage = ["starting"]
+
+    def status() -> str:
+        return (f"bootstrapping {platform}: {unpacked[0]} packages unpacked, {stage[0]} "
+                f"({time.monotonic() - started:.0f} s)")
+
+    with heartbeat(status, heartbeat_s), subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Unpacking "):
+                unpacked[0] += 1
+            elif line.startswith("I: "):
+                stage[0] = line[3:].strip().rstrip(".")
+        code = proc.wait()
+    return code, "".join(lines)
 
 
 def _packages(tarball: Path) -> dict[str, str]:
@@ -346,7 +372,9 @@ def _locked(client: docker.DockerClient, project: Project, platform: str, lock: 
         _push_if_missing(client, project, platform, pinned, say)
         return pinned
     try:
-        client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
+        started = time.monotonic()
+        with heartbeat(lambda: f"pulling the locked {platform} base ({time.monotonic() - started:.0f} s)"):
+            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
         say(f"pulled the locked base {pinned.reference} ({platform})")
         return pinned
     except docker.errors.DockerException as exc:
@@ -356,7 +384,7 @@ def _locked(client: docker.DockerClient, project: Project, platform: str, lock: 
         # the engine's own words ("manifest unknown"), not docker-py's request URL
         why = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else str(exc)
         say(f"the locked {platform} base is neither local nor in the registry "
-            f"({(why.splitlines() or ['?'])[0][:120]}): bootstrapping it")
+            f"({(why.splitlines() or ['?'])[0]}): bootstrapping it")
     return None
 
 
@@ -366,9 +394,23 @@ def _bootstrap(client: docker.DockerClient, project: Project, platform: str, loc
     (the Debian mirror moved) is re-pinned with *update* only."""
     spec = project.matrix.base.bootstrap
     assert spec is not None
-    with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-        image_id, rootfs = make_image(client, project, Path(tmp), platform)
-        layer = gzip_layer(rootfs.tarball)
+    started, stage = time.monotonic(), ["writing its image and loading it into the engine"]
+    with heartbeat(lambda: f"the {platform} base: {stage[0]} ({time.monotonic() - started:.0f} s)"):
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            image_id, rootfs = make_image(client, project, Path(tmp), platform)
+            stage[0] = "compressing its layer"
+            layer = gzip_layer(rootfs.tarball)
+        stage[0] = f"pushing it to {project.base_repository}"
+        return _pin_bootstrapped(client, project, platform, lock, pinned, image_id, rootfs, layer, update=update,
+                                 say=say)
+
+
+def _pin_bootstrapped(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock | None,
+                      pinned: PinnedBase | None, image_id: str, rootfs: Rootfs, layer: bytes, *, update: bool,
+                      say: Callable[[str], object]) -> PinnedBase:
+    """Push and pin a bootstrapped base (:func:`_bootstrap`'s second half)."""
+    spec = project.matrix.base.bootstrap
+    assert spec is not None
     if pinned is not None and image_id != pinned.image_id:
         report = drift_report(pinned.packages, rootfs.packages)
         lines = [f"base drift ({platform}): a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}",

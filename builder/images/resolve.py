@@ -33,6 +33,7 @@ from builder.config.project import Project
 from builder.config.urls import public
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
+from builder.images.progress import HEARTBEAT_S, heartbeat
 
 
 def platform_args(project: Project, platform: str) -> list[str]:
@@ -68,9 +69,24 @@ def index_reachable(url: str, timeout: float = 8.0) -> str | None:
         reason = getattr(exc, "reason", exc)
         return str(reason)[:120]
 
-def _pip(args: list[str]) -> subprocess.CompletedProcess[str]:
+def _pip(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--retries", "1", "--timeout", "30", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+
+def _download(args: list[str], sizes: dict[str, int | None], heartbeat_s: float = HEARTBEAT_S,
+              ) -> subprocess.CompletedProcess[str]:
+    """``pip download`` of the wheels named in *sizes* (file name: bytes, where the index said),
+    saying every *heartbeat_s* seconds how far it is. pip writes each wheel into a folder of its
+    own under TMPDIR (here a private one) and saves them all at the end, so that folder tells."""
+    with tempfile.TemporaryDirectory(prefix="builder-pip-") as tmp:
+        def status() -> str:
+            got = {f.name: f.stat().st_size for f in Path(tmp).rglob("*") if f.name in sizes and f.is_file()}
+            known = [n for n in sizes.values() if n]
+            total = f" of {sum(known) / 1e9:.2f}" if len(known) == len(sizes) else ""
+            return f"downloading: {len(got)} of {len(sizes)} wheels, {sum(got.values()) / 1e9:.2f}{total} GB"
+
+        with heartbeat(status, heartbeat_s):
+            return _pip(args, env={**os.environ, "TMPDIR": tmp})
 
 def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip().startswith("ERROR")]
@@ -188,18 +204,19 @@ def resolve(
             filename = urllib.parse.unquote(urllib.parse.urlsplit(wheel["url"]).path.rsplit("/", 1)[-1])
             index = indexes.get(canonicalize_name(package["name"]))
             wanted.append((Pin(package["name"], package["version"], wheel["hashes"]["sha256"], filename,
-                               public(index) if index else None), wheel["url"]))
-        missing = [f"{pin.name} @ {url} --hash=sha256:{pin.sha256}\n" for pin, url in wanted
+                               public(index) if index else None), wheel["url"], wheel.get("size")))
+        missing = [f"{pin.name} @ {url} --hash=sha256:{pin.sha256}\n" for pin, url, _size in wanted
                    if not (house / pin.filename).exists()]
         if missing:
             (work / "download.txt").write_text("".join(missing))
-            proc = _pip(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(work / "wheels"),
-                         *platform_args(project, platform), "-r", str(work / "download.txt")])
+            proc = _download(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(work / "wheels"),
+                              *platform_args(project, platform), "-r", str(work / "download.txt")],
+                             {pin.filename: size for pin, _url, size in wanted if not (house / pin.filename).exists()})
             wheelhouse.adopt(work / "wheels")
             if proc.returncode != 0:
                 raise TargetFailed(_pip_error(proc))
     pins = []
-    for pin, _url in wanted:
+    for pin, _url, _size in wanted:
         path = house / pin.filename
         if not path.exists():
             raise TargetFailed(f"uv resolved {pin.filename} but pip did not download it into {house}")
@@ -236,9 +253,10 @@ def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | 
             req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins))
             download = ["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(Path(tmp) / "wheels"),
                         "-r", str(req), *platform_args(project, platform)]
-            proc = _pip([*download, *(_index_args(recorded) if recorded else fallback)])
+            sizes: dict[str, int | None] = {p.filename: None for p in pins}
+            proc = _download([*download, *(_index_args(recorded) if recorded else fallback)], sizes)
             if proc.returncode != 0 and recorded:
-                proc = _pip([*download, *fallback])
+                proc = _download([*download, *fallback], sizes)
             wheelhouse.adopt(Path(tmp) / "wheels")
         if proc.returncode != 0:
             errors.append(_pip_error(proc))

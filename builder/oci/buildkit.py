@@ -325,7 +325,9 @@ def run(
                 for vertex in event.get("vertexes") or []:
                     if (started := steps.update(vertex)) is not None:
                         current = started
-                        on_log(f"#{len(steps.names)} {' '.join(started.split())[:300]}")  # a step's own line
+                        on_log(f"#{len(steps.names)} {' '.join(started.split())}")  # a step's own line
+                    elif vertex.get("started") and not vertex.get("completed") and vertex.get("name"):
+                        current = vertex["name"]  # BuildKit's own work: exporting, pushing, a cache read
                     on_step(len(steps.done), max(len(steps.names), 1), current)
                     if vertex.get("error"):
                         errors.append(vertex["error"])

@@ -159,3 +159,29 @@ def test_a_crashing_check_is_a_fail_item(dead_engine: str, project_dir: Path, mo
     checks = doctor.run_checks(project_dir / "matrix.yaml", sysfs_root="/nonexistent")
     assert checks[0].status == "fail" and "RuntimeError('bad')" in checks[0].found
     assert checks[1].item == "gpus"
+
+
+def test_compression_warns_only_where_this_host_could_not_pull_zstd(project_dir: Path) -> None:
+    """zstd is the default: this engine (its ``info()``) and this host's enroot decide the warning.
+    The old engine and the old enroot are stand-ins (their version strings): none runs here."""
+    from builder.config.project import load_project
+    from devtools.support import edit_matrix
+
+    matrix = project_dir / "matrix.yaml"
+    ctx = doctor.Context(doctor.hardware.HostGpus(), matrix, project=load_project(matrix, allow_unpinned=True))
+    containerd = [["driver-type", "io.containerd.snapshotter.v1"]]
+    ctx.info = {"ServerVersion": "26.1.5+dfsg1", "DriverStatus": containerd}
+    (ok,) = doctor.check_compression(ctx, enroot=lambda: None)
+    assert ok.status == "ok" and "publish zstd layers (OCI media types): this engine pulls them" in ok.found
+    ctx.info = {"ServerVersion": "20.10.24+dfsg1", "DriverStatus": containerd}
+    (old,) = doctor.check_compression(ctx, enroot=lambda: None)
+    assert old.status == "warn" and "Docker 20.10.24+dfsg1) cannot pull them" in old.found
+    assert "compression: gzip" in (old.fix or "")
+    ctx.info = {"ServerVersion": "26.1.5", "DriverStatus": containerd}
+    _, enroot = doctor.check_compression(ctx, enroot=lambda: (3, 4))
+    assert enroot.status == "warn" and "enroot 3.4" in enroot.found and "ENROOT_GZIP_PROGRAM=zstd" in (enroot.fix or "")
+    assert [c.status for c in doctor.check_compression(ctx, enroot=lambda: (4, 1))] == ["ok"]
+    edit_matrix(project_dir, compression="gzip")
+    ctx.project = load_project(matrix, allow_unpinned=True)
+    ctx.info = {"ServerVersion": "20.10.24", "DriverStatus": []}
+    assert [c.status for c in doctor.check_compression(ctx, enroot=lambda: (3, 4))] == ["ok"]
