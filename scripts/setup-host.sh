@@ -108,8 +108,8 @@ fi
 
 # A new install gets the containerd image store, as Engine 29 and Docker Desktop do for new
 # installs, and a bound on BuildKit's cache: 30GB holds two full sets of cpu + nvidia-cu130
-# (layers and wheel copies, ~13 GB a set): today's and the one before a relock; older records
-# go first (docs/building.md#the-engine). An existing daemon.json is the user's: never changed
+# (layers and wheel copies, ~13 GB a set, estimated): today's and the one before a relock; older records
+# go first (docs/commands.md#what-the-builder-keeps). An existing daemon.json is the user's: never changed
 # (switching stores hides images); the line to add is printed.
 gc_policy='"builder": {"gc": {"enabled": true, "defaultKeepStorage": "30GB"}}'
 if [ -n "$new_engine" ] && [ ! -s /etc/docker/daemon.json ]; then
