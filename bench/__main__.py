@@ -576,7 +576,8 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
     (``builder build -t cpu --no-smoke``, whole processes), against after the first build, then after
     ``builder gc``. An empty second dockerd (its data root is the engine's stores, alone), a wheelhouse of
     this run's own (hard links to the user's for cpu's locked wheels), an index on loopback behind the
-    host's pip sources; the relock after each change is the builder's own."""
+    host's pip sources; the relock after each change is the builder's own. ``builder gc`` runs as users
+    run it (``--keep-days`` 7: nothing here is that old, so only what no clone can want goes)."""
     import http.server
     import threading
 
@@ -593,13 +594,19 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
         if (shared / pin.filename).exists():
             os.link(shared / pin.filename, house / pin.filename)
     _index_wheel(index, "mlbench_dep", "1.0")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(index.parent))
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(index.parent))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sources = pip_sources()
     url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    # A pip config file of its own, read last: PIP_EXTRA_INDEX_URL would lose to the host's files.
+    (tmp / "disk-pip.conf").write_text(f"[global]\nextra-index-url = {' '.join([*sources.extra_index_urls, url])}\n")
     env = {"BUILDER_WHEELHOUSE": str(house), "XDG_CACHE_HOME": str(tmp / "disk-state"),
-           "PIP_EXTRA_INDEX_URL": " ".join([*sources.extra_index_urls, url])}
+           "PIP_CONFIG_FILE": str(tmp / "disk-pip.conf")}
     out: dict[str, Any] = {"cycles": CYCLES, "samples_bytes": [], "stores": []}
     try:
         with second_engine(tmp / "disk-engine") as host:
@@ -608,7 +615,7 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
             client = docker.DockerClient(base_url=host, timeout=3600)
 
             def measure(label: str) -> int:
-                os.environ.update({k: v for k, v in env.items() if k != "PIP_EXTRA_INDEX_URL"})
+                os.environ.update(env)
                 held = gc.collect(client, load_project(root / "matrix.yaml"), items=False).held
                 total = _du([house, data_root, tmp / "disk-state"])
                 out["stores"].append({"after": label, "disk_bytes": total, **held})
