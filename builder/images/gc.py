@@ -389,12 +389,12 @@ def remove(client: docker.DockerClient | None, project: Project, found: Found,
         for name in gone:
             (house / name).unlink(missing_ok=True)
         wheelhouse.remember(house, dict(gone))
-    ids = [i.name for i in found.items if i.store == "build cache"]
-    if ids:
-        proc = subprocess.run(["docker", "buildx", "prune", "--force", "--filter",
-                               f"id~=^({'|'.join(map(re.escape, ids))})$"], capture_output=True, text=True, check=False)
+    for record in (i.name for i in found.items if i.store == "build cache"):
+        # One record a call: buildx 0.13's filters are ANDed and know no regular expression (~=).
+        proc = subprocess.run(["docker", "buildx", "prune", "--force", "--filter", f"id={record}"],
+                              capture_output=True, text=True, check=False)
         if proc.returncode != 0:
-            failed.append(Item("build cache", f"{len(ids)} records", 0, proc.stderr.strip()[-300:]))
+            failed.append(Item("build cache", record, 0, proc.stderr.strip()[-300:]))
     if client is not None:
         for item in (i for i in found.items if i.store == "images"):
             try:

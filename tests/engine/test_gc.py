@@ -101,8 +101,10 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, based_projec
         tags = {t for i in engine.images.list() for t in i.tags}
         assert superseded not in tags and used in tags and other in tags
         assert all(project.target("cpu").refs[0] in tags for _ in [0])
-        left = {r["ID"] for r in engine.api.df().get("BuildCache") or []}
-        assert not stale_records & left
+        records = engine.api.df().get("BuildCache") or []
+        assert not stale_records & {r["ID"] for r in records}
+        print("wheel sources after gc:", sorted((r["Description"], r["Size"]) for r in records
+                                                if r["Description"].startswith(gc.WHEEL_SOURCE)))
         # Everything current stays: the next build of cpu is reused, and gc finds nothing more.
         again = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root)
         assert again.returncode == 0, again.stderr[-2000:]
