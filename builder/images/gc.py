@@ -14,7 +14,9 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   name is a leftover (a concurrent build's, or an older one's). Pruned through ``docker buildx
   prune --filter id=...``, never by touching the engine's files; records in use are never pruned.
 - **images**: local tags ``<registry>:<target>-<12 hex>`` of this project's repository (content
-  tags) that no current target view's content tag names; an image a container uses is kept.
+  tags) that no current target view's content tag names, and untagged images labelled with one of
+  its targets (``io.ml-image-builder.target``: left when a tag moved on); an image a container uses
+  is kept.
 - **registry**: blobs of the loopback registry (:mod:`builder.oci.localregistry`) no manifest
   references: ``docker-registry garbage-collect``, with that registry stopped (its docs ask it
   read-only or stopped) and started again when it was running.
@@ -46,7 +48,7 @@ from typing import Any
 import docker
 
 from builder.config.files import locked
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
 from builder.config.state import state_dir
 from builder.images import lockfile, wheelhouse
 from builder.oci import registry
@@ -56,6 +58,7 @@ STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 KEEP_DAYS = 7
 #: BuildKit's description of a wheel context's copy (:func:`builder.images.layers.context_name`).
 WHEEL_SOURCE = "local source for wheels-"
+TARGET_LABEL = f"{LABEL_PREFIX}.target"
 DAY = 86400.0
 
 
@@ -240,6 +243,21 @@ def _unique(image: dict[str, Any]) -> int:
     return int(image.get("Size") or 0) - max(int(image.get("SharedSize") or 0), 0)
 
 
+def dangling(images: Iterable[dict[str, Any]], targets: set[str]) -> list[dict[str, Any]]:
+    """Untagged images a build of one of *targets* made (label ``io.ml-image-builder.target``), no container
+    on them: what a tag that moved on left behind (a build without the smoke test has no content tag).
+
+    Example:
+        >>> imgs = [{"Id": "a", "RepoTags": [], "Labels": {"io.ml-image-builder.target": "cpu"}, "Containers": 0},
+        ...         {"Id": "b", "RepoTags": ["r:t"], "Labels": {"io.ml-image-builder.target": "cpu"}, "Containers": 0},
+        ...         {"Id": "c", "RepoTags": [], "Labels": {}, "Containers": 0}]
+        >>> [i["Id"] for i in dangling(imgs, {"cpu"})]
+        ['a']
+    """
+    return [i for i in images if not [t for t in i.get("RepoTags") or [] if t != "<none>:<none>"]
+            and (i.get("Labels") or {}).get(TARGET_LABEL) in targets and int(i.get("Containers") or 0) <= 0]
+
+
 def content_tag_pattern(project: Project) -> re.Pattern[str]:
     """The local tags that are content tags of this project: its repositories, its targets' names."""
     repos = project_repos(project)
@@ -352,7 +370,8 @@ def collect(client: docker.DockerClient | None, project: Project, keep_days: flo
         found.held["build cache"] = sum(int(r.get("Size") or 0) for r in records if not r.get("Shared"))
         pattern = content_tag_pattern(project)
         ours = [i for i in usage.get("Images") or [] if any(pattern.fullmatch(t) for t in i.get("RepoTags") or [])]
-        found.held["images"] = sum(_unique(i) for i in ours)
+        untagged = dangling(usage.get("Images") or [], {t.name for t in project.targets})
+        found.held["images"] = sum(_unique(i) for i in [*ours, *untagged])
         found.where["images"] = ", ".join(project_repos(project))
         if items:
             found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", ""))
@@ -364,6 +383,8 @@ def collect(client: docker.DockerClient | None, project: Project, keep_days: flo
                 else:
                     found.items.append(Item("images", tag, _unique(image) if last else 0,
                                             "" if last else "untagged only: other tags keep the image"))
+            found.items += [Item("images", i["Id"], _unique(i), f"untagged, target {i['Labels'][TARGET_LABEL]}")
+                            for i in untagged]
     folder = registry_folder(project)
     if folder is not None:
         found.where["registry"] = str(folder / "data")
