@@ -573,7 +573,7 @@ def _du(paths: list[Path]) -> int:
 
 def disk(project: Project, tmp: Path) -> dict[str, Any]:
     """The stores' disk over CYCLES cycles of "index gains a release -> one more cpu package -> build"
-    (``builder build -t cpu --no-smoke``, whole processes), against after the first build, then after
+    (``builder build -t cpu``, smoke on, as users run it: each build gets its content tag), against after the first build, then after
     ``builder gc``. An empty second dockerd (its data root is the engine's stores, alone), a wheelhouse of
     this run's own (hard links to the user's for cpu's locked wheels), an index on loopback behind the
     host's pip sources; the relock after each change is the builder's own. ``builder gc`` runs as users
@@ -635,7 +635,7 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
                             if t["name"] == "cpu":
                                 t["packages"] = [*t.get("packages", []), packages[-1]]
                         edit_matrix(root, targets=doc["targets"])
-                    seconds, outcome = builder_build(root, "cpu", "--platform", cpu.platform, env=env)
+                    seconds, outcome = builder_build(root, "cpu", "--platform", cpu.platform, env=env, smoke=True)
                     if outcome.get("error"):
                         raise SystemExit(f"bench: disk cycle {cycle}: {outcome['error']}")
                     say(f"disk cycle {cycle}: {outcome['result']} in {seconds} s")
@@ -644,7 +644,7 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
                 gc_run = run([sys.executable, "-m", "builder", "gc"], cwd=root, env=env)
                 out["gc_output"] = gc_run.stdout.splitlines()
                 after = measure("builder gc")
-                noop = builder_build(root, "cpu", "--platform", cpu.platform, env=env)[1]
+                noop = builder_build(root, "cpu", "--platform", cpu.platform, env=env, smoke=True)[1]
                 out.update(first_bytes=first, cycles_bytes=last, gc_bytes=after, ratio=round(last / first, 3),
                            ratio_after_gc=round(after / first, 3), noop_after_gc=noop["result"])
             finally:
