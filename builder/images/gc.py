@@ -239,7 +239,10 @@ def project_repos(project: Project) -> list[str]:
 
 
 def _unique(image: dict[str, Any]) -> int:
-    """An image's bytes no other image shares (``docker system df``'s Size less SharedSize)."""
+    """An image's bytes no other image shares, as ``docker system df`` says (Size less SharedSize).
+
+    An upper bound: Docker 26's containerd store reports no shared size for some images (untagged
+    ones), whose layers other images (and BuildKit's cache) may still hold."""
     return int(image.get("Size") or 0) - max(int(image.get("SharedSize") or 0), 0)
 
 
@@ -453,7 +456,8 @@ def report_lines(found: Found, verbose: bool, dry_run: bool) -> list[str]:
     lines = []
     for s in found.summary():
         where = f" ({s.where})" if s.where else ""
-        lines.append(f"{s.store}: holds {human(s.held)}{where}; {verb} {human(s.freed)} ({s.items} items)")
+        bound = " at most" if s.store == "images" and s.items else ""  # docker's unique sizes: see _unique
+        lines.append(f"{s.store}: holds {human(s.held)}{where}; {verb}{bound} {human(s.freed)} ({s.items} items)")
         if verbose:
             lines += [f"  {i.name}  {human(i.bytes)}{'  ' + i.note if i.note else ''}"
                       for i in found.items if i.store == s.store]
