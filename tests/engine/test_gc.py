@@ -100,11 +100,11 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, based_projec
         assert young_wheel.exists()
         tags = {t for i in engine.images.list() for t in i.tags}
         assert superseded not in tags and used in tags and other in tags
-        assert all(project.target("cpu").refs[0] in tags for _ in [0])
+        assert project.target("cpu").refs[0] in tags
         records = engine.api.df().get("BuildCache") or []
         assert not stale_records & {r["ID"] for r in records}
-        print("wheel sources after gc:", sorted((r["Description"], r["Size"]) for r in records
-                                                if r["Description"].startswith(gc.WHEEL_SOURCE)))
+        kept = [r["Description"] for r in records if r["Description"].startswith(gc.WHEEL_SOURCE)]
+        assert sorted(kept) == sorted(set(kept))  # one copy of each wheel context is left
         # Everything current stays: the next build of cpu is reused, and gc finds nothing more.
         again = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root)
         assert again.returncode == 0, again.stderr[-2000:]
