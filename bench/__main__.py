@@ -8,10 +8,16 @@ Build avoidance (content tags), measured as users run it, smoke test on: a no-op
 registry: reused-registry), a runtime/ change (rebuild + smoke) and ``make images`` with nothing
 changed. ``--only avoidance`` runs just those rows (one cold build per target first).
 
+Bounded state (``--only disk``): on an empty second dockerd, with a wheelhouse of its own and a local
+index on loopback, the disk the builder's stores hold after 10 cycles of "the index gains a release of a
+shared dependency, cpu gets one more package that needs it, build" against after the first build, then
+after ``builder gc``.
+
 Example:
     $ python -m bench --quick                          # cpu only, for trying it out
     $ python -m bench --targets cpu,nvidia-cu130       # the full run (several GB, ~20 min)
     $ python -m bench --only avoidance --targets cpu   # only the build-avoidance rows (~6 min)
+    $ python -m bench --only disk                      # the stores' disk over 10 cycles, then gc (~15 min)
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ COLD_GOAL = {"cpu": 0.45, "nvidia-cu130": 0.3}
 MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": "requirements-uv.txt"}
 BASELINE_REPO = "ml-bench-baseline"
 #: The rows ``--only`` can pick, in the order they run.
-ROWS = ("baseline", "avoidance", "emulated", "start", "fresh-node")
+ROWS = ("baseline", "avoidance", "emulated", "start", "fresh-node", "disk")
 
 
 def say(text: str) -> None:
@@ -538,6 +544,130 @@ def emulated(client: docker.DockerClient, project: Project, made: Made) -> dict[
             "essential_bytes": essential, "size_ratio_vs_essential": round(size / essential, 4) if essential else None}
 
 
+CYCLES = 10
+
+
+def _index_wheel(root: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    """A pure wheel *name*==*version* (needing *requires*) on the PEP 503 index at *root*, its page rewritten."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    digest = lambda text: base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    files[f"{info}/RECORD"] = "".join(f"{k},sha256={digest(v)},{len(v)}\n" for k, v in files.items()) + \
+        f"{info}/RECORD,,\n"
+    page = root / name.replace("_", "-")
+    page.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(page / f"{name}-{version}-py3-none-any.whl", "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    links = "".join(f'<a href="{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">{w.name}</a>\n'
+                    for w in sorted(page.glob("*.whl")))
+    (page / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+
+
+def _du(paths: list[Path]) -> int:
+    """Bytes on disk under *paths* (``du``: each hard-linked file once)."""
+    existing = [str(p) for p in paths if p.exists()]
+    if not existing:
+        return 0
+    proc = subprocess.run(["du", "-s", "-B1", "-c", *existing], capture_output=True, text=True, check=False)
+    return int(proc.stdout.strip().splitlines()[-1].split()[0])
+
+
+def disk(project: Project, tmp: Path) -> dict[str, Any]:
+    """The stores' disk over CYCLES cycles of "index gains a release -> one more cpu package -> build"
+    (``builder build -t cpu``, smoke on, as users run it: each build gets its content tag), against after the first build, then after
+    ``builder gc``. An empty second dockerd (its data root is the engine's stores, alone), a wheelhouse of
+    this run's own (hard links to the user's for cpu's locked wheels), an index on loopback behind the
+    host's pip sources; the relock after each change is the builder's own. ``builder gc`` runs as users
+    run it (``--keep-days`` 7: nothing here is that old, so only what no clone can want goes)."""
+    import http.server
+    import threading
+
+    from builder.images import gc
+    from builder.images.resolve import pip_sources
+
+    root = project.root
+    house, index = tmp / "disk-house", tmp / "disk-index" / "simple"
+    house.mkdir()
+    cpu = project.target("cpu").on(host_platform())
+    shared = wheelhouse.location()
+    for pin in locked_wheels(project, cpu) + lockfile.read_lock(locks.shared_lock_path(project, "tools",
+                                                                                        cpu.platform))[1]:
+        if (shared / pin.filename).exists():
+            os.link(shared / pin.filename, house / pin.filename)
+    _index_wheel(index, "mlbench_dep", "1.0")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(index.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sources = pip_sources()
+    url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    # A pip config file of its own, read last: PIP_EXTRA_INDEX_URL would lose to the host's files.
+    (tmp / "disk-pip.conf").write_text(f"[global]\nextra-index-url = {' '.join([*sources.extra_index_urls, url])}\n")
+    env = {"BUILDER_WHEELHOUSE": str(house), "XDG_CACHE_HOME": str(tmp / "disk-state"),
+           "PIP_CONFIG_FILE": str(tmp / "disk-pip.conf")}
+    out: dict[str, Any] = {"cycles": CYCLES, "samples_bytes": [], "stores": []}
+    try:
+        with second_engine(tmp / "disk-engine") as host:
+            env["DOCKER_HOST"] = host
+            data_root = next((tmp / "disk-engine").glob("dockerd-*")) / "root"
+            client = docker.DockerClient(base_url=host, timeout=3600)
+
+            def measure(label: str) -> int:
+                os.environ.update(env)
+                held = gc.collect(client, load_project(root / "matrix.yaml"), items=False).held
+                total = _du([house, data_root, tmp / "disk-state"])
+                out["stores"].append({"after": label, "disk_bytes": total, **held})
+                say(f"disk after {label}: {total / 1e9:.3f} GB ({', '.join(f'{k} {v / 1e9:.3f} GB' for k, v in held.items())})")
+                return total
+
+            saved = {k: os.environ.get(k) for k in env}
+            try:
+                packages: list[str] = []
+                for cycle in range(CYCLES + 1):
+                    if cycle:
+                        _index_wheel(index, "mlbench_dep", f"1.{cycle}")  # the index gains a release
+                        _index_wheel(index, f"mlbench_pkg{cycle}", "1.0", ("mlbench_dep>=1.0",))
+                        packages.append(f"mlbench_pkg{cycle}==1.0")
+                        doc = yaml.safe_load((root / "matrix.yaml").read_text())
+                        for t in doc["targets"]:
+                            if t["name"] == "cpu":
+                                t["packages"] = [*t.get("packages", []), packages[-1]]
+                        edit_matrix(root, targets=doc["targets"])
+                    seconds, outcome = builder_build(root, "cpu", "--platform", cpu.platform, env=env, smoke=True)
+                    if outcome.get("error"):
+                        raise SystemExit(f"bench: disk cycle {cycle}: {outcome['error']}")
+                    say(f"disk cycle {cycle}: {outcome['result']} in {seconds} s")
+                    out["samples_bytes"].append(measure("the first build" if cycle == 0 else f"cycle {cycle}"))
+                first, last = out["samples_bytes"][0], out["samples_bytes"][-1]
+                gc_run = run([sys.executable, "-m", "builder", "gc"], cwd=root, env=env)
+                out["gc_output"] = gc_run.stdout.splitlines()
+                after = measure("builder gc")
+                noop = builder_build(root, "cpu", "--platform", cpu.platform, env=env, smoke=True)[1]
+                out.update(first_bytes=first, cycles_bytes=last, gc_bytes=after, ratio=round(last / first, 3),
+                           ratio_after_gc=round(after / first, 3), noop_after_gc=noop["result"])
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+                client.close()
+    finally:
+        server.shutdown()
+    return out
+
+
 def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
     """Each goal, its figures and whether it was met (None: not measurable in this run)."""
     out = []
@@ -579,6 +709,13 @@ def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
              extra["new_layers"] == [extra["layers"] - 1],
              f"{extra['pushed_bytes']} of {extra['image_bytes']} bytes; new layers at {extra['new_layers']} "
              f"of {extra['layers']}")
+    if (d := results.get("disk")) is not None:
+        goal(f"stores' disk after {d['cycles']} cycles (index release, one more cpu package, build) <= 1.2 x "
+             "after the first build", d["ratio"] <= 1.2,
+             f"{d['cycles_bytes'] / 1e9:.3f} GB vs {d['first_bytes'] / 1e9:.3f} GB ({d['ratio']} x)")
+        goal("... and after `builder gc` <= 1.05 x, the next build reused", d["ratio_after_gc"] <= 1.05
+             and d["noop_after_gc"] == "reused-local",
+             f"{d['gc_bytes'] / 1e9:.3f} GB ({d['ratio_after_gc']} x), next build {d['noop_after_gc']}")
     if (c := results.get("start")) is not None:
         for t, added in c["added_s"].items():  # the goal is the cpu image's; the others are reported
             goal(f"container start: the contract check adds <= 0.3 s ({t})" if t == "cpu" else
@@ -718,7 +855,8 @@ def main(argv: list[str] | None = None) -> int:
                         "runtime-change builds against the one-Dockerfile baseline, sizes, sharing; avoidance: the "
                         "build-avoidance ones; emulated: nvidia-cu130 on the foreign platform under qemu; fresh-node: "
                         "nvidia-cu130 pulled and started on an empty engine, zstd vs gzip layers; start: what the "
-                        "contract check adds to a container start); the other rows of --out are kept")
+                        "contract check adds to a container start; disk: the builder's stores over 10 cycles of index release, "
+                        "one more cpu package, build, then builder gc); the other rows of --out are kept")
     args = parser.parse_args(argv)
     if args.only is not None and (unknown := sorted(set(args.only) - set(ROWS))):
         parser.error(f"--only: unknown rows {', '.join(unknown)}; choose from {', '.join(ROWS)}")
@@ -744,6 +882,8 @@ def main(argv: list[str] | None = None) -> int:
                     results["start"] = start_cost(project, targets, made)
                 if "fresh-node" in rows:
                     results["fresh_node"] = fresh_node(client, project, host, tmp, made)
+                if "disk" in rows:
+                    results["disk"] = disk(project, tmp)
         finally:
             made.close()
     out = Path(args.out)

@@ -193,11 +193,17 @@ if ((${#missing[@]})); then
 fi
 
 # A new install gets the containerd image store, as Engine 29 and Docker Desktop do for new
-# installs. An existing daemon.json is the user's: never changed (switching stores hides images).
+# installs, and a bound on BuildKit's cache: 30GB holds two full sets of cpu + nvidia-cu130
+# (layers and wheel copies, ~13 GB a set, estimated): today's and the one before a relock; older records
+# go first (docs/commands.md#what-the-builder-keeps). An existing daemon.json is the user's: never changed
+# (switching stores hides images); the line to add is printed.
+gc_policy='"builder": {"gc": {"enabled": true, "defaultKeepStorage": "30GB"}}'
 if [ -n "$new_engine" ] && [ ! -s /etc/docker/daemon.json ]; then
   mkdir -p /etc/docker
-  printf '{\n  "features": {"containerd-snapshotter": true}\n}\n' >/etc/docker/daemon.json
-  say "wrote /etc/docker/daemon.json: the containerd image store (Engine 29's default for new installs)"
+  printf '{\n  "features": {"containerd-snapshotter": true},\n  %s\n}\n' "$gc_policy" >/etc/docker/daemon.json
+  say "wrote /etc/docker/daemon.json: the containerd image store (Engine 29's default for new installs), BuildKit's cache kept under 30GB"
+elif [ -s /etc/docker/daemon.json ] && ! grep -q '"defaultKeepStorage"' /etc/docker/daemon.json; then
+  say "BuildKit's cache is unbounded here: add $gc_policy to /etc/docker/daemon.json, then restart dockerd"
 fi
 
 # Emulation of the other architecture: qemu's handler registered with binfmt_misc, with the F

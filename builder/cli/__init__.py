@@ -1,7 +1,7 @@
 """The ``builder`` command line: the ``builder`` group and its entry point, :func:`main`.
 
 The commands live beside it: ``cli/images.py`` (render, print, matrix, lint, base, lock, build,
-smoke, push, bake), ``cli/host.py`` (doctor, run), ``cli/cluster.py`` (slurm, k8s) and ``cli/supply.py`` (verify); ``cli/options.py`` holds the options they
+smoke, push, bake, gc), ``cli/host.py`` (doctor, run), ``cli/cluster.py`` (slurm, k8s) and ``cli/supply.py`` (verify); ``cli/options.py`` holds the options they
 share. A new command goes into the module of its kind, as a ``@click.command`` added to the group
 below; it stays a thin layer over a module of :mod:`builder.images`, :mod:`builder.cluster`,
 :mod:`builder.supply` or :mod:`builder.host`. Only
@@ -25,6 +25,7 @@ from builder.cli.images import (
     bake_cmd,
     base_cmd,
     build_cmd,
+    gc_cmd,
     lint_cmd,
     lock_cmd,
     matrix_cmd,
@@ -46,7 +47,7 @@ def cli() -> None:
 
 
 for _command in (render_cmd, print_cmd, matrix_cmd, lint_cmd, base_cmd, lock_cmd, build_cmd, smoke_cmd, push_cmd,
-                 doctor_cmd, run_cmd, bake_cmd, slurm_cmd, k8s_cmd, verify_cmd):
+                 gc_cmd, doctor_cmd, run_cmd, bake_cmd, slurm_cmd, k8s_cmd, verify_cmd):
     cli.add_command(_command)
 
 

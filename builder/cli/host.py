@@ -64,6 +64,7 @@ def doctor_cmd(
     from builder.host import doctor
 
     checks = doctor.run_checks(matrix_path, mapping_path, sysfs_root=sysfs_root, dev_root=dev_root)
+    checks += doctor.store_checks(*_store_sizes(matrix_path, mapping_path))
     if as_json:
         click.echo(json.dumps(doctor.as_json(checks), indent=2))
     else:
@@ -88,6 +89,24 @@ def doctor_cmd(
                        "or pass another path", err=True)
             status = 1
     sys.exit(status)
+
+
+def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, tuple[int, str]] | None, str]:
+    """What each of the builder's stores holds (``builder gc``'s measure), or None and why not."""
+    try:
+        from builder.config.project import load_project
+        from builder.images import gc
+        from builder.oci.engine import connect
+
+        project = load_project(matrix_path, mapping_path, allow_unpinned=True)
+        try:
+            client = connect()
+        except Exception:  # noqa: BLE001 - no engine: the files' stores alone (the daemon check says why)
+            client = None
+        found = gc.collect(client, project, items=False)
+        return {s.store: (s.held, s.where) for s in found.summary() if s.store in found.held}, ""
+    except Exception as exc:  # noqa: BLE001 - a broken matrix or engine is reported by the other checks
+        return None, str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
 
 
 @click.command(

@@ -1,5 +1,5 @@
 """The image commands: ``render``, ``print``, ``matrix``, ``lint``, ``base``, ``lock``, ``build``,
-``smoke``, ``push`` and ``bake``. Each is a thin layer over one module of :mod:`builder.images`
+``smoke``, ``push``, ``bake`` and ``gc``. Each is a thin layer over one module of :mod:`builder.images`
 (or the resolved config, :mod:`builder.config.project`), imported when the command runs.
 
 Example:
@@ -430,3 +430,35 @@ def bake_cmd(project: Project, targets: tuple[str, ...], output: str | None, to_
         click.echo(f"{unit}: its wheels are not staged, so bake can't build it: {error}", err=True)
     if failed:
         sys.exit(1)
+
+
+@click.command("gc")
+@project_options
+@click.option("--dry-run", is_flag=True, help="List what would go and how much; remove nothing.")
+@click.option("--keep-days", default=7, show_default=True, type=click.FloatRange(0),
+              help="Keep wheels and staged folders younger than this: the wheelhouse is shared by every clone "
+              "of yours, and another clone's locks may pin them (0: only this checkout counts).")
+@click.option("--verbose", "-v", is_flag=True, help="A line per item under each store.")
+@click.option("--json", "as_json", is_flag=True, help="Print the stores and items as JSON on stdout.")
+def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_json: bool) -> None:
+    """Remove what no current lock or target of this checkout references, store by store.
+
+    The wheelhouse (wheels no lock under images/ pins; it is shared by all your clones, hence
+    --keep-days), staged wheel folders no target view names, BuildKit's superseded copies of the
+    wheel contexts (docker buildx prune by record ID), local content tags (<registry>:<target>-<hex>)
+    no target view has (an image a container uses is kept), and blobs of the loopback registry no
+    manifest references (docker-registry garbage-collect, with that registry stopped meanwhile).
+    Exits 1 when something listed could not be removed.
+    """
+    from builder.images import gc
+    from builder.oci.engine import connect
+
+    client = connect()
+    found = gc.collect(client, project, keep_days=keep_days)
+    failed = [] if dry_run else gc.remove(client, project, found, say=lambda line: click.echo(line, err=True))
+    if as_json:
+        click.echo(gc.as_json(found, dry_run))
+    else:
+        for line in gc.report_lines(found, verbose, dry_run):
+            click.echo(line)
+    sys.exit(1 if failed else 0)

@@ -461,6 +461,23 @@ def run_checks(
     return checks
 
 
+def store_checks(held: dict[str, tuple[int, str]] | None, why: str = "") -> list[Check]:
+    """What each store of the builder's holds (bytes, where), as measured by the image build
+    (:func:`builder.images.gc.collect`, which the cli hands in: this layer never imports it).
+
+    Example:
+        >>> store_checks({"wheelhouse": (3_100_000_000, "/home/u/.cache/ml-image-builder/wheels")})[0].line()
+        '[OK]   store wheelhouse: 3.1 GB at /home/u/.cache/ml-image-builder/wheels; builder gc --dry-run: what can go'
+    """
+    if held is None:
+        return [Check("warn", "stores", f"not measured ({why})")]
+    checks = []
+    for store, (size, where) in held.items():
+        at = f" at {where}" if where else ""
+        checks.append(Check("ok", f"store {store}", f"{size / 1e9:.1f} GB{at}; builder gc --dry-run: what can go"))
+    return checks
+
+
 def exit_status(checks: Iterable[Check]) -> int:
     """0 without a FAIL, 1 otherwise."""
     return 1 if any(c.status == "fail" for c in checks) else 0

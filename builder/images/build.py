@@ -228,7 +228,11 @@ class _Run:
         planned = plans.make_plan(project, views, options, labels=self.labels, rendered=rendered,
                                   tags=tags if project is self.project else None)
         work = [(p, plans.decide(p, None, options)) for p in planned.views]
-        return self.executor(project).run(work, keep_going=self.keep_going, jobs=jobs, shared=planned.views[0])
+        outcomes = self.executor(project).run(work, keep_going=self.keep_going, jobs=jobs, shared=planned.views[0])
+        from builder.images.gc import after_build  # only after a build: a no-op never comes here
+
+        after_build(project, views)  # the staged folders this checkout left behind, a day on
+        return outcomes
 
 
 def fetch(project: Project, views: Sequence[ResolvedTarget]) -> dict[str, str]:

@@ -1,0 +1,117 @@
+"""``builder gc`` on a real engine: planted stale wheels, staged folders, superseded content tags
+and BuildKit's superseded wheel-context copies are listed by ``--dry-run`` (nothing removed) and
+removed by ``gc``, which keeps everything current: the next build of cpu is reused."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run_builder
+
+from builder.config.project import load_project
+from builder.images import gc
+
+pytestmark = pytest.mark.engine
+
+OLD = time.time() - 30 * 86400
+
+
+def _import(engine, ref: str, payload: bytes) -> str:
+    """A one-file image imported from a tar (no registry, no base): its ID."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo("payload")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    repo, tag = ref.rsplit(":", 1)
+    engine.api.import_image_from_data(data.getvalue(), repository=repo, tag=tag)
+    return engine.api.inspect_image(ref)["Id"]
+
+
+@pytest.fixture
+def house(tmp_path, monkeypatch) -> Path:
+    """A wheelhouse of this test's own: hard links to the user's (same file system), so gc never
+    touches the shared one."""
+    shared = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ml-image-builder" / "wheels"
+    own = tmp_path / "house"
+    own.mkdir()
+    for f in shared.glob("*.whl"):
+        os.link(f, own / f.name)
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(own))
+    return own
+
+
+@pytest.mark.slow
+def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, based_project, house, no_leftovers):
+    root = based_project
+    build = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root)
+    assert build.returncode == 0, build.stderr[-3000:]
+    project = load_project(root / "matrix.yaml")
+    repo = project.target("cpu").primary_ref.rsplit(":", 1)[0]
+
+    # Planted: an old unreferenced wheel (and a young one, kept by --keep-days), an old staged folder,
+    # a superseded content tag (its image goes), one a container uses (kept), another repository's.
+    stale_wheel = house / "zz_stale-1.0-py3-none-any.whl"
+    stale_wheel.write_bytes(b"w" * 5000)
+    os.utime(stale_wheel, (OLD, OLD))
+    young_wheel = house / "zz_young-1.0-py3-none-any.whl"
+    young_wheel.write_bytes(b"y" * 10)
+    folder = house / ".contexts" / ("f" * 32)
+    (folder / "torch").mkdir(parents=True)
+    (folder / "torch" / "x.whl").write_bytes(b"c" * 3000)
+    os.utime(folder, (OLD, OLD))
+    superseded = f"{repo}:cpu-0123456789ab"
+    used = f"{repo}:cpu-111111111111"
+    other = "gc-test-other/x:cpu-0123456789ab"
+    _import(engine, superseded, b"old image")
+    _import(engine, used, b"in use")
+    _import(engine, other, b"not ours")
+    container = engine.api.create_container(used, command=["/payload"])["Id"]
+    try:
+        stale_records = {r["ID"] for r in gc.stale_build_cache(engine.api.df().get("BuildCache") or [])}
+
+        dry = run_builder("gc", "--dry-run", "--json", cwd=root)
+        assert dry.returncode == 0, dry.stderr
+        report = json.loads(dry.stdout)
+        listed = {(i["store"], i["name"]): i["bytes"] for i in report["items"]}
+        assert listed[("wheelhouse", stale_wheel.name)] == 5000
+        assert listed[("contexts", str(folder))] == 3000
+        assert listed[("images", superseded)] > 0
+        assert {n for s, n in listed if s == "build cache"} == stale_records
+        assert {(s, n) for s, n in listed} == ({("wheelhouse", stale_wheel.name), ("contexts", str(folder)),
+                                                ("images", superseded)} | {("build cache", r) for r in stale_records})
+        assert [(i["name"], i["note"]) for i in report["kept"]] == [(used, "a container uses it")]
+        text = run_builder("gc", "--dry-run", cwd=root).stdout.splitlines()
+        assert len(text) == len(gc.STORES) + 1 and text[0].startswith("wheelhouse: holds ")
+        # Nothing removed by the dry run.
+        assert stale_wheel.exists() and folder.exists()
+        engine.api.inspect_image(superseded)
+
+        done = run_builder("gc", "-v", cwd=root)
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert not stale_wheel.exists() and not folder.exists()
+        assert young_wheel.exists()
+        tags = {t for i in engine.images.list() for t in i.tags}
+        assert superseded not in tags and used in tags and other in tags
+        assert project.target("cpu").refs[0] in tags
+        records = engine.api.df().get("BuildCache") or []
+        assert not stale_records & {r["ID"] for r in records}
+        kept = [r["Description"] for r in records if r["Description"].startswith(gc.WHEEL_SOURCE)]
+        assert sorted(kept) == sorted(set(kept))  # one copy of each wheel context is left
+        # Everything current stays: the next build of cpu is reused, and gc finds nothing more.
+        again = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert json.loads(again.stdout)[0]["result"] == "reused-local"
+        assert {(i["store"], i["name"]) for i in json.loads(run_builder("gc", "--dry-run", "--json", cwd=root).stdout)
+                ["items"]} == set()
+    finally:
+        engine.api.remove_container(container, force=True)
+        for ref in (used, other, superseded):
+            subprocess.run(["docker", "rmi", ref], capture_output=True, check=False)

@@ -1,0 +1,186 @@
+"""``builder gc``'s selection, without an engine: which wheels, staged folders, BuildKit records and
+content tags go; and the loopback registry's unreferenced blobs with a real docker-registry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from builder.config.project import load_project
+from builder.images import gc, wheelhouse
+from devtools.support import edit_matrix, free_port
+
+DAY = 86400
+
+
+def _old(path: Path, days: float) -> Path:
+    t = time.time() - days * DAY
+    os.utime(path, (t, t))
+    return path
+
+
+def test_select_files_keeps_referenced_young_and_linked(tmp_path):
+    house = tmp_path / "house"
+    (house / ".contexts").mkdir(parents=True)
+    wanted, stale, young, linked = (house / f"{n}-1.0-py3-none-any.whl" for n in "abcd")
+    for p in (wanted, stale, young, linked):
+        p.write_bytes(b"x" * 100)
+    for p in (wanted, stale, linked):
+        _old(p, 30)
+    current = house / ".contexts" / ("1" * 32)
+    (current / "pkg").mkdir(parents=True)
+    other_clone = house / ".contexts" / ("2" * 32)  # not ours, but used by a build today
+    (other_clone / "pkg").mkdir(parents=True)
+    os.link(linked, other_clone / "pkg" / linked.name)
+    old_folder = _old(_mk(house / ".contexts" / ("3" * 32)), 30)
+    (house / ".verified.json").write_text("{}")
+    folders, wheels = gc.select_files(house, {wanted.name}, {current.name}, keep_days=7)
+    assert folders == [old_folder]
+    assert wheels == [stale]
+    # --keep-days 0: only this checkout counts, the other clone's folder and the young wheel go too.
+    folders, wheels = gc.select_files(house, {wanted.name}, {current.name}, keep_days=0)
+    assert set(folders) == {other_clone, old_folder}
+    assert set(wheels) == {stale, young, linked}
+
+
+def test_freed_bytes_counts_an_inode_once_and_only_with_all_its_links(tmp_path):
+    a = tmp_path / "a"
+    a.write_bytes(b"x" * 1000)
+    (tmp_path / "f").mkdir()
+    os.link(a, tmp_path / "f" / "a")
+    (tmp_path / "f" / "own").write_bytes(b"y" * 10)
+    assert gc.freed_bytes([a]) == 0  # a link in f keeps the data
+    assert gc.freed_bytes([tmp_path / "f"]) == 10
+    assert gc.freed_bytes([a, tmp_path / "f"]) == 1010
+
+
+def test_stale_build_cache_keeps_the_newest_copy_per_context_and_those_in_use():
+    def rec(i, desc, used, in_use=False, kind="source.local"):
+        return {"ID": i, "Type": kind, "Description": desc, "LastUsedAt": used, "InUse": in_use, "Size": 1}
+    records = [rec("a", "local source for wheels-torch", "2026-01-03T00:00:00Z"),
+               rec("b", "local source for wheels-torch", "2026-01-01T00:00:00Z"),
+               rec("c", "local source for wheels-torch", "2026-01-02T00:00:00Z", in_use=True),
+               rec("d", "local source for context", "2026-01-01T00:00:00Z"),
+               rec("e", "local source for wheels-common", "2026-01-01T00:00:00Z"),
+               rec("f", "[x 1/1] RUN pip install", "2026-01-01T00:00:00Z", kind="regular")]
+    assert [r["ID"] for r in gc.stale_build_cache(records)] == ["b"]
+
+
+def test_content_tag_pattern_is_this_projects_repository_and_targets(project):
+    p = load_project(project / "matrix.yaml")
+    pattern = gc.content_tag_pattern(p)
+    repo = p.target("cpu").primary_ref.rsplit(":", 1)[0]
+    assert pattern.fullmatch(f"{repo}:cpu-0123456789ab")
+    assert pattern.fullmatch(f"{repo}:nvidia-cu130-0123456789ab")
+    assert not pattern.fullmatch(f"{repo}:latest-cpu")
+    assert not pattern.fullmatch(f"{repo}:buildcache-cpu-amd64")
+    assert not pattern.fullmatch(f"other/{repo}:cpu-0123456789ab")
+    assert not pattern.fullmatch(f"{repo}:nosuchtarget-0123456789ab")
+
+
+def test_referenced_wheels_are_every_lock_under_images(project):
+    p = load_project(project / "matrix.yaml")
+    names = gc.referenced_wheels(p)
+    assert any(n.startswith("torch-") and "+cpu" in n for n in names)
+    assert any(n.startswith("uv-") for n in names)  # tools.lock
+
+
+def test_report_lines_one_per_store_and_items_with_verbose():
+    found = gc.Found(held={"wheelhouse": 5_000_000}, items=[gc.Item("wheelhouse", "b.whl", 1_500_000)])
+    lines = gc.report_lines(found, verbose=False, dry_run=True)
+    assert len(lines) == len(gc.STORES)
+    assert lines[0] == "wheelhouse: holds 5.0 MB; would free 1.5 MB (1 items)"
+    assert "  b.whl  1.5 MB" in gc.report_lines(found, verbose=True, dry_run=True)
+    assert json.loads(gc.as_json(found, True))["stores"][0]["freed"] == 1_500_000
+
+
+def _push_blob(host: str, repo: str, data: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with urllib.request.urlopen(urllib.request.Request(f"http://{host}/v2/{repo}/blobs/uploads/", method="POST")) as r:
+        location = r.headers["Location"]
+    sep = "&" if "?" in location else "?"
+    url = location if location.startswith("http") else f"http://{host}{location}"
+    urllib.request.urlopen(urllib.request.Request(f"{url}{sep}digest={digest}", data=data, method="PUT",
+                                                  headers={"Content-Type": "application/octet-stream"})).close()
+    return digest
+
+
+@pytest.mark.skipif(shutil.which("docker-registry") is None, reason="docker-registry is not installed")
+def test_registry_unreferenced_blob_is_collected_and_the_registry_runs_again(project, tmp_path, monkeypatch):
+    """A real docker-registry (builder.oci.localregistry): one image (config + layer, a manifest) and
+    one blob no manifest references; gc --dry-run lists that blob alone, gc removes it alone."""
+    from builder.oci.localregistry import ensure_local
+    from builder.oci.registry import ping
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    host = f"localhost:{free_port()}"
+    edit_matrix(project, registry=f"{host}/ml-runtime")
+    p = load_project(project / "matrix.yaml", allow_unpinned=True)
+    ensure_local(host)
+    folder = gc.registry_folder(p)
+    assert folder is not None
+    try:
+        config = _push_blob(host, "ml-runtime", b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
+        layer = _push_blob(host, "ml-runtime", b"layer" * 100)
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config,
+                               "size": 78},
+                    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": 500}]}
+        manifest["config"]["size"] = len(b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{host}/v2/ml-runtime/manifests/keep", data=json.dumps(manifest).encode(), method="PUT",
+            headers={"Content-Type": manifest["mediaType"]})).close()
+        orphan = _push_blob(host, "ml-runtime", b"orphan" * 1000)
+        found = gc.collect(None, p, keep_days=7)
+        assert [(i.name, i.bytes) for i in found.items if i.store == "registry"] == [(orphan, 6000)]
+        blobs = folder / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
+        assert (blobs / orphan[7:9] / orphan[7:] / "data").exists()  # the dry run removed nothing
+        assert gc.remove(None, p, found) == []
+        assert not (blobs / orphan[7:9] / orphan[7:]).exists()
+        for kept in (config, layer):
+            assert (blobs / kept[7:9] / kept[7:] / "data").exists()
+        assert ping(host)  # it was running, so it runs again
+        assert gc.collect(None, p).items == []
+    finally:
+        pid = gc._registry_pid(folder)
+        if pid is not None:
+            os.kill(pid, 15)
+
+
+def test_after_build_removes_only_unreferenced_folders_older_than_a_day(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    p = load_project(project / "matrix.yaml")
+    cpu = p.target("cpu").views()
+    contexts = wheelhouse.location() / ".contexts"
+    current = contexts / min(gc.current_contexts(p, cpu))
+    current.mkdir(parents=True)
+    _old(current, 30)
+    stale = _old(_mk(contexts / ("9" * 32)), 2)
+    fresh = _mk(contexts / ("8" * 32))  # another clone's, staged today
+    gc.after_build(p, cpu)
+    assert current.is_dir() and time.time() - current.stat().st_mtime < 60  # marked as used now
+    assert not stale.exists() and fresh.is_dir()
+
+
+def _mk(folder: Path) -> Path:
+    (folder / "torch").mkdir(parents=True)
+    return folder
+
+
+def test_doctor_store_lines():
+    from builder.host.doctor import store_checks
+
+    lines = [c.line() for c in store_checks({"wheelhouse": (3_100_000_000, "/w"), "build cache": (0, "")})]
+    assert lines == ["[OK]   store wheelhouse: 3.1 GB at /w; builder gc --dry-run: what can go",
+                     "[OK]   store build cache: 0.0 GB; builder gc --dry-run: what can go"]
+    assert store_checks(None, "no engine")[0].status == "warn"
+    assert re.search("not measured", store_checks(None, "x")[0].line())
