@@ -1,5 +1,5 @@
 """What a killed run leaves, found and removed by the next one without an engine: smoke containers'
-owners (a fake engine's listing: the engine test is tests/engine/test_state.py), temporary files of
+owners (a fake engine's listing: the engine test is tests/engine/test_state_engine.py), temporary files of
 atomic writes, a damaged dist/published.json."""
 
 from __future__ import annotations
@@ -103,3 +103,22 @@ def test_two_runs_starting_the_local_registry_at_once_both_get_it(tmp_path):
     finally:
         if pid.exists():
             os.kill(int(pid.read_text()), signal.SIGTERM)
+
+
+def test_a_lock_taken_again_by_the_thread_that_holds_it_does_not_wait_for_itself(tmp_path):
+    """builder gc removes staged folders under the wheelhouse lock through functions that take it too:
+    a second flock on a new descriptor would wait for this very process forever."""
+    import threading
+
+    from builder.config.files import locked
+
+    done = threading.Event()
+
+    def nested():
+        with locked(tmp_path / ".lock"), locked(tmp_path / ".lock"):
+            done.set()
+
+    worker = threading.Thread(target=nested, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done.is_set(), "a nested lock on the same file waited for itself"

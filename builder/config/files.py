@@ -16,6 +16,9 @@ from pathlib import Path
 #: fcntl locks are per process: threads of one ``builder build -j`` take turns on this first.
 _THREADS: dict[str, threading.RLock] = {}
 _THREADS_GUARD = threading.Lock()
+#: The lock files this thread holds already: a nested ``locked`` on one of them is a no-op, where a
+#: second flock on a new descriptor would wait for this very process forever.
+_HELD = threading.local()
 
 
 @contextlib.contextmanager
@@ -23,18 +26,28 @@ def locked(path: Path, shared: bool = False) -> Iterator[None]:
     """Hold the lock file *path* (created if absent) for the ``with`` block: exclusive, or *shared*.
 
     The kernel drops the lock when the process dies (SIGKILL included), so a killed run never
-    leaves a stale lock behind. Never nest two locks on one path in one thread with different modes.
+    leaves a stale lock behind. Nested in one thread, the inner ``with`` holds what the outer one
+    took (its mode included).
 
     Example:
-        >>> with locked(Path("dist/published.json.lock")):
+        >>> with locked(Path("dist/published.json.lock")), locked(Path("dist/published.json.lock")):
         ...     pass
     """
+    key = str(path)
+    held: set[str] = _HELD.__dict__.setdefault("paths", set())
+    if key in held:
+        yield
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with _THREADS_GUARD:
-        guard = _THREADS.setdefault(str(path), threading.RLock())
+        guard = _THREADS.setdefault(key, threading.RLock())
     with guard, open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)  # released when the file closes
-        yield
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)
 
 
 #: The temporary file of an :func:`atomic_write` to ``NAME``: ``.NAME.<8 random characters>.tmp``.

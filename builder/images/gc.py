@@ -206,11 +206,6 @@ def select_files(house: Path, wanted_wheels: set[str], wanted_contexts: set[str]
     return stale_folders, stale_wheels
 
 
-def house_lock() -> Path:
-    """The wheelhouse's lock file: held while anything is staged into it or deleted from it."""
-    return wheelhouse.location() / ".lock"
-
-
 # --- the engine: build cache and content tags -------------------------------------------------
 
 def stale_build_cache(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -402,13 +397,13 @@ def remove(client: docker.DockerClient | None, project: Project, found: Found,
     """Remove *found*'s items; return those that could not be removed (with why, in ``note``)."""
     failed: list[Item] = []
     house = wheelhouse.location()
-    with locked(house_lock()):
+    with locked(wheelhouse.lock_path()):
         # Decided again under the lock: a build may have staged (linked) since collect looked.
         folders, wheels = select_files(house, referenced_wheels(project), current_contexts(project), 0)
         listed = {i.name for i in found.items if i.store in ("contexts", "wheelhouse")}
         for path in folders:
             if str(path) in listed:
-                shutil.rmtree(path, ignore_errors=True)
+                wheelhouse.remove_context(path)  # keeps the stamps of the wheels it linked current
         gone = {p.name: None for p in wheels if p.name in listed}
         for name in gone:
             (house / name).unlink(missing_ok=True)
@@ -444,10 +439,10 @@ def after_build(project: Project, built: Iterable[ResolvedTarget], keep_days: fl
         for name in current_contexts(project, built):
             with contextlib.suppress(OSError):
                 os.utime(house / ".contexts" / name)
-        with locked(house_lock()):
+        with locked(wheelhouse.lock_path()):
             folders, _ = select_files(house, set(), current_contexts(project), keep_days)
             for path in folders:
-                shutil.rmtree(path, ignore_errors=True)
+                wheelhouse.remove_context(path)
 
 
 def report_lines(found: Found, verbose: bool, dry_run: bool) -> list[str]:

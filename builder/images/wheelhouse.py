@@ -87,7 +87,7 @@ def remember(house: Path, changes: dict[str, list[object] | None]) -> None:
     """Merge *changes* (None: forget) into the stamps, under the lock: other builds share the file."""
     if not changes:
         return
-    with locked(house / ".lock"):
+    with locked(lock_path()):
         stamps = _stamps(house)
         for name, value in changes.items():
             if value is None:
@@ -123,7 +123,7 @@ def missing(pins: list[Pin], say: Callable[[str], object] = _stderr) -> list[Pin
     """
     house = location()
     absent: list[Pin] = []
-    with locked(house / ".lock"):
+    with locked(lock_path()):
         stamps = _stamps(house)
         before = dict(stamps)
         for pin in pins:
@@ -144,7 +144,7 @@ def adopt(downloads: Path) -> None:
     let two builds at once rewrite a wheel that the other had verified or staged. A name another
     build brought first stays as it is (the hash check that follows judges it)."""
     house = location()
-    with locked(house / ".lock"):
+    with locked(lock_path()):
         for path in downloads.glob("*") if downloads.is_dir() else ():
             if (house / path.name).exists():
                 continue
@@ -199,7 +199,7 @@ def build_context(layers: Mapping[str, Sequence[Pin]], say: Callable[[str], obje
     """
     folder = context_folder(layers)
     house = location()
-    with locked(house / ".lock"):
+    with locked(lock_path()):
         remove_leftovers(house)
         stamps = _stamps(house)
         before = dict(stamps)
@@ -320,7 +320,7 @@ def remove_context(folder: Path) -> None:
     """Remove the staged *folder* (``builder gc``: one no lock references), keeping the stamps of the
     wheels it linked current. Takes :func:`lock_path`."""
     house = location()
-    with locked(house / ".lock"):
+    with locked(lock_path()):
         stamps = _stamps(house)
         names = {p.name for p in folder.glob("*/*")}
         valid = {n for n in names if n in stamps and (house / n).exists()
