@@ -268,3 +268,12 @@ def test_redact_every_url_in_a_message():
 
     text = f"uv: https://ci:{TOKEN}@a.example/simple and http://b.example/x?sig={TOKEN} failed"
     assert redact(text) == "uv: https://a.example/simple and http://b.example/x failed"
+
+
+def test_a_message_naming_a_unix_socket_keeps_it_as_given():
+    """The CLI redacts every error line: a DOCKER_HOST=unix:///... in a fix must stay a working value
+    (urllib rebuilds unix:///tmp/x as unix:/tmp/x; test_builders.py caught it on a real engine)."""
+    from builder.config.urls import redact
+
+    line = "set DOCKER_HOST=unix:///tmp/mlb-bx/docker.sock, or use https://user:pw@mirror.example/simple"
+    assert redact(line) == "set DOCKER_HOST=unix:///tmp/mlb-bx/docker.sock, or use https://mirror.example/simple"

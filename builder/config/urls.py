@@ -26,6 +26,8 @@ def public(url: str) -> str:
         'https://mirror.example:8443/simple/?page=2'
         >>> public("file:///srv/wheels")
         'file:///srv/wheels'
+        >>> public("unix:///run/docker.sock")
+        'unix:///run/docker.sock'
     """
     try:
         parts = urllib.parse.urlsplit(url)
@@ -36,6 +38,8 @@ def public(url: str) -> str:
     if query:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
         query = urllib.parse.urlencode([(k, v) for k, v in pairs if not SECRET_PARAM.search(k)])
+    if netloc == parts.netloc and query == parts.query:
+        return url  # nothing to take out: as given (a rebuilt unix:///path would read unix:/path)
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
