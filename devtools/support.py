@@ -201,3 +201,16 @@ def registry_manifest(ref: str) -> dict[str, Any]:
 def registry_layers(ref: str) -> list[tuple[str, int]]:
     """(digest, compressed size) of each layer of the image manifest under *ref* (:func:`registry_manifest`)."""
     return [(layer["digest"], layer["size"]) for layer in registry_manifest(ref)["layers"]]
+
+
+#: The first bytes of a zstd frame: a layer ``docker save`` writes as the engine holds it (zstd by default).
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def layer_tar(blob: bytes) -> bytes:
+    """A layer blob as its tar: zstd through the ``zstd`` program (the standard library has none before
+    Python 3.14); gzip and a plain tar are left to :mod:`tarfile`, which reads both."""
+    if blob[:4] == ZSTD_MAGIC:
+        return subprocess.run(["zstd", "-dc"], input=blob, capture_output=True, check=True).stdout
+    return blob
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import pytest
 from helpers import bare_build_project, fake_target, publish_base_to, run_builder
 
 from builder.images.smoke import SMOKE_LABEL
-from devtools.support import base_pin, copy_project, edit_matrix, free_port, registry_of
+from devtools.support import base_pin, copy_project, edit_matrix, free_port, layer_tar, registry_of
 
 pytestmark = pytest.mark.engine
 
@@ -104,7 +105,8 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
         manifest = json.load(outer.extractfile("manifest.json"))
         for layer_name in manifest[0]["Layers"][skip:]:
             scanned += 1
-            with tarfile.open(fileobj=outer.extractfile(layer_name)) as layer:
+            blob = outer.extractfile(layer_name).read()
+            with tarfile.open(fileobj=io.BytesIO(layer_tar(blob))) as layer:
                 for name in layer.getnames():
                     if (name.endswith((".whl", ".netrc")) or "/.cache/pip" in name or "/.cache/uv" in name
                             or name.startswith("tmp/uv/") or "pip.conf" in name):
