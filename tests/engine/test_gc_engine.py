@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -17,6 +18,7 @@ from helpers import run_builder
 
 from builder.config.project import load_project
 from builder.images import gc
+from devtools.support import edit_matrix
 
 pytestmark = pytest.mark.engine
 
@@ -48,9 +50,22 @@ def house(tmp_path, monkeypatch) -> Path:
     return own
 
 
+@pytest.fixture
+def own_project(based_project, registry, tmp_path) -> Path:
+    """``based_project`` under a repository of its own: on the session's engine, the other tests'
+    images of ``ml-runtime`` (other matrices, other content tags) are superseded for this checkout,
+    and gc would list them (and remove what later tests still use). The base moves along, byte for byte."""
+    root = tmp_path / "project"
+    shutil.copytree(based_project, root, ignore=shutil.ignore_patterns("dist"))
+    edit_matrix(root, registry=f"{registry}/gc-test")
+    moved = run_builder("base", cwd=root)
+    assert moved.returncode == 0, moved.stderr + moved.stdout
+    return root
+
+
 @pytest.mark.slow
-def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, based_project, house, no_leftovers):
-    root = based_project
+def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project, house, no_leftovers):
+    root = own_project
     build = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root)
     assert build.returncode == 0, build.stderr[-3000:]
     project = load_project(root / "matrix.yaml")
