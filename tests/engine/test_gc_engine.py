@@ -25,15 +25,17 @@ pytestmark = pytest.mark.engine
 OLD = time.time() - 30 * 86400
 
 
-def _import(engine, ref: str, payload: bytes) -> str:
-    """A one-file image imported from a tar (no registry, no base): its ID."""
+def _import(engine, ref: str | None, payload: bytes, changes: list[str] | None = None) -> str:
+    """A one-file image imported from a tar (no registry, no base), tagged *ref* (None: untagged): its ID."""
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
         info = tarfile.TarInfo("payload")
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
-    repo, tag = ref.rsplit(":", 1)
-    engine.api.import_image_from_data(data.getvalue(), repository=repo, tag=tag)
+    repo, tag = ref.rsplit(":", 1) if ref else (None, None)
+    answer = engine.api.import_image_from_data(data.getvalue(), repository=repo, tag=tag, changes=changes)
+    if ref is None:  # the engine's answer is JSON lines; the last status is the new image's ID
+        return [json.loads(line)["status"] for line in answer.splitlines() if line.strip()][-1]
     return engine.api.inspect_image(ref)["Id"]
 
 
@@ -88,6 +90,8 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
     _import(engine, superseded, b"old image")
     _import(engine, used, b"in use")
     _import(engine, other, b"not ours")
+    # An untagged image a build of cpu left (its label says so): garbage, nothing can name it.
+    dangling = _import(engine, None, b"left by a build", changes=[f"LABEL {gc.TARGET_LABEL}=cpu"])
     container = engine.api.create_container(used, command=["/payload"])["Id"]
     try:
         stale_records = {r["ID"] for r in gc.stale_build_cache(engine.api.df().get("BuildCache") or [])}
@@ -99,9 +103,14 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert listed[("wheelhouse", stale_wheel.name)] == 5000
         assert listed[("contexts", str(folder))] == 3000
         assert listed[("images", superseded)] > 0
+        assert ("images", dangling) in listed
         assert {n for s, n in listed if s == "build cache"} == stale_records
-        assert {(s, n) for s, n in listed} == ({("wheelhouse", stale_wheel.name), ("contexts", str(folder)),
-                                                ("images", superseded)} | {("build cache", r) for r in stale_records})
+        # Untagged images of the session's other builds of cpu (other checkouts) are listed too, by label.
+        untagged = {n for s, n in listed if s == "images" and n.startswith("sha256:")}
+        assert all(engine.api.inspect_image(n)["Config"]["Labels"][gc.TARGET_LABEL] == "cpu" for n in untagged)
+        assert {(s, n) for s, n in listed} - {("images", n) for n in untagged} == (
+            {("wheelhouse", stale_wheel.name), ("contexts", str(folder)), ("images", superseded)}
+            | {("build cache", r) for r in stale_records})
         assert [(i["name"], i["note"]) for i in report["kept"]] == [(used, "a container uses it")]
         text = run_builder("gc", "--dry-run", cwd=root).stdout.splitlines()
         assert len(text) == len(gc.STORES) + 1 and text[0].startswith("wheelhouse: holds ")
@@ -115,6 +124,7 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert young_wheel.exists()
         tags = {t for i in engine.images.list() for t in i.tags}
         assert superseded not in tags and used in tags and other in tags
+        assert dangling not in {i.id for i in engine.images.list(all=True)}
         assert project.target("cpu").refs[0] in tags
         records = engine.api.df().get("BuildCache") or []
         assert not stale_records & {r["ID"] for r in records}
@@ -128,5 +138,5 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
                 ["items"]} == set()
     finally:
         engine.api.remove_container(container, force=True)
-        for ref in (used, other, superseded):
+        for ref in (used, other, superseded, dangling):
             subprocess.run(["docker", "rmi", ref], capture_output=True, check=False)
