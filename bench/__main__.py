@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import requests
 import yaml
 
 from bench import (
@@ -112,6 +113,14 @@ class Made:
         return True
 
     def close(self) -> None:
+        """Remove what the bench made; an engine that stopped answering is said in one line, so the
+        figures measured so far are still written."""
+        try:
+            self._close()
+        except (docker.errors.DockerException, requests.exceptions.ConnectionError) as exc:
+            say(f"could not remove the bench's images: the engine did not answer ({exc})")
+
+    def _close(self) -> None:
         for ref in self.borrowed:
             try:
                 tags = self.client.api.inspect_image(ref).get("RepoTags") or []
