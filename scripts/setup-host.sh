@@ -196,12 +196,19 @@ fi
 # installs, and a bound on BuildKit's cache: 30GB holds two full sets of cpu + nvidia-cu130
 # (layers and wheel copies, ~13 GB a set, estimated): today's and the one before a relock; older records
 # go first (docs/commands.md#what-the-builder-keeps). An existing daemon.json is the user's: never changed
-# (switching stores hides images); the line to add is printed.
+# (switching stores hides images); the line to add is printed. The one exception is the file this
+# script wrote before it set the bound (byte for byte): that one is ours, and gets the bound.
 gc_policy='"builder": {"gc": {"enabled": true, "defaultKeepStorage": "30GB"}}'
+ours_before=$'{\n  "features": {"containerd-snapshotter": true}\n}'
+ours_now=$(printf '{\n  "features": {"containerd-snapshotter": true},\n  %s\n}' "$gc_policy")
 if [ -n "$new_engine" ] && [ ! -s /etc/docker/daemon.json ]; then
   mkdir -p /etc/docker
-  printf '{\n  "features": {"containerd-snapshotter": true},\n  %s\n}\n' "$gc_policy" >/etc/docker/daemon.json
+  printf '%s\n' "$ours_now" >/etc/docker/daemon.json
   say "wrote /etc/docker/daemon.json: the containerd image store (Engine 29's default for new installs), BuildKit's cache kept under 30GB"
+elif root && [ "$(cat /etc/docker/daemon.json 2>/dev/null)" = "$ours_before" ]; then
+  printf '%s\n' "$ours_now" >/etc/docker/daemon.json
+  say "added BuildKit's 30GB bound to /etc/docker/daemon.json (an earlier setup-host wrote it; the image store is unchanged);"
+  say "  it holds from dockerd's next start"
 elif [ -s /etc/docker/daemon.json ] && ! grep -q '"defaultKeepStorage"' /etc/docker/daemon.json; then
   say "BuildKit's cache is unbounded here: add $gc_policy to /etc/docker/daemon.json, then restart dockerd"
 fi

@@ -31,6 +31,7 @@ containerd.io with ``apt-get -y`` (output to /dev/null), and apt removed contain
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -212,3 +213,21 @@ def test_the_ci_pidfile_is_not_a_predictable_name(tmp_path):
         assert pid not in Path(path).name
         made.append(path)
     assert made[0] != made[1]
+
+
+def test_the_daemon_json_an_earlier_setup_host_wrote_gets_the_cache_bound_and_a_users_is_kept(chroot):
+    """A machine set up by an earlier version holds its daemon.json (the containerd store, no bound on
+    BuildKit's cache): that file, byte for byte, is the script's own and gets the bound, the store
+    unchanged. Any other daemon.json is the user's: left as it is, with the line to add printed."""
+    daemon = chroot.root / "etc" / "docker" / "daemon.json"
+    daemon.parent.mkdir(parents=True, exist_ok=True)
+    daemon.write_text('{\n  "features": {"containerd-snapshotter": true}\n}\n')
+    out = chroot.setup_host()
+    assert json.loads(daemon.read_text()) == {"features": {"containerd-snapshotter": True},
+                                              "builder": {"gc": {"enabled": True, "defaultKeepStorage": "30GB"}}}
+    assert "added BuildKit's 30GB bound to /etc/docker/daemon.json" in out.stdout + out.stderr
+    users = '{"features": {"containerd-snapshotter": true}, "log-level": "warn"}\n'
+    daemon.write_text(users)
+    out = chroot.setup_host()
+    assert daemon.read_text() == users
+    assert "BuildKit's cache is unbounded here: add" in out.stdout + out.stderr
