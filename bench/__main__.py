@@ -589,7 +589,16 @@ def _du(paths: list[Path]) -> int:
     return int(proc.stdout.strip().splitlines()[-1].split()[0])
 
 
-def disk(project: Project, tmp: Path) -> dict[str, Any]:
+def _where(data_root: Path) -> dict[str, int]:
+    """Bytes under each folder of the engine's data root two levels down (containerd's content store and
+    snapshotter, BuildKit's records, dockerd's own): where a cycle's growth lands."""
+    folders = [d for top in sorted(data_root.iterdir()) if top.is_dir()
+               for d in ([top] if top.name != "containerd" else sorted(p for p in top.rglob("*") if p.is_dir()
+                                                                        and len(p.relative_to(top).parts) == 2))]
+    return {str(d.relative_to(data_root)): _du([d]) for d in folders}
+
+
+def disk(project: Project, tmp: Path, cycles: int = CYCLES) -> dict[str, Any]:
     """The stores' disk over CYCLES cycles of "index gains a release -> one more cpu package -> build"
     (``builder build -t cpu``, smoke on, as users run it: each build gets its content tag), against after the first build, then after
     ``builder gc``. An empty second dockerd (its data root is the engine's stores, alone), a wheelhouse of
@@ -625,7 +634,7 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
     (tmp / "disk-pip.conf").write_text(f"[global]\nextra-index-url = {' '.join([*sources.extra_index_urls, url])}\n")
     env = {"BUILDER_WHEELHOUSE": str(house), "XDG_CACHE_HOME": str(tmp / "disk-state"),
            "PIP_CONFIG_FILE": str(tmp / "disk-pip.conf")}
-    out: dict[str, Any] = {"cycles": CYCLES, "samples_bytes": [], "stores": []}
+    out: dict[str, Any] = {"cycles": cycles, "samples_bytes": [], "stores": []}
     try:
         with second_engine(tmp / "disk-engine") as host:
             env["DOCKER_HOST"] = host
@@ -636,14 +645,16 @@ def disk(project: Project, tmp: Path) -> dict[str, Any]:
                 os.environ.update(env)
                 held = gc.collect(client, load_project(root / "matrix.yaml"), items=False).held
                 total = _du([house, data_root, tmp / "disk-state"])
-                out["stores"].append({"after": label, "disk_bytes": total, **held})
+                where = _where(data_root)
+                out["stores"].append({"after": label, "disk_bytes": total, **held, "data_root": where})
                 say(f"disk after {label}: {total / 1e9:.3f} GB ({', '.join(f'{k} {v / 1e9:.3f} GB' for k, v in held.items())})")
+                say("  data root: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in where.items() if v > 1e6))
                 return total
 
             saved = {k: os.environ.get(k) for k in env}
             try:
                 packages: list[str] = []
-                for cycle in range(CYCLES + 1):
+                for cycle in range(cycles + 1):
                     if cycle:
                         _index_wheel(index, "mlbench_dep", f"1.{cycle}")  # the index gains a release
                         _index_wheel(index, f"mlbench_pkg{cycle}", "1.0", ("mlbench_dep>=1.0",))
@@ -858,6 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default="cpu,nvidia-cu130", help="comma-separated targets (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="cpu only, for trying the bench out")
+    parser.add_argument("--cycles", type=int, default=CYCLES, help="the disk row's cycles (default: %(default)s)")
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="output folder (default: bench/out)")
     parser.add_argument("--only", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=None,
                         help="comma-separated rows: " + ", ".join(ROWS) + " (baseline: cold, no-op and "
@@ -892,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "fresh-node" in rows:
                     results["fresh_node"] = fresh_node(client, project, host, tmp, made)
                 if "disk" in rows:
-                    results["disk"] = disk(project, tmp)
+                    results["disk"] = disk(project, tmp, args.cycles)
         finally:
             made.close()
     out = Path(args.out)
