@@ -97,6 +97,14 @@ def test_a_name_the_vendor_index_has_never_comes_from_the_default_index(project,
     assert set(lockfile.read_lock(lock)[1]) == set(pins.values())
 
 
+def test_a_resolution_leaves_nothing_in_the_users_uv_cache(project, indexes, tmp_path):
+    """uv keeps each wheel it read unpacked in its cache (0.7 GB per torch release, in the bench's disk
+    row): the builder's resolution uses a cache of its own that goes with it."""
+    resolve.resolve(load_project(project / "matrix.yaml"), ["foo", "bar"], "linux/amd64")
+    users = tmp_path / "uv-cache"  # UV_CACHE_DIR, as the fixture sets it
+    assert not users.exists() or not any(users.rglob("*")), sorted(users.rglob("*"))[:5]
+
+
 def test_a_locked_wheel_is_fetched_from_its_recorded_index(project, indexes, tmp_path):
     vendor, _default = indexes
     proj = load_project(project / "matrix.yaml")

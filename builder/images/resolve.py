@@ -182,7 +182,10 @@ def resolve(
         options = ["pip", "compile", "--config-file", str(work / "uv.toml"), "--no-header", "--quiet",
                    str(work / "requirements.in"), "--python-version", project.matrix.python,
                    "--python-platform", f"{platforms.machine(platform)}-manylinux_{major}_{minor}",
-                   "--only-binary", ":all:"]
+                   "--only-binary", ":all:",
+                   # uv's cache would keep each wheel it read metadata from unpacked (0.7 GB for one torch
+                   # release) in the user's own uv cache, for good: this one goes with the resolution.
+                   "--cache-dir", str(work / "uv-cache")]
         if constraints:
             (work / "constraints.txt").write_text("".join(f"{p.name}=={p.version}\n" for p in constraints))
             options += ["-c", str(work / "constraints.txt")]
