@@ -32,10 +32,11 @@ host: ## Install the Debian packages builds and tests need (as root) and start d
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render
 
-check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, mypy is clean
+check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, no circle of files, mypy is clean
 	$(BUILDER) render --check
 	$(BUILDER) lint
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/python -m devtools.circles
 	$(VENV)/bin/mypy builder bench runtime/ml_runtime
 
 images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish, SIGN_KEY=cosign.key to sign and attach SBOM + provenance)

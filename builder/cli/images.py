@@ -358,7 +358,7 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     from builder.config.files import published_path
     from builder.images import execute
     from builder.images import plan as plans
-    from builder.images.build import build_labels
+    from builder.images.plan import build_labels
     from builder.oci.engine import Engine, connect
 
     signer = _signer(sign_key, True)

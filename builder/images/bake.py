@@ -24,12 +24,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from builder.config.project import Project, ResolvedTarget
-
-if TYPE_CHECKING:
-    from builder.images.plan import ViewPlan
+from builder.images import layers, locks, wheelhouse
+from builder.images.plan import ViewPlan, make_plan
 
 #: buildx rejects other characters in target and group names.
 BAKE_NAME = re.compile(r"[a-zA-Z0-9_-]+")
@@ -48,8 +47,6 @@ def bake_name(name: str) -> str:
 def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | None = None) -> dict[str, Any]:
     """One bake target for a target view: the build ``builder build`` runs (its plan's request,
     :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the published image."""
-    from builder.images.plan import make_plan
-
     view = planned or make_plan(project, [target]).views[0]
     request = replace(view.request, cache_from=(f"type=registry,ref={target.primary_ref}",))
     return {
@@ -80,8 +77,6 @@ def bake_definition(project: Project, targets: list[ResolvedTarget]) -> dict[str
         members = [b for m in project.matrix.group(name) if m in names for b in names[m]]
         if members or name in ("default", "all"):
             groups[bake_name(name)] = {"targets": members}
-    from builder.images.plan import make_plan
-
     planned = {p.unit: p for p in make_plan(project, [v for vs in views.values() for v in vs]).views}
     return {"group": groups, "target": {view_name(v): bake_target(project, v, planned[v.unit])
                                         for vs in views.values() for v in vs}}
@@ -100,8 +95,6 @@ def view_name(target: ResolvedTarget) -> str:
 def stage_contexts(project: Project, targets: list[ResolvedTarget], say: Callable[[str], object]) -> dict[str, str]:
     """Fetch (by hash) and stage every view's wheels where its bake target's ``contexts`` points;
     return {view's unit: why not} for those whose wheels could not be had."""
-    from builder.images import layers, locks, wheelhouse
-
     views = [v for t in targets for v in t.views()]
     failed = locks.lock_all(project, views, say)
     for view in views:

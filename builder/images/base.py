@@ -41,7 +41,7 @@ from builder.config.project import Project, spec_hash
 from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
 from builder.oci.localregistry import ensure_local
-from builder.oci.registry import credentials
+from builder.oci.registry import credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers
 
 
@@ -461,8 +461,6 @@ def _present(client: docker.DockerClient, ref: str) -> bool:
 def _push_if_missing(
     client: docker.DockerClient, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
 ) -> None:
-    from builder.oci.registry import manifest_digest
-
     if manifest_digest(pinned.reference, credentials(pinned.reference.split("/", 1)[0])) is None:
         with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
             digest = push_base(client, project, platform, *saved_blobs(client, pinned.reference, Path(tmp)))

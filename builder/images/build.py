@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ import docker
 
 from builder.config import files, platforms
 from builder.config.project import Project, ResolvedTarget
-from builder.images import locks, render, wheelhouse
+from builder.images import base, gc, layers, locks, render, wheelhouse
 from builder.images import plan as plans
 from builder.images.execute import UI, Attester, Executor, presence
 from builder.images.outcome import Outcome
@@ -32,28 +31,8 @@ from builder.images.plan import cache_ref, registry_cache_sink
 from builder.oci import buildkit, registry
 from builder.oci.engine import Engine
 
-__all__ = ["build_all", "build_labels", "build_request", "cache_ref", "docker_build", "ensure_base_present",
+__all__ = ["build_all", "build_request", "cache_ref", "docker_build", "ensure_base_present",
            "registry_cache_sink", "registry_cache_supported"]
-
-# smoke (and the host modules it needs) and base are imported where a target is really built, so
-# that a no-op build (every target reused) stays well under a second as a whole process.
-
-
-def build_labels(root: Path) -> dict[str, str]:
-    """Labels that vary per commit, applied at build time (not rendered, so images/ stays stable).
-
-    ``created`` is the commit time, not the wall clock, so a no-op rebuild stays a cache hit.
-    """
-
-    def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
-        return proc.stdout.strip() if proc.returncode == 0 else ""
-
-    revision = git("rev-parse", "HEAD") or "unknown"
-    if revision != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
-        revision += "-dirty"  # never claim a commit the image was not built from
-    created = git("log", "-1", "--format=%cI") or "1970-01-01T00:00:00Z"
-    return {"org.opencontainers.image.revision": revision, "org.opencontainers.image.created": created}
 
 
 def build_request(
@@ -71,7 +50,7 @@ def build_request(
     times, so two runners building one commit from cache make the very same image; BuildKit
     keeps it out of every step's cache key. (:func:`builder.images.plan.request`, with this commit's labels.)
     """
-    return plans.request(project, target, build_labels(project.root), stage=stage, cache_from=cache_from,
+    return plans.request(project, target, plans.build_labels(project.root), stage=stage, cache_from=cache_from,
                          nocache=nocache, registry_cache=registry_cache)
 
 
@@ -96,8 +75,6 @@ def docker_build(
 ) -> tuple[str, int, int, tuple[str, ...]]:
     """Build one target view (or one stage of it) through BuildKit, alone (no smoke test, no tag);
     return (image ID, steps, steps from cache, the registry caches read)."""
-    from builder.images import layers
-
     wheelhouse.build_context(layers.context_layers(project, target))  # the folders the request's contexts name
     request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache,
                             registry_cache=registry_cache)
@@ -121,10 +98,8 @@ def ensure_base_present(
         return ref
     except docker.errors.ImageNotFound:
         pass
-    from builder.images.base import ensure_base
-
     say(f"base {ref} ({platform}) is not local: fetching it")
-    return ensure_base(client, project, platform, update=update, say=say).reference
+    return base.ensure_base(client, project, platform, update=update, say=say).reference
 
 
 def build_all(
@@ -152,7 +127,7 @@ def build_all(
     """
     engine = Engine.of(client)
     options = plans.Options(push=push, smoke=smoke, rebuild=rebuild, pull=pull, sign=attest is not None)
-    run = _Run(engine, project, ui, options, attest, keep_going, build_labels(project.root))
+    run = _Run(engine, project, ui, options, attest, keep_going, plans.build_labels(project.root))
     outcomes = run.reuse_or_build(targets, jobs=jobs, update_base=update_base)
     if push:
         why = " (content tags are pushed after a passed smoke test only: drop --no-smoke)" if not smoke else ""
@@ -229,9 +204,7 @@ class _Run:
                                   tags=tags if project is self.project else None)
         work = [(p, plans.decide(p, None, options)) for p in planned.views]
         outcomes = self.executor(project).run(work, keep_going=self.keep_going, jobs=jobs, shared=planned.views[0])
-        from builder.images.gc import after_build  # only after a build: a no-op never comes here
-
-        after_build(project, views)  # the staged folders this checkout left behind, a day on
+        gc.after_build(project, views)  # the staged folders this checkout left behind, a day on
         return outcomes
 
 

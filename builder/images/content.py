@@ -26,6 +26,7 @@ from pathlib import Path
 from docker.utils.build import exclude_paths
 
 from builder.config.project import Project, ResolvedTarget
+from builder.images import layers, render
 
 #: Hex digits of the digest in the tag (48 bits: collisions among one target's versions are not a concern).
 TAG_HEX = 12
@@ -66,7 +67,6 @@ def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
         >>> build_args(project, project.target("cpu"))["WHEELS_TORCH"]  # doctest: +ELLIPSIS
         'torch==2.13.0+cpu --hash=sha256:...'
     """
-    from builder.images import layers
 
     return {"BASE": project.base_for(target.platform), **layers.build_args(project, target)}
 
@@ -96,8 +96,6 @@ def content_tags(
     """
     root = project.root
     if rendered is None:
-        from builder.images import render
-
         rendered = render.render(project, targets)
     included = sorted(p for p in context_paths(root) if (root / p).is_file())
     hashes: dict[str, list[object]] = {}

@@ -38,8 +38,9 @@ from typing import Any, Protocol
 
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
+from builder.config.state import owner, owner_gone
 from builder.images import plan as plans
-from builder.images import publish
+from builder.images import publish, smoke, wheelhouse
 from builder.images.outcome import Outcome
 from builder.oci import faults, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
@@ -76,10 +77,8 @@ SmokeTest = Callable[[Engine, Project, ResolvedTarget, str, Callable[[str], None
 
 def smoke_test(engine: Engine, project: Project, view: ResolvedTarget, image_id: str,
                log: Callable[[str], None]) -> Any:
-    """The smoke test of :mod:`builder.images.smoke` (imported here: only a real build needs it)."""
-    from builder.images.smoke import smoke_test as run
-
-    return run(engine.client, project, view, image_id, log=log)
+    """The smoke test of :mod:`builder.images.smoke`."""
+    return smoke.smoke_test(engine.client, project, view, image_id, log=log)
 
 
 @dataclass(frozen=True)
@@ -172,11 +171,9 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
 
     BuildKit's own step containers are not the engine's: a cancelled build leaves none.
     """
-    from builder.config.state import owner
-    from builder.images.smoke import SMOKE_LABEL
 
     deadline = time.monotonic() + timeout
-    label = f"{SMOKE_LABEL}={owner()}"
+    label = f"{smoke.SMOKE_LABEL}={owner()}"
     while True:
         left = engine.containers(label)
         for cid in left:
@@ -195,11 +192,9 @@ def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[s
     whose label names a process that is certainly gone (:func:`builder.config.state.owner_gone`;
     exited or not). Another live run's, another host's, and every container without the label stay.
     Returns their IDs; *say* gets one line when there were any."""
-    from builder.config.state import owner_gone
-    from builder.images.smoke import SMOKE_LABEL
 
-    gone = [cid for cid, labels in engine.container_labels(SMOKE_LABEL).items()
-            if owner_gone(labels.get(SMOKE_LABEL, ""))]
+    gone = [cid for cid, labels in engine.container_labels(smoke.SMOKE_LABEL).items()
+            if owner_gone(labels.get(smoke.SMOKE_LABEL, ""))]
     for cid in gone:
         engine.remove_container(cid)
     if gone:
@@ -210,7 +205,6 @@ def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[s
 def _stage_wheels(plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
     """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse), or check
     those staged before; *say* gets a line for each folder replaced."""
-    from builder.images import wheelhouse
 
     wheelhouse.build_context(plan.wheels, say=say)
 

@@ -50,7 +50,8 @@ import docker
 from builder.config.files import locked
 from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
 from builder.config.state import state_dir
-from builder.images import lockfile, wheelhouse
+from builder.images import layers, lockfile, wheelhouse
+from builder.images.content import content_tags
 from builder.oci import registry
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
@@ -126,14 +127,12 @@ def referenced_wheels(project: Project) -> set[str]:
 
 def current_contexts(project: Project, views: Iterable[ResolvedTarget] | None = None) -> set[str]:
     """The names of the staged folders the current locks give (:func:`wheelhouse.context_folder`)."""
-    from builder.images import layers
 
     return {wheelhouse.context_folder(layers.context_layers(project, v)).name
             for v in (all_views(project) if views is None else views)}
 
 
 def current_tags(project: Project) -> set[str]:
-    from builder.images.content import content_tags
 
     return set(content_tags(project, all_views(project)).values())
 

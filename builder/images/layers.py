@@ -29,6 +29,7 @@ from builder.config.errors import UserError
 from builder.config.matrix import PACKAGES_LAYER, Matrix
 from builder.config.project import Project, ResolvedTarget
 from builder.images.lockfile import Pin, ordered, read_lock
+from builder.images.locks import shared_lock_path
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,6 @@ def plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None
 
 def shared_and_planned(project: Project, target: ResolvedTarget) -> list[PlannedLayer]:
     """The platform's shared locks as layers (``tools``: the installer; ``common``), then the view's plan."""
-    from builder.images.locks import shared_lock_path
 
     shared = [PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, target.platform))[1]))
               for name in ("tools", "common")]

@@ -29,17 +29,17 @@ Example:
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from builder.config.project import Project, ResolvedTarget
+from builder.images import content, layers, wheelhouse
+from builder.images.lockfile import Pin
 from builder.oci import buildkit, registry
-
-if TYPE_CHECKING:
-    from builder.images.lockfile import Pin
 
 BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
     "build", "smoke", "pull", "tag", "push", "copy-tags", "attest", "record", "index")
@@ -193,7 +193,6 @@ def image_refs(target: ResolvedTarget) -> list[str]:
 def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
     """The folder these layers' wheels are staged in, one folder per layer (nothing is written:
     :func:`builder.images.wheelhouse.build_context` stages it)."""
-    from builder.images import wheelhouse
 
     return wheelhouse.context_folder(wheels)
 
@@ -207,7 +206,6 @@ def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
         >>> list(contexts), Path(contexts["wheels-cuda-dnn"]).name
         (['wheels-tools', 'wheels-cuda-dnn'], 'cuda-dnn')
     """
-    from builder.images import layers
 
     folder = wheels_folder(wheels)
     return {layers.context_name(layer): str(folder / layer) for layer in wheels}
@@ -224,7 +222,6 @@ def request(
     (the view's :func:`builder.images.layers.context_layers`, when the caller has them) name the
     wheel contexts.
     """
-    from builder.images import content, layers
 
     epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
     return buildkit.BuildRequest(
@@ -268,7 +265,6 @@ def build_stages(options: Options) -> tuple[str, ...]:
 def plan_view(project: Project, view: ResolvedTarget, content_tag: str, options: Options,
               labels: Mapping[str, str]) -> ViewPlan:
     """The plan of one target view whose content tag is *content_tag*."""
-    from builder.images import layers
 
     wheels = layers.context_layers(project, view)
     return ViewPlan(
@@ -285,6 +281,23 @@ def plan_view(project: Project, view: ResolvedTarget, content_tag: str, options:
     )
 
 
+def build_labels(root: Path) -> dict[str, str]:
+    """Labels that vary per commit, applied at build time (not rendered, so images/ stays stable).
+
+    ``created`` is the commit time, not the wall clock, so a no-op rebuild stays a cache hit.
+    """
+
+    def git(*args: str) -> str:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    revision = git("rev-parse", "HEAD") or "unknown"
+    if revision != "unknown" and git("status", "--porcelain", "--untracked-files=no"):
+        revision += "-dirty"  # never claim a commit the image was not built from
+    created = git("log", "-1", "--format=%cI") or "1970-01-01T00:00:00Z"
+    return {"org.opencontainers.image.revision": revision, "org.opencontainers.image.created": created}
+
+
 def make_plan(
     project: Project, views: Sequence[ResolvedTarget], options: Options = Options(), *,
     labels: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
@@ -293,14 +306,11 @@ def make_plan(
     """The plan of *views*: one :class:`ViewPlan` each, in order, and with ``push`` one
     :class:`IndexPlan` per target among them with several platforms.
 
-    *labels* are the commit's (default: :func:`builder.images.build.build_labels`, one git call);
+    *labels* are the commit's (default: :func:`build_labels`, one git call);
     *tags* the content tags when known (default: computed from *rendered*, else images/).
     """
-    from builder.images import content
 
     if labels is None:
-        from builder.images.build import build_labels
-
         labels = build_labels(project.root)
     if tags is None:
         tags = content.content_tags(project, list(views), rendered)

@@ -23,6 +23,7 @@ import docker
 from builder.config.errors import TargetFailed
 from builder.config.files import atomic_write, locked, published_path
 from builder.config.project import Project, ResolvedTarget
+from builder.images.content import content_tags
 from builder.images.plan import push_order
 from builder.oci import registry
 from builder.oci.engine import Engine
@@ -81,7 +82,6 @@ def push_index(project: Project, target: ResolvedTarget, revision: str) -> tuple
     smoke-tested) the registry has, so runners that build one platform each converge on an
     index listing all of them.
     """
-    from builder.images.content import content_tags
 
     views = target.views()
     tags = content_tags(project, views)

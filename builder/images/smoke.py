@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docker
+import requests
 from packaging.version import InvalidVersion, Version
+from urllib3.exceptions import ReadTimeoutError
 
 from builder.config import platforms
+from builder.config.errors import TargetFailed
 from builder.config.project import Project, ResolvedTarget
 from builder.config.state import owner
 from builder.host.devices import device_options
@@ -78,11 +81,6 @@ def run_container(
     build`` removes its own, the next build those of a killed one.
     A container still running after *timeout* seconds fails the target (TargetFailed).
     """
-    import requests
-    from urllib3.exceptions import ReadTimeoutError
-
-    from builder.config.errors import TargetFailed
-
     container = client.containers.create(
         image, command, labels={SMOKE_LABEL: owner()}, network_mode="none", **kwargs
     )
