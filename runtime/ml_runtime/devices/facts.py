@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import sys
@@ -48,8 +49,6 @@ def metadata_torch_facts() -> TorchFacts:
         >>> metadata_torch_facts().devices
         []
     """
-    import importlib.metadata
-
     try:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -278,8 +277,6 @@ def torch_install_key() -> str | None:
         >>> key is None or len(key) == 64
         True
     """
-    import importlib.metadata
-
     try:
         dist = importlib.metadata.distribution("torch")
     except importlib.metadata.PackageNotFoundError:
