@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ml_runtime.contract.spec import env_mode, load_spec, resolve_mode
+from ml_runtime.contract.locate import load_spec
+from ml_runtime.contract.spec import Spec, env_mode, resolve_mode
 from ml_runtime.errors import EXIT_CONTRACT, EXIT_OK, ConfigError
 
 if TYPE_CHECKING:
     from ml_runtime.contract.result import CheckResult
-    from ml_runtime.contract.spec import Spec
     from ml_runtime.policy.config import AcceleratorConfig
     from ml_runtime.policy.selection import Selection
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from ml_runtime.contract.checks import run_checks
 from ml_runtime.contract.fields import version_tuple
-from ml_runtime.contract.spec import parse_spec
+from ml_runtime.contract.spec_file import parse_spec
 from ml_runtime.devices.facts import TorchFacts
 from ml_runtime.devices.host import HostFacts
 from ml_runtime.devices.probe import build_probe

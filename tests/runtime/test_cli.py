@@ -175,10 +175,10 @@ def test_help_and_spec_parsing_do_not_import_torch(cli_env):
     code = (
         "import sys, contextlib, io\n"
         "from ml_runtime import cli\n"
-        "from ml_runtime.contract import checks, spec\n"
+        "from ml_runtime.contract import checks, locate, spec\n"
         "from ml_runtime.devices import metrics\n"
         "from ml_runtime.policy import selection\n"
-        "spec.load_spec(environ={'RUNTIME_WORKSPACE': '/nonexistent'})\n"
+        "locate.load_spec(environ={'RUNTIME_WORKSPACE': '/nonexistent'})\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass\n"
         "print('torch' in sys.modules)\n"

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from ml_runtime import get_device, get_gpu_metrics
 from ml_runtime.contract.checks import check_capability
+from ml_runtime.contract.locate import load_spec
 from ml_runtime.contract.packages import check_wheel
-from ml_runtime.contract.spec import Dependency, load_spec
+from ml_runtime.contract.spec import Dependency
 from ml_runtime.devices.capability import intel_capability, parse_capability
 from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 

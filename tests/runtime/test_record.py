@@ -14,7 +14,9 @@ from pathlib import Path
 
 from ml_runtime.contract import record
 from ml_runtime.contract.fields import load_yaml_mapping
-from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, load_spec, parse_spec
+from ml_runtime.contract.locate import load_spec
+from ml_runtime.contract.spec import DEFAULT_SPEC_PATH
+from ml_runtime.contract.spec_file import parse_spec
 
 START = (
     "import sys, contextlib, io\n"

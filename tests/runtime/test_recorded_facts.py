@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from ml_runtime.contract.checks import run_checks
 from ml_runtime.contract.fields import load_yaml_mapping
-from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, parse_spec
+from ml_runtime.contract.spec import DEFAULT_SPEC_PATH
+from ml_runtime.contract.spec_file import parse_spec
 from ml_runtime.devices import facts as facts_module
 from ml_runtime.devices import host
-from ml_runtime.devices.facts import gather_torch_facts
+from ml_runtime.devices.facts import gather_torch_facts, record_torch_facts
 from ml_runtime.devices.host import gather_host_facts
-from ml_runtime.devices.isolated import record_torch_facts, recorded_torch_facts
+from ml_runtime.devices.isolated import recorded_torch_facts
 from ml_runtime.devices.probe import build_probe, classify
 
 SPECS = [

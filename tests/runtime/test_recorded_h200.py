@@ -10,8 +10,9 @@ from pathlib import Path
 
 from ml_runtime.api import notes_fields
 from ml_runtime.contract.checks import run_checks
+from ml_runtime.contract.locate import load_spec
 from ml_runtime.contract.packages import check_wheel
-from ml_runtime.contract.spec import Dependency, load_spec
+from ml_runtime.contract.spec import Dependency
 from ml_runtime.devices.capability import parse_capability
 from ml_runtime.devices.probe import DeviceInfo, ProbeResult
 from ml_runtime.devices.smi import DeviceMetrics

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ml_runtime.contract.spec import parse_spec
-from ml_runtime.contract.spec_file import SpecFile
+from ml_runtime.contract.spec_file import SpecFile, parse_spec
 from ml_runtime.errors import ConfigError
 from ml_runtime.policy.config import CONFIG_KEYS, SPEC_KEYS
 from ml_runtime.policy.config_file import ConfigFile

@@ -6,14 +6,9 @@ from pathlib import Path
 
 import pytest
 from ml_runtime.contract.fields import load_yaml_mapping
-from ml_runtime.contract.spec import (
-    DEFAULT_SPEC_PATH,
-    env_mode,
-    load_spec,
-    parse_spec,
-    resolve_mode,
-    resolve_spec_path,
-)
+from ml_runtime.contract.locate import load_spec, resolve_spec_path
+from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, env_mode, resolve_mode
+from ml_runtime.contract.spec_file import parse_spec
 from ml_runtime.devices.capability import Capability
 from ml_runtime.errors import ConfigError
 

@@ -14,7 +14,7 @@ Report lines::
 Example:
     >>> from ml_runtime.devices.facts import TorchFacts
     >>> from ml_runtime.devices.probe import build_probe
-    >>> from ml_runtime.contract.spec import parse_spec
+    >>> from ml_runtime.contract.spec_file import parse_spec
     >>> spec = parse_spec({"required_features": [{"gpu_compute_capability": "sm_80"}]}, "s.yaml")
     >>> result = run_checks(spec, build_probe(TorchFacts(torch_version="2.6.0+cpu")))
     >>> result[0].line("strict")
@@ -43,7 +43,7 @@ def run_checks(
     Example:
         >>> from ml_runtime.devices.facts import TorchFacts
         >>> from ml_runtime.devices.probe import build_probe
-        >>> from ml_runtime.contract.spec import parse_spec
+        >>> from ml_runtime.contract.spec_file import parse_spec
         >>> spec = parse_spec({"dependencies": [{"name": "pytorch", "version_range": ">=2.0"}]}, "s")
         >>> run_checks(spec, build_probe(TorchFacts(torch_version="2.13.0+cpu")))[0].ok
         True

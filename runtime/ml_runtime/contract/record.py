@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ml_runtime.contract.fields import load_yaml_mapping
-from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, Dependency, DriverRequirement, Spec, parse_spec
+from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, Dependency, DriverRequirement, Spec
 from ml_runtime.devices.capability import Capability, parse_capability
 from ml_runtime.errors import ConfigError
 
@@ -63,6 +63,9 @@ def record_spec(path: Path = RECORD_FILE) -> Spec:
         >>> record_spec(Path(tempfile.mkdtemp()) / "spec.json").dependencies[0].name
         'pytorch'
     """
+    # Here, not at the top: every start imports this module; pydantic (~0.2 s) is for the image build.
+    from ml_runtime.contract.spec_file import parse_spec
+
     label = str(DEFAULT_SPEC_PATH)
     spec = parse_spec(load_yaml_mapping(DEFAULT_SPEC_PATH, label), label)
     document = {"spec_key": spec_key(), "spec": _to_data(spec)}

@@ -1,13 +1,4 @@
-"""The runtime contract (``runtime-spec.yaml``): locating, loading, validating.
-
-Which file is used (the first found wins as a whole; files are not merged):
-
-1. ``--spec PATH`` (``runtime-checker --config PATH``)
-2. the path in ``$RUNTIME_SPEC``
-3. ``runtime_contract`` in accelerator-config.yaml (relative to that file)
-4. ``/workspace/runtime-spec.yaml`` (the directory can be moved with
-   ``$RUNTIME_WORKSPACE``)
-5. the packaged ``default-spec.yaml``
+"""The runtime contract (``runtime-spec.yaml``) as the checks read it: :class:`Spec`, and the modes.
 
 Format (exactly what users write)::
 
@@ -23,16 +14,17 @@ Format (exactly what users write)::
         vendor_agnostic_wheel: true       # torch is the official build the image's wheel mapping names
     mode: strict                          # strict | warn | off
 
-The keys and values are pydantic models (:mod:`ml_runtime.contract.spec_file`, imported only
-when a file is validated); every problem is one line ``FILE: KEY.PATH: problem`` raised as
+Which file is used, and reading it: :mod:`ml_runtime.contract.locate`. A file is validated into
+a :class:`Spec` by :func:`~ml_runtime.contract.spec_file.parse_spec` (pydantic models, imported
+only then); every problem is one line ``FILE: KEY.PATH: problem`` raised as
 :class:`~ml_runtime.errors.ConfigError`. The image's own default spec is validated once, at image
 build (:mod:`ml_runtime.contract.record`): a container start that uses it unchanged reads the
 record instead (no pydantic, no YAML). Any other file is validated in full every time.
 
 Example:
-    >>> spec = parse_spec({"required_features": [{"device_memory_gb": 40}]}, "runtime-spec.yaml")
-    >>> spec.features["device_memory_gb"], spec.mode
-    (40.0, 'strict')
+    >>> spec = Spec(source="runtime-spec.yaml", features={"device_memory_gb": 40.0})
+    >>> spec.features["device_memory_gb"], spec.mode, spec.required_vendor
+    (40.0, 'strict', None)
 """
 
 from __future__ import annotations
@@ -45,11 +37,9 @@ from typing import Any
 
 from packaging.specifiers import SpecifierSet
 
-from ml_runtime.contract.fields import load_yaml_mapping, workspace_dir
 from ml_runtime.devices.capability import Capability
 from ml_runtime.errors import ConfigError
 
-SPEC_FILENAME = "runtime-spec.yaml"
 DEFAULT_SPEC_PATH = Path(__file__).resolve().parents[1] / "default-spec.yaml"
 MODES = ("strict", "warn", "off")
 TORCH_NAMES = ("pytorch", "torch")
@@ -128,82 +118,6 @@ class Spec:
         """Vendor implied by ``gpu_compute_capability`` (None if absent)."""
         cap = self.features.get("gpu_compute_capability")
         return cap.vendor if isinstance(cap, Capability) else None
-
-
-def parse_spec(data: dict[str, Any], source: str) -> Spec:
-    """Validate a loaded spec mapping into a :class:`Spec`.
-
-    Example:
-        >>> parse_spec({"required_features": [{"gpu_compute_capability": "sm8"}]}, "runtime-spec.yaml")
-        Traceback (most recent call last):
-        ...
-        ml_runtime.errors.ConfigError: runtime-spec.yaml: required_features[0].gpu_compute_capability: ...
-    """
-    from ml_runtime.contract.schema import validate
-    from ml_runtime.contract.spec_file import SpecFile
-
-    spec = validate(SpecFile, data, source)
-    dependencies = tuple(
-        Dependency.of(
-            d.name, d.version_range, d.full_distribution, d.vendor_agnostic_wheel, f"dependencies[{i}]"
-        )
-        for i, d in enumerate(spec.dependencies or ())
-    )
-    features = dict(spec.features())
-    return Spec(source=source, features=features, dependencies=dependencies, mode=spec.mode)
-
-
-def resolve_spec_path(
-    cli_path: str | None, environ: Mapping[str, str] | None = None, contract: Path | None = None
-) -> tuple[Path, str]:
-    """(path, label) of the spec to use, following the documented precedence.
-
-    ``contract`` is accelerator-config.yaml's ``runtime_contract``, already resolved.
-
-    Example:
-        >>> resolve_spec_path(None, {"RUNTIME_WORKSPACE": "/nonexistent"})[0] == DEFAULT_SPEC_PATH
-        True
-    """
-    env = os.environ if environ is None else environ
-    if cli_path:
-        path = Path(cli_path)
-        if not path.is_file():
-            raise ConfigError(f"{cli_path}: spec file not found (from --spec)")
-        return path, cli_path
-    env_path = env.get("RUNTIME_SPEC")
-    if env_path:
-        if not Path(env_path).is_file():
-            raise ConfigError(f"{env_path}: spec file not found (from RUNTIME_SPEC)")
-        return Path(env_path), env_path
-    if contract is not None:
-        if not contract.is_file():
-            raise ConfigError(
-                f"{contract}: spec file not found (from runtime_contract in accelerator-config.yaml)"
-            )
-        return contract, str(contract)
-    candidate = workspace_dir(env) / SPEC_FILENAME
-    if candidate.is_file():
-        return candidate, str(candidate)
-    return DEFAULT_SPEC_PATH, str(DEFAULT_SPEC_PATH)
-
-
-def load_spec(
-    cli_path: str | None = None, environ: Mapping[str, str] | None = None, contract: Path | None = None
-) -> Spec:
-    """Locate, read and validate the spec.
-
-    Example:
-        >>> load_spec(environ={"RUNTIME_WORKSPACE": "/nonexistent"}).dependencies[0].name
-        'pytorch'
-    """
-    path, label = resolve_spec_path(cli_path, environ, contract)
-    if path == DEFAULT_SPEC_PATH:  # validated at image build, unless it changed since
-        from ml_runtime.contract.record import recorded_spec
-
-        recorded = recorded_spec(label)
-        if recorded is not None:
-            return recorded
-    return parse_spec(load_yaml_mapping(path, label), label)
 
 
 def env_mode(environ: Mapping[str, str] | None = None) -> str | None:

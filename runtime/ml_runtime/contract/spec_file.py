@@ -1,5 +1,5 @@
-"""``runtime-spec.yaml`` as pydantic models: what each key takes (:mod:`ml_runtime.contract.spec`
-turns the result into a :class:`~ml_runtime.contract.spec.Spec`).
+"""``runtime-spec.yaml`` as pydantic models: what each key takes, and :func:`parse_spec`, which
+turns a validated file into a :class:`~ml_runtime.contract.spec.Spec`.
 
 ``required_features`` is the list of single-key mappings users write, or one plain mapping;
 problems are reported by :func:`~ml_runtime.contract.schema.validate`.
@@ -27,8 +27,9 @@ from ml_runtime.contract.schema import (
     one_of,
     positive_number,
     problem,
+    validate,
 )
-from ml_runtime.contract.spec import MODES, TORCH_NAMES, DriverRequirement
+from ml_runtime.contract.spec import MODES, TORCH_NAMES, Dependency, DriverRequirement, Spec
 
 
 def _bandwidth(value: Any) -> Union[float, str]:
@@ -148,3 +149,26 @@ class SpecFile(Section):
         entries = raw if isinstance(raw, list) else [raw] if raw is not None else []
         return [(key, _requirement(value) if key == "driver_version_min" else value)
                 for entry in entries for key, value in entry.items()]
+
+
+def parse_spec(data: dict[str, Any], source: str) -> Spec:
+    """Validate a loaded spec mapping into a :class:`~ml_runtime.contract.spec.Spec`.
+
+    Example:
+        >>> spec = parse_spec({"required_features": [{"device_memory_gb": 40}]}, "runtime-spec.yaml")
+        >>> spec.features["device_memory_gb"], spec.mode
+        (40.0, 'strict')
+        >>> parse_spec({"required_features": [{"gpu_compute_capability": "sm8"}]}, "runtime-spec.yaml")
+        Traceback (most recent call last):
+        ...
+        ml_runtime.errors.ConfigError: runtime-spec.yaml: required_features[0].gpu_compute_capability: ...
+    """
+    spec = validate(SpecFile, data, source)
+    dependencies = tuple(
+        Dependency.of(
+            d.name, d.version_range, d.full_distribution, d.vendor_agnostic_wheel, f"dependencies[{i}]"
+        )
+        for i, d in enumerate(spec.dependencies or ())
+    )
+    features = dict(spec.features())
+    return Spec(source=source, features=features, dependencies=dependencies, mode=spec.mode)

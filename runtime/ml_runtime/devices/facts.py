@@ -21,6 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import sys
@@ -47,8 +49,6 @@ def metadata_torch_facts() -> TorchFacts:
         >>> metadata_torch_facts().devices
         []
     """
-    import importlib.metadata
-
     try:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -269,10 +269,46 @@ def _gather_distributed(facts: TorchFacts) -> None:
     facts.distributed_backends["ccl"] = ccl_bindings_installed()
 
 
+def torch_install_key() -> str | None:
+    """A digest of the installed torch's version and file list (its RECORD), None without torch.
+
+    Example:
+        >>> key = torch_install_key()
+        >>> key is None or len(key) == 64
+        True
+    """
+    try:
+        dist = importlib.metadata.distribution("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    record = dist.read_text("RECORD") or ""
+    return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
+
+
+def record_torch_facts(path: Path) -> TorchFacts:
+    """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
+
+    Run at image build, where no accelerator is visible; the JSON is byte-stable (sorted keys),
+    so the layer holding it stays reproducible.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "facts.json"
+        >>> record_torch_facts(out).devices
+        []
+    """
+    facts = gather_torch_facts()
+    document = {"torch_install": torch_install_key(), "facts": facts.to_dict()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
+    return facts
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ml_runtime.devices.facts [--bandwidth]``: print the facts as one marked JSON line.
 
-    ``--record FILE`` writes them instead, for :func:`recorded_torch_facts` (the image build).
+    ``--record FILE`` writes them instead (:func:`record_torch_facts`, the image build), for
+    :func:`~ml_runtime.devices.isolated.recorded_torch_facts`.
 
     Example:
         >>> main([])  # doctest: +ELLIPSIS
@@ -281,8 +317,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--record"] and len(args) == 2:
-        from ml_runtime.devices.isolated import record_torch_facts  # the image build only
-
         facts = record_torch_facts(Path(args[1]))
         if facts.torch_version is None:
             print(f"torch facts not recorded: {facts.import_error}", file=sys.stderr)

@@ -3,8 +3,9 @@
 ``runtime-check exec`` replaces itself with the user's command, so it never initialises an
 accelerator itself: :func:`gather_torch_facts_isolated` asks a child (``python -m
 ml_runtime.devices.facts``) within :func:`probe_timeout` seconds. On a host without an
-accelerator device node the facts recorded at image build (:func:`record_torch_facts`) are
-read instead, for as long as the installed torch is the one they were recorded from.
+accelerator device node the facts recorded at image build
+(:func:`~ml_runtime.devices.facts.record_torch_facts`) are read instead, for as long as the
+installed torch is the one they were recorded from.
 
 Example:
     >>> recorded_torch_facts(Path("/nonexistent.json")) is None
@@ -13,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ml_runtime.devices.facts import FACTS_MARKER, TorchFacts, ccl_bindings_installed, gather_torch_facts
+from ml_runtime.devices.facts import FACTS_MARKER, TorchFacts, ccl_bindings_installed, torch_install_key
 from ml_runtime.devices.host import accelerator_nodes
 
 #: How long the isolated probe may take (a wedged GPU driver must not stall every container
@@ -55,43 +55,6 @@ def probe_timeout() -> float:
     return value if value > 0 else ISOLATED_TIMEOUT_S
 
 
-def torch_install_key() -> str | None:
-    """A digest of the installed torch's version and file list (its RECORD), None without torch.
-
-    Example:
-        >>> key = torch_install_key()
-        >>> key is None or len(key) == 64
-        True
-    """
-    import importlib.metadata
-
-    try:
-        dist = importlib.metadata.distribution("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    record = dist.read_text("RECORD") or ""
-    return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
-
-
-def record_torch_facts(path: Path) -> TorchFacts:
-    """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
-
-    Run at image build, where no accelerator is visible; the JSON is byte-stable (sorted keys),
-    so the layer holding it stays reproducible.
-
-    Example:
-        >>> import tempfile
-        >>> out = Path(tempfile.mkdtemp()) / "facts.json"
-        >>> record_torch_facts(out).devices
-        []
-    """
-    facts = gather_torch_facts()
-    document = {"torch_install": torch_install_key(), "facts": facts.to_dict()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
-    return facts
-
-
 def recorded_torch_facts(
     path: Path | None = None, environ: Mapping[str, str] | None = None
 ) -> TorchFacts | None:
@@ -123,13 +86,14 @@ def recorded_torch_facts(
 def gather_torch_facts_isolated(
     measure_bandwidth: bool = False, timeout: float | None = None
 ) -> TorchFacts:
-    """:func:`gather_torch_facts` in a child Python; never raises.
+    """:func:`~ml_runtime.devices.facts.gather_torch_facts` in a child Python; never raises.
 
     ``runtime-check exec`` replaces itself with the user's command, so it must
     not initialise an accelerator itself: a device context or open device file
     could outlive the exec and hold memory. The child exits after reporting.
 
     Example:
+        >>> from ml_runtime.devices.facts import gather_torch_facts
         >>> gather_torch_facts_isolated().torch_version == gather_torch_facts().torch_version
         True
     """

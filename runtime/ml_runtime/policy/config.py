@@ -100,6 +100,7 @@ def parse_accelerator_config(
         >>> cfg.backend, str(cfg.runtime_contract)
         ('xpu', 'cfg/s.yaml')
     """
+    # Here, not at the top: pydantic (~0.2 s) is imported only when a config file is validated.
     from ml_runtime.contract.schema import validate
     from ml_runtime.policy.config_file import ConfigFile
 

@@ -32,10 +32,21 @@ from ml_runtime.contract.schema import (
     problem,
 )
 from ml_runtime.policy.priorities import POLICY_TYPES, VENDOR_ALIASES, VENDORS
-from ml_runtime.policy.tuning import AMP_DTYPES
 
 BACKENDS = ("auto", "cuda", "rocm", "xpu", "cpu")
 BACKEND_ALIASES = {"oneapi": "xpu"}
+
+#: ``amp_config.dtype``'s spellings, and the ACCELERATE_MIXED_PRECISION value each one means.
+AMP_DTYPES = {
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float32": "no",
+    "fp32": "no",
+    "no": "no",
+}
 
 Vendor = Annotated[Optional[str], one_of(VENDORS)]
 

@@ -17,19 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: config_file imports pydantic (~0.2 s), which a start without a config skips
     from ml_runtime.policy.config_file import AmpConfig, RocmConfig
-
-AMP_DTYPES = {
-    "float16": "fp16",
-    "fp16": "fp16",
-    "half": "fp16",
-    "bfloat16": "bf16",
-    "bf16": "bf16",
-    "float32": "no",
-    "fp32": "no",
-    "no": "no",
-}
 
 XNACK_VARIABLE = "HSA_XNACK"
 
