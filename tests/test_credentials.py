@@ -30,7 +30,7 @@ import pytest
 from builder.config.project import load_project
 from builder.config.urls import public
 from builder.oci import buildkit, registry, secrets
-from builder.oci.faults import RegistryFault
+from builder.oci.registry import RegistryFault
 from builder.supply import cosign, provenance, signing
 from devtools.support import copy_project
 
