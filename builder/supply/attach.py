@@ -163,34 +163,3 @@ class Attach:
             raise TargetFailed(f"signing the index failed: {exc}") from None
         self.say(f"{target.name}: signed the index {image}")
         return done
-
-
-def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, str, str | None]], signer: SigningKey,
-                     say: Callable[[str], object]) -> dict[str, str]:
-    """Attach to every pushed ``(target view, manifest digest, content tag)``, and sign the index of each
-    multi-platform target among them; return {unit: error} for those that failed.
-
-    Each record in dist/published.json gets ``attachments``: {kind: referrer digest}. (``builder
-    build --push`` and ``builder push`` run :class:`Attach` as a stage instead, and record once.)
-    """
-    from builder.images.publish import amend
-
-    attach = Attach(project, signer, say)
-    failed: dict[str, str] = {}
-    for target, digest, content_tag in pushed:
-        try:
-            amend(project.root, target.unit, {"attachments": attach.image(target, digest, content_tag)})
-        except TargetFailed as exc:
-            failed[target.unit] = str(exc)
-    for name in dict.fromkeys(t.name for t, _, _ in pushed if len(t.platforms) > 1):
-        ref = project.target(name).primary_ref
-        try:
-            index = registry.manifest_digest(ref, registry.credentials(registry.Ref.parse(ref).host))
-            if index is None:
-                continue
-            amend(project.root, name, {"attachments": attach.index(project.target(name), index)})
-        except TargetFailed as exc:
-            failed[name] = str(exc)
-        except UserError as exc:
-            failed[name] = f"signing the index failed: {exc}"
-    return failed
