@@ -36,6 +36,7 @@ from builder.config.project import Project, load_project
 from builder.images import publish
 from builder.oci import artifacts, registry
 from builder.supply import attach, provenance, sbom, signing
+from builder.supply.cosign import KEY_ENV, PREDICATE_TYPES
 from devtools.support import (
     REPO,
     copy_project,
@@ -171,9 +172,9 @@ def test_a_pem_key_becomes_a_cosign_key_that_cosign_reads(keys, tmp_path):
     assert key is not None
     assert key.public_key.keyid == signing.load_public_key(str(keys["public"])).keyid
     env = key.cosign_env()
-    assert env[signing.KEY_ENV].startswith("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----")
+    assert env[KEY_ENV].startswith("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----")
     assert keys["private"].read_text() not in repr(key)
-    run = cosign("public-key", "--key", f"env://{signing.KEY_ENV}", env=env)
+    run = cosign("public-key", "--key", f"env://{KEY_ENV}", env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout == keys["public"].read_text()
     for private in (ed25519.Ed25519PrivateKey.generate(), ec.generate_private_key(ec.SECP384R1())):
@@ -181,7 +182,7 @@ def test_a_pem_key_becomes_a_cosign_key_that_cosign_reads(keys, tmp_path):
         (tmp_path / "k.pem").write_bytes(pem)
         other = signing.load_signer(str(tmp_path / "k.pem"), {})
         assert other is not None
-        assert cosign("public-key", "--key", f"env://{signing.KEY_ENV}", env=other.cosign_env()).stdout == public.decode()
+        assert cosign("public-key", "--key", f"env://{KEY_ENV}", env=other.cosign_env()).stdout == public.decode()
 
 
 def test_cosign_own_key_format_with_its_password(tmp_path):
@@ -517,7 +518,7 @@ def test_signing_again_does_not_pile_up(published, keys):
     assert again["sig"] == first["sig"]  # cosign added no second signature: the same referrer
     assert len(_manifest(f"{name}:sha256-{_hex(digest)}.sig")["layers"]) == 1
     layers = _manifest(f"{name}:sha256-{_hex(digest)}.att")["layers"]
-    assert sorted(la["annotations"]["predicateType"] for la in layers) == sorted(attach.PREDICATE_TYPES.values())
+    assert sorted(la["annotations"]["predicateType"] for la in layers) == sorted(PREDICATE_TYPES.values())
     assert sorted(d["digest"] for d in discover(image)) == sorted(again.values())
     assert cosign_passes(image, keys["public"]) == [True, True, True]
 
