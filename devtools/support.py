@@ -61,16 +61,6 @@ def free_port() -> int:
         return port
 
 
-def port_free(port: int) -> bool:
-    """True when nothing listens on the loopback *port* (it can be bound now)."""
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def edit_matrix(root: Path, **changes: object) -> dict[str, Any]:
     """Rewrite keys of root/matrix.yaml; return the new document."""
     path = root / "matrix.yaml"

@@ -128,6 +128,13 @@ def discover(ref: str) -> list[dict[str, Any]]:
     return found
 
 
+def delete_manifest(ref: str) -> None:
+    """oras deletes the manifest *ref* names (the registry must allow deletes): an attachment removed."""
+    run = subprocess.run(["oras", "manifest", "delete", "--plain-http", "--force", ref], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+
+
 def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: dict[str, str] | None = None) -> str:
     """Load an image of one file (/arch.txt) whose config says *arch* (and has *labels*); return its ID.
 

@@ -30,7 +30,7 @@ import pytest
 from builder.config.project import load_project
 from builder.config.urls import public
 from builder.oci import buildkit, registry, secrets
-from builder.oci.faults import RegistryFault
+from builder.oci.registry import RegistryFault
 from builder.supply import cosign, provenance, signing
 from devtools.support import copy_project
 
@@ -213,7 +213,7 @@ SECRETS = {"BUILDER_REGISTRY_USER": "ci", "BUILDER_REGISTRY_PASSWORD": TOKEN, "B
 
 
 def test_every_signing_variable_is_a_secret():
-    for name in (signing.SIGNING_ENV, signing.PASSWORD_ENV, signing.COSIGN_PASSWORD_ENV, signing.KEY_ENV):
+    for name in (signing.SIGNING_ENV, signing.PASSWORD_ENV, cosign.COSIGN_PASSWORD_ENV, cosign.KEY_ENV):
         assert name in secrets.SECRET_ENV
 
 
@@ -237,10 +237,10 @@ def test_cosign_gets_no_secret_but_its_key(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     for key, value in SECRETS.items():
         monkeypatch.setenv(key, value)
-    proc = cosign._run(["version"], {signing.KEY_ENV: "the-key", signing.COSIGN_PASSWORD_ENV: "its-password"})
+    proc = cosign._run(["version"], {cosign.KEY_ENV: "the-key", cosign.COSIGN_PASSWORD_ENV: "its-password"})
     seen = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
     assert TOKEN not in proc.stdout
-    assert seen[signing.KEY_ENV] == "the-key" and seen["COSIGN_PASSWORD"] == "its-password"
+    assert seen[cosign.KEY_ENV] == "the-key" and seen["COSIGN_PASSWORD"] == "its-password"
     assert "BUILDER_REGISTRY_PASSWORD" not in seen and "BUILDER_REGISTRY_USER" not in seen
 
 

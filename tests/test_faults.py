@@ -115,7 +115,7 @@ def test_a_token_endpoint_that_refuses_is_one_line_naming_the_registry(status, f
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host = f"127.0.0.1:{server.server_address[1]}"
     try:
-        with pytest.raises(faults.RegistryFault) as caught:
+        with pytest.raises(registry.RegistryFault) as caught:
             registry.manifest_digest(f"{host}/ml-runtime:cpu", {"username": "u", "password": "expired"})
     finally:
         server.shutdown()

@@ -21,13 +21,22 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-from helpers import cosign, cosign_passes, cosign_verify, discover, require_peers, run_builder
+from helpers import (
+    cosign,
+    cosign_passes,
+    cosign_verify,
+    delete_manifest,
+    discover,
+    require_peers,
+    run_builder,
+)
 
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.images import publish
 from builder.oci import artifacts, registry
 from builder.supply import attach, provenance, sbom, signing
+from builder.supply.cosign import KEY_ENV, PREDICATE_TYPES
 from devtools.support import (
     REPO,
     copy_project,
@@ -163,9 +172,9 @@ def test_a_pem_key_becomes_a_cosign_key_that_cosign_reads(keys, tmp_path):
     assert key is not None
     assert key.public_key.keyid == signing.load_public_key(str(keys["public"])).keyid
     env = key.cosign_env()
-    assert env[signing.KEY_ENV].startswith("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----")
+    assert env[KEY_ENV].startswith("-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----")
     assert keys["private"].read_text() not in repr(key)
-    run = cosign("public-key", "--key", f"env://{signing.KEY_ENV}", env=env)
+    run = cosign("public-key", "--key", f"env://{KEY_ENV}", env=env)
     assert run.returncode == 0, run.stderr
     assert run.stdout == keys["public"].read_text()
     for private in (ed25519.Ed25519PrivateKey.generate(), ec.generate_private_key(ec.SECP384R1())):
@@ -173,7 +182,7 @@ def test_a_pem_key_becomes_a_cosign_key_that_cosign_reads(keys, tmp_path):
         (tmp_path / "k.pem").write_bytes(pem)
         other = signing.load_signer(str(tmp_path / "k.pem"), {})
         assert other is not None
-        assert cosign("public-key", "--key", f"env://{signing.KEY_ENV}", env=other.cosign_env()).stdout == public.decode()
+        assert cosign("public-key", "--key", f"env://{KEY_ENV}", env=other.cosign_env()).stdout == public.decode()
 
 
 def test_cosign_own_key_format_with_its_password(tmp_path):
@@ -415,7 +424,7 @@ def test_verify_fails_on_a_deleted_attachment(published, keys):
     digest = push_tiny_image(name, "cpu-partial", "a fourth image")
     attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
     assert cosign_passes(f"{name}:cpu-partial", keys["public"]) == [True, True, True]
-    artifacts.delete_manifest(name, registry.manifest_digest(f"{name}:sha256-{_hex(digest)}.att") or "")
+    delete_manifest(f"{name}:sha256-{_hex(digest)}.att")
     run = _verify(f"{name}:cpu-partial", keys["public"], published["root"])
     assert run.returncode == 1
     lines = run.stdout.splitlines()
@@ -429,7 +438,7 @@ def test_verify_fails_on_a_deleted_signature(published, keys):
     name, project = published["name"], published["project"]
     digest = push_tiny_image(name, "cpu-unsigned", "a fifth image")
     attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
-    artifacts.delete_manifest(name, registry.manifest_digest(f"{name}:sha256-{_hex(digest)}.sig") or "")
+    delete_manifest(f"{name}:sha256-{_hex(digest)}.sig")
     run = _verify(f"{name}:cpu-unsigned", keys["public"], published["root"])
     assert run.returncode == 1
     assert run.stdout.splitlines()[0] == \
@@ -440,7 +449,8 @@ def test_verify_fails_on_a_deleted_signature(published, keys):
 
 def test_verify_of_an_index_checks_it_and_every_platform(published, keys):
     """A multi-platform target: each platform image carries the three, the index its own signature;
-    cosign verifies each, and oras finds each one's referrers."""
+    cosign verifies each, and oras finds each one's referrers. Attached by the executor's ``attest``
+    stage (:class:`attach.Attach`), each view's then the index's, and recorded with the records."""
     name, project, signer = published["name"], published["project"], published["signer"]
     target = project.target("nvidia-cu130")
     pushed = []
@@ -448,10 +458,11 @@ def test_verify_of_an_index_checks_it_and_every_platform(published, keys):
         digest = push_tiny_image(name, f"nvidia-cu130-{view.arch}", f"nvidia {view.arch}", view.arch)
         pushed.append((view, digest, None))
     index = registry.put_index(f"{name}:nvidia-cu130", [(v.platform, d) for v, d, _ in pushed])
-    publish.record(project.root, [{"target": v.unit, "digest": d} for v, d, _ in pushed]
-                   + [{"target": "nvidia-cu130", "digest": index}])
     said: list[str] = []
-    assert attach.attest_published(project, pushed, signer, said.append) == {}
+    stage = attach.Attach(project, signer, said.append)
+    publish.record(project.root, [{"target": v.unit, "digest": d, "attachments": stage.image(v, d, tag)}
+                                  for v, d, tag in pushed]
+                   + [{"target": "nvidia-cu130", "digest": index, "attachments": stage.index(target, index)}])
     assert said[-1] == f"nvidia-cu130: signed the index {name}@{index}"
     records = json.loads((project.root / "dist/published.json").read_text())
     assert set(records["nvidia-cu130 (linux/arm64)"]["attachments"]) == {"sig", "sbom", "att"}
@@ -487,8 +498,8 @@ def test_pushing_a_signed_image_again_keeps_its_attachments(published):
     """A reused image pushed again (same digest) keeps the documents made when it was first pushed."""
     project, name, digest = published["project"], published["name"], published["digest"]
     said: list[str] = []
-    assert attach.attest_published(project, [(project.target("cpu"), digest, None)], published["signer"],
-                                   said.append) == {}
+    stage = attach.Attach(project, published["signer"], said.append)  # the executor's attest stage
+    assert stage.image(project.target("cpu"), digest, None) == published["attachments"]
     assert said == [f"cpu: {name}@{digest} already carries sig, sbom, att signed by this key"]
     assert attach.already_attested(f"{name}@{digest}", published["signer"]) == published["attachments"]
     (published["root"] / "stranger.pem").write_bytes(_pem_pair(ec.generate_private_key(ec.SECP256R1()))[0])
@@ -507,7 +518,7 @@ def test_signing_again_does_not_pile_up(published, keys):
     assert again["sig"] == first["sig"]  # cosign added no second signature: the same referrer
     assert len(_manifest(f"{name}:sha256-{_hex(digest)}.sig")["layers"]) == 1
     layers = _manifest(f"{name}:sha256-{_hex(digest)}.att")["layers"]
-    assert sorted(la["annotations"]["predicateType"] for la in layers) == sorted(attach.PREDICATE_TYPES.values())
+    assert sorted(la["annotations"]["predicateType"] for la in layers) == sorted(PREDICATE_TYPES.values())
     assert sorted(d["digest"] for d in discover(image)) == sorted(again.values())
     assert cosign_passes(image, keys["public"]) == [True, True, True]
 

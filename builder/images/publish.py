@@ -123,19 +123,3 @@ def record(root: Path, records: list[dict[str, Any]]) -> Path:
             current[rec["target"]] = rec
         atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
     return path
-
-
-def amend(root: Path, key: str, fields: dict[str, Any]) -> None:
-    """Add *fields* to the dist/published.json record of *key* (a target view's unit or a target's name), if any.
-
-    Example:
-        >>> amend(project.root, "cpu", {"attachments": {"sig": "sha256:..."}})
-    """
-    path = published_path(root)
-    if not path.exists():
-        return
-    with locked(path.with_name(path.name + ".lock")):
-        current = _read(path)
-        if key in current:
-            current[key] = {**current[key], **fields}
-            atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")

@@ -86,12 +86,6 @@ def put_manifest(name: str, reference: str, body: bytes, media_type: str,
     return digest_of(body)
 
 
-def delete_manifest(name: str, digest: str, creds: dict[str, str] | None = None) -> None:
-    """Delete a manifest by digest (the registry must allow deletes); its tags go with it."""
-    r = Ref.parse(name)
-    _request("DELETE", f"{_base_url(r.host)}/v2/{r.repository}/manifests/{digest}", r.host, creds, {})
-
-
 def cosign_tag(digest: str, suffix: str) -> str:
     """cosign's tag for the signatures (``sig``) or attestations (``att``) of *digest*.
 

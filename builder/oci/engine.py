@@ -19,9 +19,7 @@ import docker
 from docker.errors import DockerException
 
 from builder.config.errors import TargetFailed, UserError
-from builder.oci import buildkit
-
-# registry is imported where it is used: it imports faults, which imports this module.
+from builder.oci import buildkit, registry
 
 #: Builds stream for minutes; the default 60 s read timeout would cut them off.
 TIMEOUT_S = 3600
@@ -167,8 +165,6 @@ class Engine:
 
     def push(self, ref: str) -> str:
         """Push one tag; return the manifest digest the registry reports for it, checked against the engine's."""
-        from builder.oci import registry
-
         r = registry.Ref.parse(ref)
         creds = registry.credentials(r.host)
         digest = None
@@ -205,8 +201,6 @@ class Engine:
 
         BuildKit reads the base and the cache from *registry_host* itself, with the same credentials.
         """
-        from builder.oci import registry
-
         creds = registry.credentials(registry_host) if registry_host else None
         result = buildkit.run(request, on_step=on_step, on_log=on_log, cancel=cancel, registry_host=registry_host,
                               creds=creds, cwd=cwd)

@@ -21,6 +21,7 @@ import requests.exceptions
 
 from builder.config.urls import public
 from builder.oci.engine import engine_address
+from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.
 EXIT_ENGINE = 3
@@ -28,10 +29,6 @@ EXIT_ENGINE = 3
 EXIT_REGISTRY = 4
 #: Anything else unexpected: a fault of the builder itself.
 EXIT_FAULT = 70
-
-class RegistryFault(Exception):
-    """A registry failed in a way no config change fixes at once (token endpoint down, login expired)."""
-
 
 #: What :func:`describe` knows by name (callers that must not stop catch these).
 KNOWN: tuple[type[BaseException], ...] = (

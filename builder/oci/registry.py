@@ -26,7 +26,6 @@ import docker.auth
 
 from builder.config.errors import UserError
 from builder.config.urls import public
-from builder.oci.faults import RegistryFault
 from builder.oci.secrets import PASSWORD_ENV, USER_ENV
 
 MANIFEST_TYPES = (
@@ -35,6 +34,11 @@ MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json, "
     "application/vnd.oci.image.index.v1+json"
 )
+
+
+class RegistryFault(Exception):
+    """A registry failed in a way no config change fixes at once (token endpoint down, login expired);
+    :func:`builder.oci.faults.describe` makes it one line and exit code 4."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def token_realm(host: str, realm: str) -> str:
         'https://auth.example/token'
         >>> token_realm("registry.example", "http://auth.example/token")
         Traceback (most recent call last):
-        builder.oci.faults.RegistryFault: registry registry.example names the token service http://auth.example/token: ...
+        builder.oci.registry.RegistryFault: registry registry.example names the token service http://auth.example/token: ...
     """
     parts = urllib.parse.urlsplit(realm)
     if parts.scheme == "https" and parts.hostname or parts.scheme == "http" and is_local(parts.netloc):

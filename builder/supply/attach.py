@@ -33,22 +33,14 @@ from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project, ResolvedTarget
 from builder.oci import artifacts, registry
 from builder.supply import cosign, provenance, sbom
-from builder.supply.signing import ENVELOPE_TYPE, SigningKey
+from builder.supply.signing import ENVELOPE_TYPE
+from builder.supply.verify import verify
 
-SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
-IN_TOTO = "application/vnd.in-toto+json"
-CYCLONEDX_PREDICATE = "https://cyclonedx.org/bom"
-#: Where cosign keeps a signature: an annotation of the layer holding the signed payload.
-SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 #: What cosign's own referrer of a signature carries as config media type (its oci-1-1 mode).
 COSIGN_SIG_ARTIFACT = "application/vnd.dev.cosign.artifact.sig.v1+json"
 PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
-#: kind -> the predicate type of its attestation
-PREDICATE_TYPES = {"sbom": CYCLONEDX_PREDICATE, "att": provenance.SLSA_PROVENANCE}
 #: kind -> the artifactType its referrer is listed with
-ARTIFACT_TYPES = {"sig": COSIGN_SIG_ARTIFACT, "sbom": "application/vnd.cyclonedx+json", "att": IN_TOTO}
-IMAGE_KINDS = ("sig", "sbom", "att")
-INDEX_KINDS = ("sig",)
+ARTIFACT_TYPES = {"sig": COSIGN_SIG_ARTIFACT, "sbom": "application/vnd.cyclonedx+json", "att": cosign.IN_TOTO}
 
 
 def _descriptor(image: str, creds: dict[str, str] | None) -> dict[str, Any]:
@@ -60,7 +52,7 @@ def _descriptor(image: str, creds: dict[str, str] | None) -> dict[str, Any]:
     return {"mediaType": media, "digest": digest, "size": len(body)}
 
 
-def attest(project: Project, target: ResolvedTarget, image: str, content_tag: str | None, key: SigningKey,
+def attest(project: Project, target: ResolvedTarget, image: str, content_tag: str | None, key: cosign.SigningKey,
            creds: dict[str, str] | None = None) -> dict[str, str]:
     """Sign *target*'s pushed *image* (``host/repo@sha256:...``) and attest its SBOM and provenance
     with cosign, then list the three as its referrers; return {kind: referrer manifest digest}."""
@@ -73,14 +65,14 @@ def attest(project: Project, target: ResolvedTarget, image: str, content_tag: st
             path = Path(folder) / f"{kind}.json"
             path.write_text(text, encoding="utf-8")
             cosign.attest(image, path, kind, key, creds)
-    return refer(image, IMAGE_KINDS, creds)
+    return refer(image, cosign.IMAGE_KINDS, creds)
 
 
-def sign_index(index: str, key: SigningKey, creds: dict[str, str] | None = None) -> dict[str, str]:
+def sign_index(index: str, key: cosign.SigningKey, creds: dict[str, str] | None = None) -> dict[str, str]:
     """Sign an image index ``host/repo@sha256:...`` with cosign and list the signature as its referrer."""
     _descriptor(index, creds)
     cosign.sign(index, key, creds)
-    return refer(index, INDEX_KINDS, creds)
+    return refer(index, cosign.INDEX_KINDS, creds)
 
 
 def refer(image: str, kinds: Sequence[str], creds: dict[str, str] | None = None) -> dict[str, str]:
@@ -101,32 +93,30 @@ def refer(image: str, kinds: Sequence[str], creds: dict[str, str] | None = None)
             manifest = {**doc, "config": {**doc["config"], "mediaType": COSIGN_SIG_ARTIFACT}}
         else:
             layers = [la for la in doc.get("layers", []) if la.get("mediaType") == ENVELOPE_TYPE
-                      and (la.get("annotations") or {}).get("predicateType") == PREDICATE_TYPES[kind]]
+                      and (la.get("annotations") or {}).get("predicateType") == cosign.PREDICATE_TYPES[kind]]
             if not layers:
-                raise TargetFailed(f"cosign wrote no {PREDICATE_TYPES[kind]} attestation for {image}")
+                raise TargetFailed(f"cosign wrote no {cosign.PREDICATE_TYPES[kind]} attestation for {image}")
             empty = artifacts.push_blob(r.name, artifacts.EMPTY, creds)
             manifest = {"schemaVersion": 2, "mediaType": artifacts.OCI_MANIFEST, "artifactType": ARTIFACT_TYPES[kind],
                         "config": {"mediaType": artifacts.EMPTY_TYPE, "digest": empty, "size": len(artifacts.EMPTY)},
                         "layers": layers[-1:]}
-            manifest["annotations"] = {PREDICATE_ANNOTATION: PREDICATE_TYPES[kind]}
+            manifest["annotations"] = {PREDICATE_ANNOTATION: cosign.PREDICATE_TYPES[kind]}
         manifest["subject"] = subject
         manifest["annotations"] = {**manifest.get("annotations", {}), artifacts.KIND_ANNOTATION: kind}
         out[kind] = artifacts.put_referrer(image, manifest, creds)
     return out
 
 
-def already_attested(image: str, key: SigningKey, creds: dict[str, str] | None = None) -> dict[str, str]:
+def already_attested(image: str, key: cosign.SigningKey, creds: dict[str, str] | None = None) -> dict[str, str]:
     """{kind: referrer digest} when *image* already carries every attachment, valid, signed by *key*
     and listed as a referrer (a reused image pushed again keeps the documents made when it was
     first pushed); else {}."""
-    from builder.supply.verify import verify
-
     checks = verify(image, key.public_key, creds)
     if not checks or not all(c.ok for c in checks):
         return {}
     listed, _ = artifacts.referrers(image, creds)
     found = {(d.get("annotations") or {}).get(artifacts.KIND_ANNOTATION): d["digest"] for d in listed}
-    return {kind: found[kind] for kind in IMAGE_KINDS} if all(k in found for k in IMAGE_KINDS) else {}
+    return {kind: found[kind] for kind in cosign.IMAGE_KINDS} if all(k in found for k in cosign.IMAGE_KINDS) else {}
 
 
 class Attach:
@@ -136,7 +126,7 @@ class Attach:
     Each call says what it did through *say*; a failure raises TargetFailed, its message the view's error.
     """
 
-    def __init__(self, project: Project, signer: SigningKey, say: Callable[[str], object]) -> None:
+    def __init__(self, project: Project, signer: cosign.SigningKey, say: Callable[[str], object]) -> None:
         self.project, self.signer, self.say = project, signer, say
 
     def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]:
@@ -163,34 +153,3 @@ class Attach:
             raise TargetFailed(f"signing the index failed: {exc}") from None
         self.say(f"{target.name}: signed the index {image}")
         return done
-
-
-def attest_published(project: Project, pushed: Sequence[tuple[ResolvedTarget, str, str | None]], signer: SigningKey,
-                     say: Callable[[str], object]) -> dict[str, str]:
-    """Attach to every pushed ``(target view, manifest digest, content tag)``, and sign the index of each
-    multi-platform target among them; return {unit: error} for those that failed.
-
-    Each record in dist/published.json gets ``attachments``: {kind: referrer digest}. (``builder
-    build --push`` and ``builder push`` run :class:`Attach` as a stage instead, and record once.)
-    """
-    from builder.images.publish import amend
-
-    attach = Attach(project, signer, say)
-    failed: dict[str, str] = {}
-    for target, digest, content_tag in pushed:
-        try:
-            amend(project.root, target.unit, {"attachments": attach.image(target, digest, content_tag)})
-        except TargetFailed as exc:
-            failed[target.unit] = str(exc)
-    for name in dict.fromkeys(t.name for t, _, _ in pushed if len(t.platforms) > 1):
-        ref = project.target(name).primary_ref
-        try:
-            index = registry.manifest_digest(ref, registry.credentials(registry.Ref.parse(ref).host))
-            if index is None:
-                continue
-            amend(project.root, name, {"attachments": attach.index(project.target(name), index)})
-        except TargetFailed as exc:
-            failed[name] = str(exc)
-        except UserError as exc:
-            failed[name] = f"signing the index failed: {exc}"
-    return failed

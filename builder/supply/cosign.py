@@ -9,6 +9,10 @@ The key reaches cosign only through its environment (``--key env://BUILDER_COSIG
 ``COSIGN_PASSWORD``); registry credentials from the environment go in a private Docker config for
 the call. cosign's messages are passed on in errors (they never hold the key).
 
+Its formats (the kinds, media and predicate types) and the key it is handed (:class:`SigningKey`,
+which :mod:`builder.supply.signing` loads) are named here: :mod:`~builder.supply.attach` makes
+the attachments in them, :mod:`~builder.supply.verify` checks them.
+
 Example:
     >>> sign("localhost:5000/ml-runtime@sha256:ab...", key)  # doctest: +SKIP
     >>> attest("localhost:5000/ml-runtime@sha256:ab...", Path("bom.json"), "cyclonedx", key)  # doctest: +SKIP
@@ -23,15 +27,50 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from securesystemslib.signer import SSlibKey
 
 from builder.config.errors import TargetFailed, UserError
 from builder.oci import registry
 from builder.oci.secrets import child_env
-from builder.supply.signing import COSIGN_PASSWORD_ENV, KEY_ENV, SigningKey
+from builder.supply.provenance import SLSA_PROVENANCE
 
+#: cosign reads a key's password from it.
+COSIGN_PASSWORD_ENV = "COSIGN_PASSWORD"
+#: The variable cosign's ``--key env://...`` reads the key from, in cosign's environment only.
+KEY_ENV = "BUILDER_COSIGN_KEY"
+
+#: What cosign writes for an image (its signature, an attestation per :data:`TYPES`), and for an index.
+IMAGE_KINDS = ("sig", "sbom", "att")
+INDEX_KINDS = ("sig",)
 #: cosign attest --type for each attestation the builder makes.
 TYPES = {"sbom": "cyclonedx", "att": "slsaprovenance1"}
+CYCLONEDX_PREDICATE = "https://cyclonedx.org/bom"
+#: kind -> the predicate type its --type stands for
+PREDICATE_TYPES = {"sbom": CYCLONEDX_PREDICATE, "att": SLSA_PROVENANCE}
+#: The payload cosign signs: a "simple signing" document naming the digest.
+SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
+#: Where cosign keeps a signature: an annotation of the layer holding the signed payload.
+SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+#: The payload type of cosign's attestations (DSSE envelopes of in-toto statements).
+IN_TOTO = "application/vnd.in-toto+json"
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A private key cosign can sign with: where it came from, its public key, and what cosign is handed
+    (:func:`builder.supply.signing.load_signer` makes one)."""
+
+    where: str
+    public_key: SSlibKey
+    _cosign_key: str = field(repr=False)
+    _password: str = field(repr=False)
+
+    def cosign_env(self) -> dict[str, str]:
+        """The environment entries under which cosign reads this key (``--key env://BUILDER_COSIGN_KEY``)."""
+        return {KEY_ENV: self._cosign_key, COSIGN_PASSWORD_ENV: self._password}
 
 
 def binary() -> str:

@@ -31,6 +31,7 @@ from cyclonedx.model.component import Component, ComponentType
 from cyclonedx.model.tool import ToolRepository
 from cyclonedx.output.json import JsonV1Dot6
 from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
 from builder.config.baselock import read_lock as read_base_lock
@@ -186,8 +187,6 @@ def to_json(bom: Bom) -> str:
 
 def validate(text: str) -> str | None:
     """None when *text* is valid CycloneDX 1.6 JSON, else the first problem, in a line."""
-    from cyclonedx.validation.json import JsonStrictValidator  # jsonschema: only when a BOM is checked
-
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
     return None if error is None else str(error).splitlines()[0][:300]
 

@@ -34,9 +34,9 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
+import nacl.secret
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
@@ -45,13 +45,11 @@ from securesystemslib.exceptions import FormatError, UnverifiedSignatureError, V
 from securesystemslib.signer import Signature, SSlibKey
 
 from builder.config.errors import UserError
+from builder.supply import cosign
 
 SIGNING_ENV = "BUILDER_SIGNING_KEY"
 PASSWORD_ENV = "BUILDER_SIGNING_KEY_PASSWORD"
-COSIGN_PASSWORD_ENV = "COSIGN_PASSWORD"
 VERIFY_ENV = "BUILDER_VERIFY_KEY"
-#: The variable cosign's ``--key env://...`` reads the key from, in cosign's environment only.
-KEY_ENV = "BUILDER_COSIGN_KEY"
 ENVELOPE_TYPE = "application/vnd.dsse.envelope.v1+json"
 #: PEM types of cosign's encrypted key (go-securesystemslib's "encrypted" format: scrypt + nacl/secretbox).
 COSIGN_KEY_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE KEY")
@@ -59,20 +57,6 @@ COSIGN_KEY_TYPES = ("ENCRYPTED SIGSTORE PRIVATE KEY", "ENCRYPTED COSIGN PRIVATE 
 
 class BadEnvelope(Exception):
     """A document that is malformed or whose signature does not verify (the message says which)."""
-
-
-@dataclass(frozen=True)
-class SigningKey:
-    """A private key cosign can sign with: where it came from, its public key, and what cosign is handed."""
-
-    where: str
-    public_key: SSlibKey
-    _cosign_key: str = field(repr=False)
-    _password: str = field(repr=False)
-
-    def cosign_env(self) -> dict[str, str]:
-        """The environment entries under which cosign reads this key (``--key env://BUILDER_COSIGN_KEY``)."""
-        return {KEY_ENV: self._cosign_key, COSIGN_PASSWORD_ENV: self._password}
 
 
 def _read(path: str | None, env: Mapping[str, str], var: str, flag: str) -> tuple[bytes, str] | None:
@@ -88,7 +72,7 @@ def _read(path: str | None, env: Mapping[str, str], var: str, flag: str) -> tupl
     return None
 
 
-def load_signer(path: str | None = None, env: Mapping[str, str] | None = None) -> SigningKey | None:
+def load_signer(path: str | None = None, env: Mapping[str, str] | None = None) -> cosign.SigningKey | None:
     """The signing key of *path*, else of ``$BUILDER_SIGNING_KEY``; None if neither. Checked now:
     cosign must be installed, and the key readable with its password.
 
@@ -96,8 +80,6 @@ def load_signer(path: str | None = None, env: Mapping[str, str] | None = None) -
         >>> load_signer(None, {}) is None
         True
     """
-    from builder.supply import cosign
-
     env = os.environ if env is None else env
     found = _read(path, env, SIGNING_ENV, "--sign-key")
     if found is None:
@@ -105,10 +87,10 @@ def load_signer(path: str | None = None, env: Mapping[str, str] | None = None) -
     data, where = found
     cosign.binary()  # before anything else: signing is cosign's
     if any(f"-----BEGIN {t}-----".encode() in data for t in COSIGN_KEY_TYPES):
-        password = env.get(COSIGN_PASSWORD_ENV) or env.get(PASSWORD_ENV) or ""
+        password = env.get(cosign.COSIGN_PASSWORD_ENV) or env.get(PASSWORD_ENV) or ""
         text = data.decode("ascii", "replace")
         public = cosign.public_key(text, password, where)
-        return SigningKey(where, _sslib(load_pem_public_key(public.encode())), text, password)
+        return cosign.SigningKey(where, _sslib(load_pem_public_key(public.encode())), text, password)
     passphrase = env.get(PASSWORD_ENV)
     try:
         key = load_pem_private_key(data, passphrase.encode() if passphrase else None)
@@ -122,15 +104,13 @@ def load_signer(path: str | None = None, env: Mapping[str, str] | None = None) -
     except (ValueError, TypeError):
         raise UserError(f"{where}: unsupported key type {type(key).__name__}; use ECDSA, Ed25519 or RSA") from None
     fresh = secrets.token_urlsafe(32)
-    return SigningKey(where, public_key, to_cosign_key(key.private_bytes(
+    return cosign.SigningKey(where, public_key, to_cosign_key(key.private_bytes(
         serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), fresh), fresh)
 
 
 def to_cosign_key(pkcs8_der: bytes, password: str) -> str:
     """A PKCS#8 private key in cosign's encrypted format (what ``cosign generate-key-pair`` writes):
     the DER sealed with nacl/secretbox under a key scrypt derives from *password*."""
-    import nacl.secret
-
     salt, nonce = secrets.token_bytes(32), secrets.token_bytes(nacl.secret.SecretBox.NONCE_SIZE)
     n, r, p = 32768, 8, 1
     box = nacl.secret.SecretBox(hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p,

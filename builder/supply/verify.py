@@ -27,7 +27,7 @@ from securesystemslib.signer import SSlibKey
 
 from builder.config.errors import UserError
 from builder.oci import artifacts, registry
-from builder.supply import attach, cosign, provenance
+from builder.supply import cosign, provenance
 from builder.supply.sbom import validate
 from builder.supply.signing import ENVELOPE_TYPE, BadEnvelope, unseal, verify_blob
 
@@ -68,14 +68,14 @@ def verify(ref: str, key: SSlibKey, creds: dict[str, str] | None = None) -> list
         return [Check("image", False, f"registry {r.host} served {digest} for {ref}")]
     subject = f"{r.name}@{digest}"
     if media not in (artifacts.OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json"):
-        return _image(subject, key, creds, attach.IMAGE_KINDS, "")
-    checks = _image(subject, key, creds, attach.INDEX_KINDS, " [index]")
+        return _image(subject, key, creds, cosign.IMAGE_KINDS, "")
+    checks = _image(subject, key, creds, cosign.INDEX_KINDS, " [index]")
     for entry in json.loads(body).get("manifests", []):
         platform = entry.get("platform") or {}
         if platform.get("os") in (None, "unknown"):
             continue  # buildx's attestation manifests are not images
         label = f" [{platform.get('os')}/{platform.get('architecture')}]"
-        checks += _image(f"{r.name}@{entry['digest']}", key, creds, attach.IMAGE_KINDS, label)
+        checks += _image(f"{r.name}@{entry['digest']}", key, creds, cosign.IMAGE_KINDS, label)
     return checks
 
 
@@ -118,9 +118,9 @@ def _check_sig(subject: str, digest: str, tag: str, found: tuple[str, bytes, str
     if found is None:
         raise _Failed(f"no signature for {subject} (no tag {tag})")
     named = []
-    for layer, payload in _layers(subject, found, attach.SIMPLE_SIGNING, creds):
+    for layer, payload in _layers(subject, found, cosign.SIMPLE_SIGNING, creds):
         try:
-            verify_blob(payload, (layer.get("annotations") or {}).get(attach.SIGNATURE_ANNOTATION, ""), key)
+            verify_blob(payload, (layer.get("annotations") or {}).get(cosign.SIGNATURE_ANNOTATION, ""), key)
         except BadEnvelope:
             continue
         try:
@@ -141,7 +141,7 @@ def _check_attestation(subject: str, digest: str, kind: str, tag: str, found: tu
                        key: SSlibKey, creds: dict[str, str] | None) -> str:
     """What cosign verify-attestation --type checks (a statement of that predicate type, signed by
     the key, about *digest*), and that the predicate is what the builder makes."""
-    wanted = attach.PREDICATE_TYPES[kind]
+    wanted = cosign.PREDICATE_TYPES[kind]
     if found is None:
         raise _Failed(f"no attestation for {subject} (no tag {tag})")
     statements = []
@@ -151,7 +151,7 @@ def _check_attestation(subject: str, digest: str, kind: str, tag: str, found: tu
             doc = json.loads(payload)
         except (BadEnvelope, ValueError):
             continue
-        if payload_type == attach.IN_TOTO and isinstance(doc, dict):
+        if payload_type == cosign.IN_TOTO and isinstance(doc, dict):
             statements.append(doc)
     if not statements:
         raise _Failed(f"tag {tag}: no attestation verifies with key {key.keyid[:12]}")
