@@ -33,16 +33,18 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def engine():
-    """A docker-py client for a daemon that answers; fails (never skips) when CI is set and none does."""
-    import docker
+    """The engine the builder uses (:class:`builder.oci.engine.DockerEngine`; its docker-py client is
+    ``engine.client``, for what a test inspects beside the builder); fails (never skips) when CI is set
+    and none answers."""
+    from builder.oci.engine import DockerEngine
 
     try:
-        client = docker.from_env(timeout=3600)
-        client.ping()
+        found = DockerEngine.from_env(timeout=3600)
+        found.client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means no engine
         fail_or_skip(f"no Docker engine answers ({exc}); .ci/run must start dockerd")
-    yield client
-    client.close()
+    yield found
+    found.close()
 
 
 def _start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, subprocess.Popen]:
@@ -88,10 +90,10 @@ def based_project(tmp_path_factory, engine, registry) -> Iterator[Path]:
     yield root
     # Untag what this session pushed under its own registry (noprune: the build cache stays
     # for the next session; the images themselves are the same content as the repo's).
-    for image in engine.images.list():
+    for image in engine.client.images.list():
         for tag in image.tags:
             if tag.startswith(f"{registry}/"):
-                engine.api.remove_image(tag, noprune=True)
+                engine.client.api.remove_image(tag, noprune=True)
 
 
 @pytest.fixture(scope="session")
@@ -109,10 +111,10 @@ def cpu_project(based_project) -> Path:
 @pytest.fixture
 def no_leftovers(engine):
     """Fail a test that leaves containers behind."""
-    before = {c.id for c in engine.containers.list(all=True)}
+    before = {c.id for c in engine.client.containers.list(all=True)}
     yield
-    after = {c.id for c in engine.containers.list(all=True)}
+    after = {c.id for c in engine.client.containers.list(all=True)}
     left = after - before
     for cid in left:
-        engine.api.remove_container(cid, force=True)
+        engine.client.api.remove_container(cid, force=True)
     assert not left, f"test left {len(left)} containers behind"

@@ -160,5 +160,5 @@ def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: 
                          "rootfs": {"type": "layers", "diff_ids": [diff_id]}}, sort_keys=True).encode()
     image_id = write_archive(Rootfs(layer, diff_id, {}), config, ref, folder / "image.tar")
     with (folder / "image.tar").open("rb") as handle:
-        engine.api.load_image(handle)
+        engine.client.api.load_image(handle)
     return image_id

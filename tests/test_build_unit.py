@@ -229,7 +229,7 @@ class Silent:
 
 
 def _smoke(status: str = "passed"):
-    def smoke(engine, project, view, image_id, log):
+    def smoke(engine, project, view, image_id, *, log):
         engine._call("smoke", image_id)
         return SimpleNamespace(status=status, skipped=[], summary=lambda: f"1 check {status}")
     return smoke

@@ -100,10 +100,10 @@ def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, 
 
         project = load_project(matrix_path, mapping_path, allow_unpinned=True)
         try:
-            client = connect()
+            engine = connect()
         except Exception:  # noqa: BLE001 - no engine: the files' stores alone (the daemon check says why)
-            client = None
-        found = gc.collect(client, project, items=False)
+            engine = None
+        found = gc.collect(engine, project, items=False)
         return {s.store: (s.held, s.where) for s in found.summary() if s.store in found.held}, ""
     except Exception as exc:  # noqa: BLE001 - a broken matrix or engine is reported by the other checks
         return None, str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__

@@ -14,13 +14,16 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from builder.cli.options import platform_option, project_options, sign_key_option, target_option
 from builder.config.errors import UserError
 from builder.config.project import Project
+
+if TYPE_CHECKING:
+    from builder.oci.engine import Engine
 
 #: The GitHub-hosted runner of each platform: every platform builds natively on CI.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
@@ -173,9 +176,9 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
         return
     from builder.oci.engine import connect
 
-    client = connect()
+    engine = connect()
     for platform in wanted:
-        pinned = base.ensure_base(client, project, platform, update=update, say=click.echo)
+        pinned = base.ensure_base(engine, project, platform, update=update, say=click.echo)
         click.echo(f"base {platform}: {pinned.reference} (image {pinned.image_id})")
 
 
@@ -193,7 +196,7 @@ def lock_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     sys.exit(1 if failed else 0)
 
 
-def _pinned_base(client: Any, project: Project, platforms: list[str], update: bool) -> Project:
+def _pinned_base(engine: Engine, project: Project, platforms: list[str], update: bool) -> Project:
     """The project with each platform's base pinned by base.lock.json; with ``update``, a platform
     without a usable pin is bootstrapped and pinned first."""
     import dataclasses
@@ -209,7 +212,7 @@ def _pinned_base(client: Any, project: Project, platforms: list[str], update: bo
                 raise
             from builder.images.base import ensure_base
 
-            pinned = ensure_base(client, project, platform, update=True, say=lambda line: click.echo(line, err=True))
+            pinned = ensure_base(engine, project, platform, update=True, say=lambda line: click.echo(line, err=True))
             refs[platform] = pinned.reference
     return dataclasses.replace(project, base_refs={**project.base_refs, **refs})
 
@@ -267,7 +270,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     signer = _signer(sign_key, push)
     if buildx_builder:
         os.environ["BUILDX_BUILDER"] = buildx_builder  # what buildx itself reads, for every build of this run
-    client = connect()
+    engine = connect()
     if os.environ.get("BUILDX_BUILDER"):
         from builder.oci.buildkit import builder_problem
         from builder.oci.engine import engine_address
@@ -275,7 +278,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
         if (problem := builder_problem(os.environ["BUILDX_BUILDER"], engine_address())) is not None:
             raise UserError(problem)
     views = project.views(targets, platforms)
-    project = _pinned_base(client, project, list(dict.fromkeys(v.platform for v in views)), update_base)
+    project = _pinned_base(engine, project, list(dict.fromkeys(v.platform for v in views)), update_base)
     if push:
         from builder.oci.localregistry import ensure_local
 
@@ -284,7 +287,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
             click.echo(started, err=True)
     attest = _attester(project, signer, lambda line: click.echo(line, err=True)) if push else None
     with Progress(verbose=not quiet) as ui:
-        outcomes = build_all(client, project, views, ui, push=push, smoke=not no_smoke, keep_going=keep_going,
+        outcomes = build_all(engine, project, views, ui, push=push, smoke=not no_smoke, keep_going=keep_going,
                              jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base, attest=attest)
     _report(outcomes, as_json)
 
@@ -328,17 +331,15 @@ def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, 
     from builder.images.smoke import smoke_test
     from builder.oci.engine import connect
 
-    client = connect()
+    engine = connect()
     failed = False
     for view in project.views(targets, platforms):
         ref = view.local_refs[0]
-        try:
-            client.api.inspect_image(ref)
-        except Exception:  # noqa: BLE001 - docker raises ImageNotFound or APIError
+        if engine.image(ref) is None:
             click.echo(f"{view.unit}: SKIPPED (no image {ref}; run 'builder build -t {view.name} "
                        f"--platform {view.platform}')")
             continue
-        result = smoke_test(client, project, view, ref, train=not no_train, log=click.echo)
+        result = smoke_test(engine, project, view, ref, train=not no_train, log=click.echo)
         for line in result.skipped:
             click.echo(f"{view.unit}: {line}")
         click.echo(f"{view.unit}: {result.status.upper()} ({result.summary()})")
@@ -359,10 +360,10 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     from builder.images import execute
     from builder.images import plan as plans
     from builder.images.plan import build_labels
-    from builder.oci.engine import Engine, connect
+    from builder.oci.engine import connect
 
     signer = _signer(sign_key, True)
-    engine = Engine(connect())
+    engine = connect()
     attest = _attester(project, signer, click.echo)
     options = plans.Options(push=True, sign=attest is not None)
     labels = build_labels(project.root)
@@ -453,9 +454,9 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
     from builder.images import gc
     from builder.oci.engine import connect
 
-    client = connect()
-    found = gc.collect(client, project, keep_days=keep_days)
-    failed = [] if dry_run else gc.remove(client, project, found, say=lambda line: click.echo(line, err=True))
+    engine = connect()
+    found = gc.collect(engine, project, keep_days=keep_days)
+    failed = [] if dry_run else gc.remove(engine, project, found, say=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(gc.as_json(found, dry_run))
     else:

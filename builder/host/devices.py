@@ -94,7 +94,7 @@ def host_cdi(
     """:func:`choose_cdi` for this host; the engine is asked (*engine_info*) only when a spec exists.
 
     Example:
-        >>> host_cdi("nvidia", lambda: docker.from_env().info()).use
+        >>> host_cdi("nvidia", lambda: connect().info()).use
         False
     """
     kind = CDI_KINDS.get(vendor)

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import docker
 from docker.errors import DockerException
 from requests.exceptions import RequestException
 
@@ -31,7 +30,7 @@ from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import devices, hardware
 from builder.oci import engine, registry
-from builder.oci.engine import engine_address
+from builder.oci.engine import DockerEngine, Engine, engine_address
 
 Status = Literal["ok", "warn", "fail"]
 #: A CUDA or ROCm image with its build cache needs tens of GiB.
@@ -71,7 +70,7 @@ class Context:
     host: hardware.HostGpus
     matrix_path: Path | str = "matrix.yaml"
     mapping_path: Path | str | None = None
-    client: docker.DockerClient | None = None
+    engine: Engine | None = None
     info: dict[str, Any] | None = None
     project: Project | None = None
     cdi: tuple[str, ...] = ()
@@ -88,15 +87,15 @@ STORE_NOTE = {
 def check_daemon(ctx: Context) -> list[Check]:
     """Docker daemon reachable, its version and API version, its image store."""
     try:
-        client = docker.from_env(timeout=15)
-        version = client.version()
-        ctx.info = client.info()
+        found_engine = DockerEngine.from_env(timeout=15)
+        version = found_engine.version()
+        ctx.info = found_engine.info()
     except (DockerException, RequestException, OSError) as exc:
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         return [
             Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)
         ]
-    ctx.client = client
+    ctx.engine = found_engine
     api = version.get("ApiVersion", "?")
     store = engine.image_store(ctx.info)
     found = (f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}, "
@@ -456,8 +455,8 @@ def run_checks(
                     "report this as a builder bug",
                 )
             )
-    if ctx.client is not None:
-        ctx.client.close()
+    if ctx.engine is not None:
+        ctx.engine.close()
     return checks
 
 

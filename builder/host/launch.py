@@ -19,12 +19,12 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
-import docker
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import DockerException
 
 from builder.config.errors import UserError
 from builder.host.plan import RunPlan
 from builder.oci import registry
+from builder.oci.engine import DockerEngine, Engine, EngineError, connect
 
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
 STOP_TIMEOUT_S = 10
@@ -38,33 +38,29 @@ def engine_info() -> dict[str, Any] | None:
         '26.1.5+dfsg1'
     """
     try:
-        client = docker.from_env(timeout=15)
+        engine = DockerEngine.from_env(timeout=15)
         try:
-            info: dict[str, Any] = client.info()
+            return engine.info()
         finally:
-            client.close()
+            engine.close()
     except (DockerException, OSError):  # requests' errors are OSErrors
         return None
-    return info
 
 
-def ensure_image(client: docker.DockerClient, plan: RunPlan) -> str | None:
+def ensure_image(engine: Engine, plan: RunPlan) -> str | None:
     """Make sure the image is here: pull it if not. Returns a line when it pulled.
 
     Example:
         >>> ensure_image(connect(), plan)  # doctest: +SKIP
         'pulled localhost:5000/ml-runtime:cpu'
     """
-    try:
-        client.images.get(plan.image)
+    if engine.image(plan.image) is not None:
         return None
-    except ImageNotFound:
-        pass
     ref = registry.Ref.parse(plan.image)
     try:
-        client.images.pull(ref.name, tag=ref.tag, auth_config=registry.credentials(ref.host))
-    except DockerException as exc:
-        reason = (getattr(exc, "explanation", None) or str(exc)).strip().splitlines()[0][:200]
+        engine.pull(plan.image, registry.credentials(ref.host))
+    except EngineError as exc:
+        reason = str(exc)[:200]
         raise UserError(
             f"image {plan.image} is not here and pulling it failed ({reason}); "
             f"build it with 'make images TARGETS={plan.target.name}'"
@@ -100,8 +96,8 @@ def _shielded() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
-def _start_error(plan: RunPlan, exc: APIError) -> UserError:
-    text = (exc.explanation or str(exc)).strip().splitlines()[0][:300]
+def _start_error(plan: RunPlan, exc: EngineError) -> UserError:
+    text = str(exc)[:300]
     if "could not select device driver" in text:
         return UserError(
             f"the engine cannot give GPUs to {plan.image} ({text}); install nvidia-container-toolkit, then "
@@ -111,7 +107,7 @@ def _start_error(plan: RunPlan, exc: APIError) -> UserError:
     return UserError(f"the engine could not start {plan.image}: {text}")
 
 def run_container(
-    client: docker.DockerClient,
+    engine: Engine,
     plan: RunPlan,
     *,
     stdout: BinaryIO | None = None,
@@ -133,13 +129,10 @@ def run_container(
     try:
         with _interruptible():
             try:
-                container = client.containers.create(**plan.create_kwargs())
-                # Attach before start (logs=True as well) so not a byte of early output is lost.
-                stream = client.api.attach(
-                    container.id, stdout=True, stderr=True, stream=True, logs=True, demux=True
-                )
-                container.start()
-            except APIError as exc:
+                container = engine.create(plan.create_kwargs())
+                stream = engine.attach(container)  # before start: not a byte of early output is lost
+                engine.start(container)
+            except EngineError as exc:
                 raise _start_error(plan, exc) from None
             try:
                 for out, err in stream:
@@ -147,7 +140,7 @@ def run_container(
                         if chunk:
                             sink.write(chunk)
                             sink.flush()
-                return int(container.wait()["StatusCode"])
+                return engine.wait(container)
             except KeyboardInterrupt:
                 with _shielded():
                     # A closed terminal must not keep the container from being stopped.
@@ -156,24 +149,24 @@ def run_container(
                             f"builder run: interrupted; stopping the container (<= {stop_timeout} s)\n".encode()
                         )
                         stderr.flush()
-                    with contextlib.suppress(NotFound, APIError):
-                        container.stop(timeout=stop_timeout)
+                    engine.stop(container, stop_timeout)
                 raise
     finally:
         if container is not None:
-            with _shielded(), contextlib.suppress(NotFound, APIError):
-                container.remove(force=True)
+            with _shielded():
+                engine.remove_container(container)
+
 
 def launch(
     plan: RunPlan,
     *,
-    client: docker.DockerClient | None = None,
+    engine: Engine | None = None,
     say: Callable[[str], object] | None = None,
     stop_timeout: int = STOP_TIMEOUT_S,
 ) -> int:
     """Refuse on plan problems, make sure the image is here, run; return the command's exit status.
 
-    *client* defaults to :func:`builder.oci.engine.connect` (after the plan checks, so a bad plan
+    *engine* defaults to :func:`builder.oci.engine.connect` (after the plan checks, so a bad plan
     is reported even without an engine); *say* gets progress lines, default stderr.
 
     Example:
@@ -183,14 +176,12 @@ def launch(
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     if plan.problems:
         raise UserError(*plan.problems)
-    if client is None:
-        from builder.oci.engine import connect
-
-        client = connect()
+    if engine is None:
+        engine = connect()
     say(f"builder run: {plan.target.name} ({plan.image}): {plan.reason}")
     for note in plan.notes:
         say(f"note: {note}")
-    pulled = ensure_image(client, plan)
+    pulled = ensure_image(engine, plan)
     if pulled:
         say(pulled)
-    return run_container(client, plan, stop_timeout=stop_timeout)
+    return run_container(engine, plan, stop_timeout=stop_timeout)

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import docker
-
 from builder.config import platforms
 from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
 from builder.config.errors import UserError
@@ -40,6 +38,7 @@ from builder.config.matrix import Bootstrap
 from builder.config.project import Project, spec_hash
 from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
+from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers
@@ -207,7 +206,7 @@ def base_manifest(layer: bytes, config: bytes) -> bytes:
     return json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
 
 
-def push_base(client: docker.DockerClient, project: Project, platform: str, layer: bytes, config: bytes) -> str:
+def push_base(engine: Engine, project: Project, platform: str, layer: bytes, config: bytes) -> str:
     """Push the base from its own bytes (the :func:`gzip_layer` blob, the config, :func:`base_manifest`)
     under its tag, then pull it by digest, so the engine holds what is pinned; return the manifest digest."""
     repository = project.base_repository
@@ -216,17 +215,17 @@ def push_base(client: docker.DockerClient, project: Project, platform: str, laye
     push_blob(repository, config, creds)
     tag = base_tag(project, platform)
     digest = put_manifest(repository, tag.rsplit(":", 1)[1], base_manifest(layer, config), OCI_MANIFEST, creds)
-    _hold(client, f"{repository}@{digest}", platform)
+    _hold(engine, f"{repository}@{digest}", platform)
     return digest
 
 
-def _hold(client: docker.DockerClient, reference: str, platform: str) -> None:
+def _hold(engine: Engine, reference: str, platform: str) -> None:
     """Pull the base just pushed as *reference*, so the engine holds it under the pinned reference."""
     try:
-        client.api.pull(reference, platform=platform, auth_config=credentials(reference.split("/", 1)[0]))
-    except docker.errors.APIError as exc:
+        engine.pull(reference, credentials(reference.split("/", 1)[0]), platform=platform)
+    except EngineError as exc:
         raise UserError(f"the engine could not pull the {platform} base it was pushed as ({reference}): "
-                        f"{(exc.explanation or str(exc)).strip()[:200]}") from None
+                        f"{str(exc)[:200]}") from None
 
 
 def copy_base(source: str, repository: str, tag: str) -> str | None:
@@ -250,12 +249,12 @@ def copy_base(source: str, repository: str, tag: str) -> str | None:
     return put_manifest(repository, tag, body, media, new_creds)
 
 
-def saved_blobs(client: docker.DockerClient, ref: str, workdir: Path) -> tuple[bytes, bytes]:
+def saved_blobs(engine: Engine, ref: str, workdir: Path) -> tuple[bytes, bytes]:
     """(:func:`gzip_layer` blob, config) of the local one-layer image *ref*, read from ``docker save``
     (its layer plain or gzipped, as the image store keeps it)."""
     archive = workdir / "saved.tar"
     with archive.open("wb") as handle:
-        for chunk in client.api.get_image(ref):
+        for chunk in engine.save(ref):
             handle.write(chunk)
     with tarfile.open(archive) as tar:
         (entry,) = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
@@ -270,7 +269,7 @@ def saved_blobs(client: docker.DockerClient, ref: str, workdir: Path) -> tuple[b
     return gzip_layer(layer), config
 
 
-def make_image(client: docker.DockerClient, project: Project, workdir: Path, platform: str) -> tuple[str, Rootfs]:
+def make_image(engine: Engine, project: Project, workdir: Path, platform: str) -> tuple[str, Rootfs]:
     """Bootstrap and load a platform's base; return its config digest (reproducible) and the root fs.
 
     The engine's own ID for it differs by image store (the config digest in the classic store,
@@ -283,8 +282,8 @@ def make_image(client: docker.DockerClient, project: Project, workdir: Path, pla
     tag = base_tag(project, platform)
     config = image_config(rootfs, spec, platform)
     image_id = write_archive(rootfs, config, tag, workdir / "image.tar")
-    load_archive(client, workdir / "image.tar", f"the {platform} base")
-    loaded = client.api.inspect_image(tag)
+    load_archive(engine, workdir / "image.tar", f"the {platform} base")
+    loaded = engine.image(tag) or {}
     expected = json.loads(config)
     if (loaded.get("RootFS", {}).get("Layers") != expected["rootfs"]["diff_ids"]
             or loaded.get("Architecture") != expected["architecture"]):
@@ -294,19 +293,12 @@ def make_image(client: docker.DockerClient, project: Project, workdir: Path, pla
     return image_id, rootfs
 
 
-def load_archive(client: docker.DockerClient, archive: Path, what: str) -> None:
-    """Load a docker-archive into the engine; a load it refuses is one UserError naming *what*.
-
-    docker-py's ``load_image`` is a generator: a failed load is an error event in it (or an API
-    error when the engine refuses the request), so it is read to the end here, never left unread.
-    """
+def load_archive(engine: Engine, archive: Path, what: str) -> None:
+    """Load a docker-archive into the engine; a load it refuses is one UserError naming *what*."""
     try:
-        with archive.open("rb") as handle:
-            for event in client.api.load_image(handle):
-                if "error" in event:
-                    raise UserError(f"the engine could not load {what}: {str(event['error']).strip()[:200]}")
-    except docker.errors.APIError as exc:
-        raise UserError(f"the engine could not load {what}: {(exc.explanation or str(exc)).strip()[:200]}") from None
+        engine.load(archive)
+    except EngineError as exc:
+        raise UserError(f"the engine could not load {what}: {str(exc)[:200]}") from None
 
 
 def image_id_of(spec: Bootstrap, workdir: Path, platform: str) -> tuple[str, Rootfs]:
@@ -324,26 +316,21 @@ def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
     return lines
 
 
-def _local_has(client: docker.DockerClient, pinned: PinnedBase) -> bool:
+def _local_has(engine: Engine, pinned: PinnedBase) -> bool:
     """The pinned base is local under its registry reference (both image stores name it so)."""
-    try:
-        info = client.api.inspect_image(pinned.reference)
-    except docker.errors.ImageNotFound:
-        return False
-    return pinned.reference in info.get("RepoDigests", [])
+    return pinned.reference in engine.repo_digests(pinned.reference)
 
 
 def ensure_base(
-    client: docker.DockerClient, project: Project, platform: str, *, update: bool, say: Callable[[str], object]
+    engine: Engine, project: Project, platform: str, *, update: bool, say: Callable[[str], object]
 ) -> PinnedBase:
     """Make sure *platform*'s pinned base is local and in the registry; bootstrap it when needed."""
     matrix = project.matrix
     if matrix.base.image is not None:
-        if not _present(client, matrix.base.image):
+        if engine.image(matrix.base.image) is None:
             say(f"pulling {matrix.base.image} ({platform})")
-            client.api.pull(matrix.base.image, platform=platform,
-                            auth_config=credentials(matrix.base.image.split("/", 1)[0]))
-        return PinnedBase(reference=matrix.base.image, image_id=client.api.inspect_image(matrix.base.image)["Id"])
+            engine.pull(matrix.base.image, credentials(matrix.base.image.split("/", 1)[0]), platform=platform)
+        return PinnedBase(reference=matrix.base.image, image_id=engine.resolve([matrix.base.image]))
     started = ensure_local(matrix.registry.split("/", 1)[0])
     if started:
         say(started)
@@ -352,43 +339,40 @@ def ensure_base(
         lock = None  # made from another spec: every platform's pin is stale
     pinned = lock.platforms.get(platform) if lock is not None else None
     if lock is not None and pinned is not None:
-        found = _locked(client, project, platform, lock, pinned, say)
+        found = _locked(engine, project, platform, lock, pinned, say)
         if found is not None:
             return found
-    return _bootstrap(client, project, platform, lock, pinned, update=update, say=say)
+    return _bootstrap(engine, project, platform, lock, pinned, update=update, say=say)
 
 
-def _locked(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock, pinned: PinnedBase,
+def _locked(engine: Engine, project: Project, platform: str, lock: BaseLock, pinned: PinnedBase,
             say: Callable[[str], object]) -> PinnedBase | None:
     """The locked base without a bootstrap: moved to the matrix's new registry, local (pushed where
     the registry lacks it) or pulled; None when it can be had from nowhere (then it is bootstrapped)."""
     host = project.matrix.registry.split("/", 1)[0]
     if not pinned.reference.startswith(f"{project.base_repository}@"):
-        moved = _move_to_registry(client, project, platform, pinned, say)
+        moved = _move_to_registry(engine, project, platform, pinned, say)
         if moved is not None:
             write_lock(project.root, lock.with_platform(platform, moved))
             return moved
-    if _local_has(client, pinned):
-        _push_if_missing(client, project, platform, pinned, say)
+    if _local_has(engine, pinned):
+        _push_if_missing(engine, project, platform, pinned, say)
         return pinned
     try:
         started = time.monotonic()
         with heartbeat(lambda: f"pulling the locked {platform} base ({time.monotonic() - started:.0f} s)"):
-            client.api.pull(pinned.reference, platform=platform, auth_config=credentials(host))
+            engine.pull(pinned.reference, credentials(host), platform=platform)
         say(f"pulled the locked base {pinned.reference} ({platform})")
         return pinned
-    except docker.errors.DockerException as exc:
+    except EngineError as exc:
         if not registry_answers(host):
             raise UserError(f"registry {host} is unreachable, so the locked {platform} base {pinned.reference} "
                             "can't be pulled; start it or fix 'registry' in matrix.yaml") from None
-        # the engine's own words ("manifest unknown"), not docker-py's request URL
-        why = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else str(exc)
-        say(f"the locked {platform} base is neither local nor in the registry "
-            f"({(why.splitlines() or ['?'])[0]}): bootstrapping it")
+        say(f"the locked {platform} base is neither local nor in the registry ({exc}): bootstrapping it")
     return None
 
 
-def _bootstrap(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock | None,
+def _bootstrap(engine: Engine, project: Project, platform: str, lock: BaseLock | None,
                pinned: PinnedBase | None, *, update: bool, say: Callable[[str], object]) -> PinnedBase:
     """Bootstrap *platform*'s base, push it and pin it; a fresh bootstrap that differs from *pinned*
     (the Debian mirror moved) is re-pinned with *update* only."""
@@ -397,15 +381,15 @@ def _bootstrap(client: docker.DockerClient, project: Project, platform: str, loc
     started, stage = time.monotonic(), ["writing its image and loading it into the engine"]
     with heartbeat(lambda: f"the {platform} base: {stage[0]} ({time.monotonic() - started:.0f} s)"):
         with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-            image_id, rootfs = make_image(client, project, Path(tmp), platform)
+            image_id, rootfs = make_image(engine, project, Path(tmp), platform)
             stage[0] = "compressing its layer"
             layer = gzip_layer(rootfs.tarball)
         stage[0] = f"pushing it to {project.base_repository}"
-        return _pin_bootstrapped(client, project, platform, lock, pinned, image_id, rootfs, layer, update=update,
+        return _pin_bootstrapped(engine, project, platform, lock, pinned, image_id, rootfs, layer, update=update,
                                  say=say)
 
 
-def _pin_bootstrapped(client: docker.DockerClient, project: Project, platform: str, lock: BaseLock | None,
+def _pin_bootstrapped(engine: Engine, project: Project, platform: str, lock: BaseLock | None,
                       pinned: PinnedBase | None, image_id: str, rootfs: Rootfs, layer: bytes, *, update: bool,
                       say: Callable[[str], object]) -> PinnedBase:
     """Push and pin a bootstrapped base (:func:`_bootstrap`'s second half)."""
@@ -419,7 +403,7 @@ def _pin_bootstrapped(client: docker.DockerClient, project: Project, platform: s
             raise UserError(*lines, "run 'builder base --update' to re-pin, then 'builder render' and commit both")
         for line in lines:
             say(line)
-    digest = push_base(client, project, platform, layer, image_config(rootfs, spec, platform))
+    digest = push_base(engine, project, platform, layer, image_config(rootfs, spec, platform))
     new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages)
     if new != pinned:
         current = lock or BaseLock(spec_sha256=spec_hash(project.matrix))
@@ -429,7 +413,7 @@ def _pin_bootstrapped(client: docker.DockerClient, project: Project, platform: s
 
 
 def _move_to_registry(
-    client: docker.DockerClient, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
+    engine: Engine, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
 ) -> PinnedBase | None:
     """The matrix's registry changed: the same base (copied from the old registry byte for byte, else
     pushed from the engine's copy) pinned in the new one; None when it can be had from neither (then it
@@ -437,10 +421,10 @@ def _move_to_registry(
     tag = base_tag(project, platform)
     digest = copy_base(pinned.reference, project.base_repository, tag.rsplit(":", 1)[1])
     if digest is not None:
-        _hold(client, f"{project.base_repository}@{digest}", platform)
-    elif _local_has(client, pinned):
+        _hold(engine, f"{project.base_repository}@{digest}", platform)
+    elif _local_has(engine, pinned):
         with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-            digest = push_base(client, project, platform, *saved_blobs(client, pinned.reference, Path(tmp)))
+            digest = push_base(engine, project, platform, *saved_blobs(engine, pinned.reference, Path(tmp)))
     if digest is None:
         say(f"the locked {platform} base {pinned.reference} is neither local nor in its old registry: bootstrapping it")
         return None
@@ -450,20 +434,12 @@ def _move_to_registry(
     return moved
 
 
-def _present(client: docker.DockerClient, ref: str) -> bool:
-    try:
-        client.api.inspect_image(ref)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
 def _push_if_missing(
-    client: docker.DockerClient, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
+    engine: Engine, project: Project, platform: str, pinned: PinnedBase, say: Callable[[str], object]
 ) -> None:
     if manifest_digest(pinned.reference, credentials(pinned.reference.split("/", 1)[0])) is None:
         with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-            digest = push_base(client, project, platform, *saved_blobs(client, pinned.reference, Path(tmp)))
+            digest = push_base(engine, project, platform, *saved_blobs(engine, pinned.reference, Path(tmp)))
         say(f"pushed the {platform} base to {project.base_repository} ({digest})")
         if not pinned.reference.endswith(digest):
             say(f"note: the registry digest {digest} differs from the lock's {pinned.reference}")

@@ -19,8 +19,6 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import docker
-
 from builder.config import files, platforms
 from builder.config.project import Project, ResolvedTarget
 from builder.images import base, gc, layers, locks, render, wheelhouse
@@ -54,14 +52,14 @@ def build_request(
                          nocache=nocache, registry_cache=registry_cache)
 
 
-def registry_cache_supported(engine: Engine | docker.DockerClient) -> bool:
+def registry_cache_supported(engine: Engine) -> bool:
     """Whether builds here can export a registry cache: the docker driver can with the containerd
     image store only; a builder the user selects (docker-container, remote, kubernetes) always can."""
-    return bool(os.environ.get("BUILDX_BUILDER")) or Engine.of(engine).store() == "containerd"
+    return bool(os.environ.get("BUILDX_BUILDER")) or engine.store() == "containerd"
 
 
 def docker_build(
-    client: Engine | docker.DockerClient,
+    engine: Engine,
     project: Project,
     target: ResolvedTarget,
     *,
@@ -79,13 +77,13 @@ def docker_build(
     request = build_request(project, target, stage=stage, cache_from=cache_from, nocache=nocache,
                             registry_cache=registry_cache)
     host = registry.Ref.parse(target.primary_ref).host
-    image_id, result = Engine.of(client).build(request, on_step=on_step, on_log=on_log, cancel=cancel,
+    image_id, result = engine.build(request, on_step=on_step, on_log=on_log, cancel=cancel,
                                                registry_host=host, cwd=project.root)
     return image_id, result.steps, result.cached, result.cache_read
 
 
 def ensure_base_present(
-    client: docker.DockerClient, project: Project, platform: str, say: Callable[[str], None], update: bool = False
+    engine: Engine, project: Project, platform: str, say: Callable[[str], None], update: bool = False
 ) -> str:
     """*platform*'s pinned base must be local; bring it (pull, or bootstrap) if not; return its reference.
 
@@ -93,17 +91,14 @@ def ensure_base_present(
     and the returned reference is the new one.
     """
     ref = project.base_for(platform)
-    try:
-        client.api.inspect_image(ref)
+    if engine.image(ref) is not None:
         return ref
-    except docker.errors.ImageNotFound:
-        pass
     say(f"base {ref} ({platform}) is not local: fetching it")
-    return base.ensure_base(client, project, platform, update=update, say=say).reference
+    return base.ensure_base(engine, project, platform, update=update, say=say).reference
 
 
 def build_all(
-    client: Engine | docker.DockerClient,
+    engine: Engine,
     project: Project,
     targets: list[ResolvedTarget],
     ui: UI,
@@ -125,7 +120,6 @@ def build_all(
     With ``push``, a target with several platforms then gets one index under each of its tags;
     with *attest* (the cli's, from a signing key), every pushed image and index its attachments.
     """
-    engine = Engine.of(client)
     options = plans.Options(push=push, smoke=smoke, rebuild=rebuild, pull=pull, sign=attest is not None)
     run = _Run(engine, project, ui, options, attest, keep_going, plans.build_labels(project.root))
     outcomes = run.reuse_or_build(targets, jobs=jobs, update_base=update_base)
@@ -220,7 +214,7 @@ def pin_bases(engine: Engine, project: Project, views: Sequence[ResolvedTarget],
               update: bool) -> Project:
     """*project* with each platform of *views* having its pinned base local (fetched if not); re-pinned
     (builds start FROM the new base) when a bootstrap with *update* moved it."""
-    pins = {p: ensure_base_present(engine.client, project, p, say, update=update)
+    pins = {p: ensure_base_present(engine, project, p, say, update=update)
             for p in dict.fromkeys(t.platform for t in views)}
     if all(project.base_for(p) == ref for p, ref in pins.items()):
         return project

@@ -21,7 +21,7 @@ images never import it; the cli injects it, and without a signing key there is n
 stage does nothing.
 
 Example:
-    >>> executor = Executor(Engine(connect()), project, ui, options=Options())  # doctest: +SKIP
+    >>> executor = Executor(connect(), project, ui, options=Options())  # doctest: +SKIP
     >>> executor.run([(view, decide(view, None, Options()))], keep_going=False)  # doctest: +SKIP
     [Outcome(target='cpu', ..., result='built', ...)]
 """
@@ -71,14 +71,11 @@ class Attester(Protocol):
     def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]: ...
 
 
-#: The smoke test: (engine, project, view, image ID, log) -> a result with ``status``, ``skipped``, ``summary()``.
-SmokeTest = Callable[[Engine, Project, ResolvedTarget, str, Callable[[str], None]], Any]
+class SmokeTest(Protocol):
+    """The smoke test (:func:`builder.images.smoke.smoke_test`): a result with ``status``, ``skipped``, ``summary()``."""
 
-
-def smoke_test(engine: Engine, project: Project, view: ResolvedTarget, image_id: str,
-               log: Callable[[str], None]) -> Any:
-    """The smoke test of :mod:`builder.images.smoke`."""
-    return smoke.smoke_test(engine.client, project, view, image_id, log=log)
+    def __call__(self, engine: Engine, project: Project, target: ResolvedTarget, image: str, *,
+                 log: Callable[[str], None]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -216,7 +213,7 @@ class Executor:
     """
 
     def __init__(self, engine: Engine, project: Project, ui: UI, *, options: plans.Options,
-                 attest: Attester | None = None, smoke: SmokeTest = smoke_test, revision: str = "unknown",
+                 attest: Attester | None = None, smoke: SmokeTest = smoke.smoke_test, revision: str = "unknown",
                  cancel: threading.Event | None = None) -> None:
         self.engine, self.project, self.ui, self.options = engine, project, ui, options
         self.attest, self.smoke, self.revision = attest, smoke, revision
@@ -300,7 +297,7 @@ class Executor:
             remove_orphans(self.engine, self.ui.say)
         self.ui.step(unit, out.steps, out.steps, "smoke test")
         result = self.smoke(self.engine, self.project, run.plan.view, out.image_id or "",
-                            lambda s: self.ui.log(unit, s))
+                            log=lambda s: self.ui.log(unit, s))
         out.smoke, out.notes = result.status, list(result.skipped)
         if result.status == "failed":
             raise TargetFailed(f"smoke test failed: {result.summary()}")

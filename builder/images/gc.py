@@ -25,7 +25,7 @@ Deleting from the wheelhouse happens under its lock, so a concurrent build never
 it is staging.
 
 Example:
-    >>> found = collect(client, project, keep_days=7)  # doctest: +SKIP
+    >>> found = collect(connect(), project, keep_days=7)  # doctest: +SKIP
     >>> [f"{s.store}: {human(s.freed)}" for s in found.summary()]  # doctest: +SKIP
     ['wheelhouse: 1.2 GB', 'contexts: 0 B', 'build cache: 310 MB', 'images: 40 MB', 'registry: 0 B']
 """
@@ -45,14 +45,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import docker
-
 from builder.config.files import locked
 from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
 from builder.config.state import state_dir
 from builder.images import layers, lockfile, wheelhouse
 from builder.images.content import content_tags
 from builder.oci import registry
+from builder.oci.engine import Engine
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
@@ -343,9 +342,9 @@ def collect_registry(folder: Path) -> None:
 
 # --- collect and remove -----------------------------------------------------------------------
 
-def collect(client: docker.DockerClient | None, project: Project, keep_days: float = KEEP_DAYS,
+def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAYS,
             items: bool = True) -> Found:
-    """What each store holds, and (with *items*) what goes; nothing is removed. Without a *client*
+    """What each store holds, and (with *items*) what goes; nothing is removed. Without an *engine*
     the engine's stores are left out."""
     found = Found()
     house = wheelhouse.location()
@@ -361,8 +360,8 @@ def collect(client: docker.DockerClient | None, project: Project, keep_days: flo
         shared = freed_bytes([*folders, *wheels]) - sum(i.bytes for i in found.items)
         if shared > 0:
             found.items.append(Item("wheelhouse", "(wheels linked from the folders above)", shared))
-    if client is not None:
-        usage = client.api.df()
+    if engine is not None:
+        usage = engine.disk_usage()
         records = usage.get("BuildCache") or []
         found.held["build cache"] = sum(int(r.get("Size") or 0) for r in records if not r.get("Shared"))
         pattern = content_tag_pattern(project)
@@ -391,7 +390,7 @@ def collect(client: docker.DockerClient | None, project: Project, keep_days: flo
     return found
 
 
-def remove(client: docker.DockerClient | None, project: Project, found: Found,
+def remove(engine: Engine | None, project: Project, found: Found,
            say: Callable[[str], None] = lambda line: None) -> list[Item]:
     """Remove *found*'s items; return those that could not be removed (with why, in ``note``)."""
     failed: list[Item] = []
@@ -407,20 +406,13 @@ def remove(client: docker.DockerClient | None, project: Project, found: Found,
         for name in gone:
             (house / name).unlink(missing_ok=True)
         wheelhouse.remember(house, dict(gone))
-    for record in (i.name for i in found.items if i.store == "build cache"):
-        # One record a call: buildx 0.13's filters are ANDed and know no regular expression (~=).
-        proc = subprocess.run(["docker", "buildx", "prune", "--force", "--filter", f"id={record}"],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            failed.append(Item("build cache", record, 0, proc.stderr.strip()[-300:]))
-    if client is not None:
+    if engine is not None:
+        for record in (i.name for i in found.items if i.store == "build cache"):
+            if (why := engine.prune_build_cache(record)) is not None:
+                failed.append(Item("build cache", record, 0, why))
         for item in (i for i in found.items if i.store == "images"):
-            try:
-                client.api.remove_image(item.name)
-            except docker.errors.ImageNotFound:
-                pass
-            except docker.errors.APIError as exc:  # a container uses it (conflict): kept
-                failed.append(Item("images", item.name, 0, str(exc.explanation or exc)[:200]))
+            if (why := engine.remove_image(item.name)) is not None:  # a container uses it (conflict): kept
+                failed.append(Item("images", item.name, 0, why))
     folder = registry_folder(project)
     if folder is not None and any(i.store == "registry" for i in found.items):
         collect_registry(folder)

@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import docker
-
 from builder.config.errors import TargetFailed
 from builder.config.files import atomic_write, locked, published_path
 from builder.config.project import Project, ResolvedTarget
@@ -29,21 +27,21 @@ from builder.oci import registry
 from builder.oci.engine import Engine
 
 
-def push_ref(client: docker.DockerClient | Engine, ref: str) -> str:
+def push_ref(engine: Engine, ref: str) -> str:
     """Push one tag; return the manifest digest the registry reports for it (:meth:`Engine.push`).
 
     Example:
-        >>> push_ref(client, "localhost:5000/ml-runtime:cpu")  # doctest: +SKIP
+        >>> push_ref(connect(), "localhost:5000/ml-runtime:cpu")  # doctest: +SKIP
         'sha256:...'
     """
-    return Engine.of(client).push(ref)
+    return engine.push(ref)
 
 
 def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
     """Push the image of a built target view under *refs*, in order; return its published record.
 
     Example:
-        >>> push_target(Engine(client), cpu, image_id, [content_tag, *image_refs(cpu)])["digest"]  # doctest: +SKIP
+        >>> push_target(connect(), cpu, image_id, [content_tag, *image_refs(cpu)])["digest"]  # doctest: +SKIP
         'sha256:...'
     """
     digests: dict[str, str] = {}

@@ -22,16 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import docker
-import requests
 from packaging.version import InvalidVersion, Version
-from urllib3.exceptions import ReadTimeoutError
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed
 from builder.config.project import Project, ResolvedTarget
 from builder.config.state import owner
 from builder.host.devices import device_options
+from builder.oci.engine import ContainerTimeout, Engine
 
 #: On every smoke container: its owner, this process (:func:`builder.config.state.owner`).
 SMOKE_LABEL = "io.ml-image-builder.images.smoke"
@@ -71,9 +69,10 @@ class SmokeResult:
 
 
 def run_container(
-    client: docker.DockerClient, image: str, command: list[str], *, timeout: int = 900, **kwargs: Any
+    engine: Engine, image: str, command: list[str], *, timeout: int = 900, **options: Any
 ) -> tuple[int, str, str]:
-    """Run a container to completion; return (exit status, stdout and stderr merged, stdout). Always removes it.
+    """Run a smoke container to completion, without a network; return (exit status, stdout and stderr
+    merged, stdout). The engine always removes it.
 
     Parse stdout only: a warning on stderr can land inside the lines of a JSON document.
 
@@ -81,28 +80,16 @@ def run_container(
     build`` removes its own, the next build those of a killed one.
     A container still running after *timeout* seconds fails the target (TargetFailed).
     """
-    container = client.containers.create(
-        image, command, labels={SMOKE_LABEL: owner()}, network_mode="none", **kwargs
-    )
     try:
-        container.start()
-        try:
-            status = container.wait(timeout=timeout)["StatusCode"]
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
-            # ReadTimeout before the engine's headers, ConnectionError(ReadTimeoutError) after them
-            if not isinstance(exc, requests.exceptions.ReadTimeout) and not (
-                    exc.args and isinstance(exc.args[0], ReadTimeoutError)):
-                raise
-            shown = " ".join(command)[:80]
-            ref = image.removeprefix("sha256:")[:12] if image.startswith("sha256:") else image
-            raise TargetFailed(
-                f"smoke container '{shown}' still running after the {timeout} s timeout (removed); "
-                f"run it by hand to see where it hangs: docker run --rm -it {ref} {shown}"
-            ) from None
-        merged = container.logs(stdout=True, stderr=True).decode(errors="replace")
-        return status, merged, container.logs(stdout=True, stderr=False).decode(errors="replace")
-    finally:
-        container.remove(force=True)
+        return engine.run(image, command, labels={SMOKE_LABEL: owner()}, timeout=timeout, network_mode="none",
+                          **options)
+    except ContainerTimeout:
+        shown = " ".join(command)[:80]
+        ref = image.removeprefix("sha256:")[:12] if image.startswith("sha256:") else image
+        raise TargetFailed(
+            f"smoke container '{shown}' still running after the {timeout} s timeout (removed); "
+            f"run it by hand to see where it hangs: docker run --rm -it {ref} {shown}"
+        ) from None
 
 
 def public_version(version: object) -> str | None:
@@ -114,7 +101,7 @@ def public_version(version: object) -> str | None:
 
 
 def smoke_test(
-    client: docker.DockerClient,
+    engine: Engine,
     project: Project,
     target: ResolvedTarget,
     image: str,
@@ -135,7 +122,7 @@ def smoke_test(
     # it. The environment fits the container to qemu (platforms.emulated_env says why).
     masked: dict[str, Any] = {"tmpfs": {"/sys/devices/system/cpu": "ro"},
                               "environment": platforms.emulated_env(target.platform)} if emulated else {}
-    status, out, stdout = run_container(client, image, PROBE, **options, **masked)
+    status, out, stdout = run_container(engine, image, PROBE, **options, **masked)
     probe = _json_after_checks(stdout)
     if status != 0 or probe is None:
         result.add("container", False, f"exit {status}: {out.strip()[-400:]}")
@@ -161,7 +148,7 @@ def smoke_test(
     distributed = probe.get("distributed", {})
     result.add("torch.distributed", distributed.get("available") is True,
                f"{distributed.get('available')} ({distributed.get('backend')})")
-    status, out, found = run_container(client, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
+    status, out, found = run_container(engine, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
     left = found.split()
     result.add("no wheels or caches left", status == 0 and not left,
                ", ".join(left[:5]) or "none" if status == 0 else f"find exited {status}: {out[-200:]}")
@@ -173,7 +160,7 @@ def smoke_test(
         result.skipped.append(f"accelerate 2-process training skipped: {emulated} (minutes per step)")
         log(result.skipped[-1])
     elif train:
-        status, out, _ = run_container(client, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
+        status, out, _ = run_container(engine, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
         m = FINAL.search(out)
         ok = status == 0 and m is not None and float(m[2]) < float(m[1]) and "processes=2" in out
         detail = f"first {m[1]} -> last {m[2]}" if m else f"exit {status}: {out.strip()[-300:]}"

@@ -1,5 +1,6 @@
-"""Connect to the Docker engine, or explain in one line how to get one; :class:`Engine`, what the
-build path needs of it, behind one interface.
+"""The container engine behind one interface: :class:`Engine` (a Protocol: every request the builder
+makes of an engine), :class:`DockerEngine` (Docker, through docker-py and ``docker buildx``), and
+:func:`connect`, which finds one or says in one line how to get one.
 
 Example:
     >>> engine_version("26.1.5+dfsg1")
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import docker
+import requests
 from docker.errors import DockerException
+from urllib3.exceptions import ReadTimeoutError
 
 from builder.config.errors import TargetFailed, UserError
 from builder.oci import buildkit, registry
@@ -33,16 +37,16 @@ def engine_address() -> str:
 MIN_ENGINE = (26, 0)
 
 
-def connect() -> docker.DockerClient:
-    """A docker-py client whose engine answered, and is Docker 26 or newer.
+def connect(timeout: int = TIMEOUT_S) -> DockerEngine:
+    """The engine, answering and Docker 26 or newer; else one UserError that says how to get one.
 
     Example:
         >>> connect().version()["Version"]  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
     try:
-        client = docker.from_env(timeout=TIMEOUT_S)
-        version = str(client.version().get("Version", ""))
+        engine = DockerEngine.from_env(timeout)
+        version = str(engine.version().get("Version", ""))
     except DockerException as exc:
         reason = str(exc).splitlines()[0][:160]
         raise UserError(
@@ -53,7 +57,7 @@ def connect() -> docker.DockerClient:
         raise UserError(f"the engine at {engine_address()} is Docker {version}; builder needs Docker >= "
                         f"{'.'.join(map(str, MIN_ENGINE))} (BuildKit with named contexts, zstd, the containerd "
                         "image store): upgrade it (scripts/setup-host.sh prints how)")
-    return client
+    return engine
 
 
 def engine_version(version: str) -> tuple[int, int]:
@@ -67,36 +71,6 @@ def engine_version(version: str) -> tuple[int, int]:
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0) if parts else (0, 0)
 
 
-def image_id(client: docker.DockerClient, names: tuple[str, ...] | list[str]) -> str:
-    """The engine's ID of an image known by several digests (manifest, config): the first it knows.
-
-    The containerd image store names an image by its manifest digest, the classic store by its
-    config digest; asking the engine holds in both.
-    """
-    for name in names:
-        try:
-            return str(client.api.inspect_image(name)["Id"])
-        except docker.errors.ImageNotFound:
-            continue
-    raise UserError(f"the engine knows none of {', '.join(names)}, which the build just made; "
-                    "is DOCKER_HOST the engine buildx builds on? (select the builder with --builder)")
-
-
-def image_size(client: docker.DockerClient, ref: str) -> int:
-    """The image's unpacked size in bytes, as the classic store's ``Size`` says it.
-
-    The containerd store's ``Size`` counts the compressed content instead (a 1.06 GB image shows
-    as 0.30 GB); every layer's own size in the history is the unpacked one in both stores, save a
-    foreign platform's image in the containerd store, which has no history there.
-    """
-    try:
-        return sum(int(entry.get("Size") or 0) for entry in client.api.history(ref))
-    except docker.errors.NotFound:
-        # Docker 26's containerd store has no history of a foreign platform's image ("snapshot ... does
-        # not exist"): its own Size, the compressed content, is the figure it has.
-        return int(client.api.inspect_image(ref).get("Size") or 0)
-
-
 def image_store(info: dict[str, Any]) -> str:
     """``containerd`` or ``classic``: which image store the engine keeps images in, from its ``info()``."""
     status = info.get("DriverStatus") or []
@@ -104,17 +78,164 @@ def image_store(info: dict[str, Any]) -> str:
         else "classic"
 
 
-class Engine:
-    """What a build needs of the engine, in one place: images by name (inspect, tag, size, labels),
-    builds (``docker buildx``, :mod:`builder.oci.buildkit`), pushes and pulls, the image store,
-    and the containers a label marks. repo2docker's ``ContainerEngine`` is the model: the build's
-    executor (:mod:`builder.images.execute`) takes one as a parameter, so its unit tests pass a
-    recording stand-in with these methods, and ``tests/engine`` test this one on a real engine.
+class EngineError(Exception):
+    """The engine refused a request; the text is the engine's own explanation (one line)."""
 
-    ``client`` stays the docker-py client for what runs containers (the smoke test, the base).
+
+class ContainerTimeout(EngineError):
+    """A container still ran when its time was up (it was removed)."""
+
+
+class Engine(Protocol):
+    """Every request the builder makes of a container engine, in one place (repo2docker's
+    ``ContainerEngine``, RamaLama's engine: the model). :class:`DockerEngine` is the docker-py
+    implementation; a second engine (podman) implements the same methods. Callers take an
+    ``Engine`` and never a client of one engine; the unit tests' stand-ins are checked against
+    this Protocol by mypy.
+
+    Images are named as the engine names them (``repo:tag``, ``repo@sha256:...`` or an ID);
+    requests the engine refuses raise :class:`EngineError` with its words, and an engine that does
+    not answer raises what its client raises (:mod:`builder.oci.faults` says it in one line).
+    """
+
+    def address(self) -> str:
+        """Where the engine listens (``unix:///var/run/docker.sock``), for messages."""
+        ...
+
+    def version(self) -> dict[str, Any]:
+        """The engine's ``version`` (``Version``, ``ApiVersion``, ...)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """The engine's ``info`` (runtimes, CDI spec folders, the storage driver, ...)."""
+        ...
+
+    def store(self) -> str:
+        """``containerd`` or ``classic``: the image store (:func:`image_store`)."""
+        ...
+
+    def image(self, ref: str) -> dict[str, Any] | None:
+        """The engine's ``inspect`` of an image, or None when it has no image of that name."""
+        ...
+
+    def resolve(self, names: Sequence[str]) -> str:
+        """The engine's ID of an image a build named by several digests (:func:`image_id`)."""
+        ...
+
+    def tag(self, image: str, ref: str) -> None:
+        """Point *ref* (``repo:tag``) at *image*, moving it from whatever it named."""
+        ...
+
+    def size(self, image: str) -> int:
+        """The image's unpacked size in bytes (:func:`image_size`)."""
+        ...
+
+    def labels(self, image: str) -> dict[str, str]:
+        """The labels of the image's config."""
+        ...
+
+    def repo_digests(self, ref: str) -> list[str]:
+        """``repo@sha256:...`` of every registry the engine pushed the image to or pulled it from."""
+        ...
+
+    def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
+        """Pull *ref* (``repo:tag`` or ``repo@sha256:...``), of *platform* when given."""
+        ...
+
+    def push(self, ref: str) -> str:
+        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's."""
+        ...
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        """The image as a docker-archive (``docker save``), in chunks."""
+        ...
+
+    def load(self, archive: Path) -> None:
+        """Load a docker-archive; a load the engine refuses raises :class:`EngineError`."""
+        ...
+
+    def remove_image(self, ref: str) -> str | None:
+        """Remove an image (or this one of its tags); None when it is gone, else why it was kept."""
+        ...
+
+    def disk_usage(self) -> dict[str, Any]:
+        """The engine's ``system df``: ``Images`` and ``BuildCache`` records with their sizes."""
+        ...
+
+    def prune_build_cache(self, record: str) -> str | None:
+        """Remove one build-cache record by ID; None when done, else why not."""
+        ...
+
+    def build(
+        self,
+        request: buildkit.BuildRequest,
+        *,
+        on_step: Callable[[int, int, str], None] = ...,
+        on_log: Callable[[str], None] = ...,
+        cancel: threading.Event | None = None,
+        registry_host: str | None = None,
+        cwd: Path | None = None,
+    ) -> tuple[str, buildkit.BuildResult]:
+        """Run one build; return the engine's ID of the image it made, and the result."""
+        ...
+
+    def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
+            **options: Any) -> tuple[int, str, str]:
+        """Run a container to completion; return (exit status, stdout and stderr merged, stdout). Always
+        removes it; still running after *timeout* seconds raises :class:`ContainerTimeout`. *options* are
+        the container's settings (``network_mode``, ``devices``, ``device_requests``, ``environment``,
+        ``tmpfs``, ``shm_size``: the engine API's names)."""
+        ...
+
+    def create(self, options: Mapping[str, Any]) -> str:
+        """Create a container (the engine API's settings, ``image`` and ``command`` among them); return its ID."""
+        ...
+
+    def attach(self, container: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """(stdout, stderr) chunks of a created container, from its first byte (attach before start)."""
+        ...
+
+    def start(self, container: str) -> None:
+        """Start a created container."""
+        ...
+
+    def wait(self, container: str) -> int:
+        """Wait for the container to exit; its exit status."""
+        ...
+
+    def stop(self, container: str, timeout: int) -> None:
+        """Stop it (TERM, then KILL after *timeout* seconds); one gone already is no error."""
+        ...
+
+    def containers(self, label: str) -> list[str]:
+        """The IDs of every container, running or not, carrying *label* (``key=value``)."""
+        ...
+
+    def container_labels(self, label: str) -> dict[str, dict[str, str]]:
+        """{ID: its labels} of every container, running or not, carrying *label* (``key`` or ``key=value``)."""
+        ...
+
+    def remove_container(self, container: str) -> None:
+        """Force-remove a container; one gone already, or being removed, is no error."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+def _explanation(exc: docker.errors.DockerException) -> str:
+    """The engine's own words for a refused request, not docker-py's request URL."""
+    text = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else str(exc)
+    return (str(text).strip().splitlines() or ["?"])[0][:300]
+
+
+class DockerEngine:
+    """:class:`Engine` over the Docker Engine API (docker-py) and BuildKit (``docker buildx``): the only
+    place that holds a ``docker.DockerClient``.
 
     Example:
-        >>> Engine.of(connect()).image("localhost:5000/ml-runtime:cpu")["Id"]  # doctest: +SKIP
+        >>> connect().image("localhost:5000/ml-runtime:cpu")["Id"]  # doctest: +SKIP
         'sha256:...'
     """
 
@@ -122,49 +243,62 @@ class Engine:
         self.client = client
 
     @classmethod
-    def of(cls, client: Engine | docker.DockerClient) -> Engine:
-        """The Engine over a docker-py client; anything else is taken for an Engine (or a stand-in of one)."""
-        return cls(client) if isinstance(client, docker.DockerClient) else client
+    def from_env(cls, timeout: int = TIMEOUT_S) -> DockerEngine:
+        """The engine DOCKER_HOST names (else the local socket), unchecked: its first request may fail."""
+        return cls(docker.from_env(timeout=timeout))
+
+    def address(self) -> str:
+        return engine_address()
+
+    def version(self) -> dict[str, Any]:
+        return dict(self.client.version())
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.client.info())
+
+    def store(self) -> str:
+        return image_store(self.info())
 
     def image(self, ref: str) -> dict[str, Any] | None:
-        """The engine's ``inspect`` of an image, or None when it has no image of that name."""
         try:
             return dict(self.client.api.inspect_image(ref))
         except docker.errors.ImageNotFound:
             return None
 
     def resolve(self, names: Sequence[str]) -> str:
-        """The engine's ID of an image a build named by several digests (:func:`image_id`)."""
-        return image_id(self.client, tuple(names))
+        for name in names:
+            found = self.image(name)
+            if found is not None:
+                return str(found["Id"])
+        raise UserError(f"the engine knows none of {', '.join(names)}, which the build just made; "
+                        "is DOCKER_HOST the engine buildx builds on? (select the builder with --builder)")
 
     def tag(self, image: str, ref: str) -> None:
-        """Point *ref* (``repo:tag``) at *image*, moving it from whatever it named."""
         repo, tag = ref.rsplit(":", 1)
         self.client.api.tag(image, repo, tag, force=True)
 
     def size(self, image: str) -> int:
-        """The image's unpacked size in bytes (:func:`image_size`)."""
-        return image_size(self.client, image)
+        try:
+            return sum(int(entry.get("Size") or 0) for entry in self.client.api.history(image))
+        except docker.errors.NotFound:
+            # Docker 26's containerd store has no history of a foreign platform's image ("snapshot ... does
+            # not exist"): its own Size, the compressed content, is the figure it has.
+            return int(self.client.api.inspect_image(image).get("Size") or 0)
 
     def labels(self, image: str) -> dict[str, str]:
-        """The labels of the image's config."""
         return dict(self.client.api.inspect_image(image)["Config"].get("Labels") or {})
 
     def repo_digests(self, ref: str) -> list[str]:
-        """``repo@sha256:...`` of every registry the engine pushed the image to or pulled it from."""
         found = self.image(ref)
         return list((found or {}).get("RepoDigests") or [])
 
-    def store(self) -> str:
-        """``containerd`` or ``classic`` (:func:`image_store`): one request to the engine."""
-        return image_store(self.client.info())
-
-    def pull(self, ref: str, creds: dict[str, str] | None) -> None:
-        """Pull *ref* (``repo:tag``) from its registry."""
-        self.client.api.pull(*ref.rsplit(":", 1), auth_config=creds)
+    def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
+        try:  # docker-py splits the tag or digest off the reference itself
+            self.client.api.pull(ref, platform=platform, auth_config=creds)
+        except docker.errors.APIError as exc:
+            raise EngineError(_explanation(exc)) from None
 
     def push(self, ref: str) -> str:
-        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's."""
         r = registry.Ref.parse(ref)
         creds = registry.credentials(r.host)
         digest = None
@@ -187,6 +321,38 @@ class Engine:
             raise TargetFailed(f"push of {ref}: registry reports {reported}, the engine pushed {digest}")
         return digest
 
+    def save(self, ref: str) -> Iterator[bytes]:
+        yield from self.client.api.get_image(ref)
+
+    def load(self, archive: Path) -> None:
+        # docker-py's load_image is a generator: a failed load is an error event in it (or an API error
+        # when the engine refuses the request), so it is read to the end here, never left unread.
+        try:
+            with archive.open("rb") as handle:
+                for event in self.client.api.load_image(handle):
+                    if "error" in event:
+                        raise EngineError(str(event["error"]).strip()[:300])
+        except docker.errors.APIError as exc:
+            raise EngineError(_explanation(exc)) from None
+
+    def remove_image(self, ref: str) -> str | None:
+        try:
+            self.client.api.remove_image(ref)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:  # a container uses it (conflict): kept
+            return _explanation(exc)[:200]
+        return None
+
+    def disk_usage(self) -> dict[str, Any]:
+        return dict(self.client.api.df())
+
+    def prune_build_cache(self, record: str) -> str | None:
+        # buildx 0.13's filters are ANDed and know no regular expression (~=): one record a call.
+        proc = subprocess.run(["docker", "buildx", "prune", "--force", "--filter", f"id={record}"],
+                              capture_output=True, text=True, check=False)
+        return proc.stderr.strip()[-300:] if proc.returncode != 0 else None
+
     def build(
         self,
         request: buildkit.BuildRequest,
@@ -197,29 +363,70 @@ class Engine:
         registry_host: str | None = None,
         cwd: Path | None = None,
     ) -> tuple[str, buildkit.BuildResult]:
-        """Run one build through BuildKit; return the engine's ID of the image it made, and the result.
-
-        BuildKit reads the base and the cache from *registry_host* itself, with the same credentials.
-        """
+        """BuildKit reads the base and the cache from *registry_host* itself, with the same credentials."""
         creds = registry.credentials(registry_host) if registry_host else None
         result = buildkit.run(request, on_step=on_step, on_log=on_log, cancel=cancel, registry_host=registry_host,
                               creds=creds, cwd=cwd)
         return self.resolve(result.ids), result
 
+    def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
+            **options: Any) -> tuple[int, str, str]:
+        container = self.client.containers.create(image, list(command), labels=dict(labels), **options)
+        try:
+            container.start()
+            try:
+                status = int(container.wait(timeout=timeout)["StatusCode"])
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+                # ReadTimeout before the engine's headers, ConnectionError(ReadTimeoutError) after them
+                if not isinstance(exc, requests.exceptions.ReadTimeout) and not (
+                        exc.args and isinstance(exc.args[0], ReadTimeoutError)):
+                    raise
+                raise ContainerTimeout(f"still running after the {timeout} s timeout") from None
+            merged = container.logs(stdout=True, stderr=True).decode(errors="replace")
+            return status, merged, container.logs(stdout=True, stderr=False).decode(errors="replace")
+        finally:
+            container.remove(force=True)
+
+    def create(self, options: Mapping[str, Any]) -> str:
+        try:
+            return str(self.client.containers.create(**options).id)
+        except docker.errors.APIError as exc:
+            raise EngineError(_explanation(exc)) from None
+
+    def attach(self, container: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        # logs=True as well: not a byte written before the attach is lost.
+        stream = self.client.api.attach(container, stdout=True, stderr=True, stream=True, logs=True, demux=True)
+        return iter(stream)
+
+    def start(self, container: str) -> None:
+        try:
+            self.client.api.start(container)
+        except docker.errors.APIError as exc:
+            raise EngineError(_explanation(exc)) from None
+
+    def wait(self, container: str) -> int:
+        return int(self.client.api.wait(container)["StatusCode"])
+
+    def stop(self, container: str, timeout: int) -> None:
+        try:
+            self.client.api.stop(container, timeout=timeout)
+        except docker.errors.APIError:  # gone already (NotFound is an APIError)
+            pass
+
     def containers(self, label: str) -> list[str]:
-        """The IDs of every container, running or not, carrying *label* (``key=value``)."""
         return [c["Id"] for c in self.client.api.containers(all=True, filters={"label": label})]
 
     def container_labels(self, label: str) -> dict[str, dict[str, str]]:
-        """{ID: its labels} of every container, running or not, carrying *label* (``key`` or ``key=value``)."""
         return {c["Id"]: c.get("Labels") or {} for c in self.client.api.containers(all=True, filters={"label": label})}
 
     def remove_container(self, container: str) -> None:
-        """Force-remove a container; one gone already, or being removed, is no error."""
         try:
             self.client.api.remove_container(container, force=True)
         except docker.errors.APIError:
             pass
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def _explain(host: str, error: str) -> str:

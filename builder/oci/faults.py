@@ -20,7 +20,7 @@ import docker.errors
 import requests.exceptions
 
 from builder.config.urls import public
-from builder.oci.engine import engine_address
+from builder.oci.engine import EngineError, engine_address
 from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.
@@ -32,7 +32,7 @@ EXIT_FAULT = 70
 
 #: What :func:`describe` knows by name (callers that must not stop catch these).
 KNOWN: tuple[type[BaseException], ...] = (
-    docker.errors.DockerException, RegistryFault, requests.exceptions.RequestException, urllib.error.URLError,
+    docker.errors.DockerException, EngineError, RegistryFault, requests.exceptions.RequestException, urllib.error.URLError,
 )
 
 
@@ -70,6 +70,9 @@ def describe(exc: BaseException) -> Fault:
     if isinstance(exc, requests.exceptions.Timeout):
         return Fault(f"Docker engine at {engine_address()} timed out ({exc.__class__.__name__}: "
                      f"{_first_line(exc)}); check `docker info` and retry", EXIT_ENGINE)
+    if isinstance(exc, EngineError):
+        return Fault(f"the engine at {engine_address()} refused a request ({_first_line(exc)}); "
+                     "check that it runs (`docker info`) and retry", EXIT_ENGINE)
     if isinstance(exc, requests.exceptions.RequestException | docker.errors.DockerException):
         what = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else _first_line(exc)
         return Fault(f"Docker engine at {engine_address()} failed ({exc.__class__.__name__}: {str(what)[:200]}); "

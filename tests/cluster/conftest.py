@@ -17,14 +17,14 @@ def slurm_cluster(tmp_path_factory, engine) -> Iterator[SlurmCluster]:
     missing = missing_tools()
     if missing:
         fail_or_skip(f"no {', '.join(missing)} (apt-get install slurm-wlm munge; scripts/setup-host.sh does)")
-    before = {c.id for c in engine.containers.list(all=True, filters={"label": SLURM_LABEL})}
+    before = {c.id for c in engine.client.containers.list(all=True, filters={"label": SLURM_LABEL})}
     # A short path: slurmd's spool and munge's socket live under it.
     cluster = SlurmCluster.start(Path(tmp_path_factory.mktemp("slurm")))
     try:
         yield cluster
     finally:
         cluster.stop()
-        for container in engine.containers.list(all=True, filters={"label": SLURM_LABEL}):
+        for container in engine.client.containers.list(all=True, filters={"label": SLURM_LABEL}):
             if container.id not in before:
                 container.remove(force=True)
 

@@ -42,7 +42,7 @@ def test_two_nodes_train_over_gloo_and_converge(slurm_cluster, cpu_project: Path
     assert sorted(finals) == [0, 1], log  # srun --label: both ranks (one per node) report
     assert all(last < first for first, last in finals.values()), finals
     assert "processes=2 backend=gloo" in log
-    assert not engine.containers.list(all=True, filters={"label": SLURM_LABEL})
+    assert not engine.client.containers.list(all=True, filters={"label": SLURM_LABEL})
 
 
 def test_a_failing_training_fails_the_job(slurm_cluster, cpu_project: Path, tmp_path: Path, no_leftovers) -> None:
@@ -64,7 +64,7 @@ def test_scancel_stops_and_removes_the_containers(slurm_cluster, cpu_project: Pa
     assert job, result.stdout + result.stderr
     mine = {"label": f"{SLURM_LABEL}={job[1]}"}
     deadline = time.monotonic() + 180
-    while len(engine.containers.list(filters=mine)) < 2:
+    while len(engine.client.containers.list(filters=mine)) < 2:
         assert time.monotonic() < deadline, slurm_cluster.logs()
         time.sleep(1)
     cancelled = time.monotonic()
@@ -72,7 +72,7 @@ def test_scancel_stops_and_removes_the_containers(slurm_cluster, cpu_project: Pa
     while slurm_cluster.run("squeue", "-h", "-j", job[1]).stdout.strip():
         assert time.monotonic() - cancelled < 60, "the job outlived scancel by a minute"
         time.sleep(1)
-    assert not engine.containers.list(all=True, filters=mine)
+    assert not engine.client.containers.list(all=True, filters=mine)
     state = slurm_cluster.run("scontrol", "show", "job", job[1]).stdout
     assert "JobState=CANCELLED" in state, state
     # The containers stopped on SIGTERM, well within docker stop's grace (20 s) and Slurm's KillWait (30 s).

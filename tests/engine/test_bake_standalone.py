@@ -28,7 +28,7 @@ def test_plain_buildx_bake_builds_the_emitted_file(cpu_project, registry, engine
     edit_matrix(root, registry=repo)
     # BuildKit resolves FROM in the registry: the pinned base goes there first (same image, same digest).
     pinned = base_pin(cpu_project)["reference"]
-    engine.api.tag(pinned, f"{repo}/base", "bake")
+    engine.client.api.tag(pinned, f"{repo}/base", "bake")
     digest = push_ref(engine, f"{repo}/base:bake")
     retarget_base_lock(cpu_project, root, repo, digest)
     written = run_builder("bake", "-t", "cpu", "-o", str(root / "docker-bake.json"), cwd=root)
@@ -40,10 +40,10 @@ def test_plain_buildx_bake_builds_the_emitted_file(cpu_project, registry, engine
         baked = subprocess.run([docker, "buildx", "bake", "-f", "docker-bake.json", "--progress", "plain", "cpu"],
                                cwd=root, capture_output=True, text=True, timeout=1800, check=False)
         assert baked.returncode == 0, baked.stderr[-3000:]
-        image = engine.api.inspect_image(tags[0])
+        image = engine.client.api.inspect_image(tags[0])
         assert image["Config"]["Labels"]["io.ml-image-builder.target"] == "cpu"
         assert image["Config"]["User"] == "1001:1001"
-        out = engine.containers.run(tags[0], ["python", "-c", "print('BAKED RAN')"], remove=True, stderr=True)
+        out = engine.client.containers.run(tags[0], ["python", "-c", "print('BAKED RAN')"], remove=True, stderr=True)
         assert b"[CHECK] pytorch: 2.13.0+cpu -> OK" in out and b"BAKED RAN" in out
     finally:
         for tag in [*tags, f"{repo}/base:bake"]:

@@ -27,7 +27,7 @@ def test_builder_base_twice_gives_the_same_image_id(tmp_path, engine, registry, 
     assert lock1["image_id"] == lock2["image_id"]
     assert lock1["reference"] == lock2["reference"]
     assert lock1["reference"].startswith(f"{registry}/ml-runtime/base@sha256:")
-    info = engine.api.inspect_image(lock1["reference"])  # the engine's own ID differs by image store
+    info = engine.client.api.inspect_image(lock1["reference"])  # the engine's own ID differs by image store
     assert info["Created"].startswith("2025-01-01T00:00:00"), "created must be SOURCE_DATE_EPOCH, not now"
     # The pin lives in base.lock.json alone: the rendered Dockerfiles name none, and stay current.
     assert "base@sha256:" not in (root / "images/cpu/Dockerfile").read_text()
@@ -93,7 +93,7 @@ def test_a_load_the_engine_refuses_is_one_line_naming_it(engine, tmp_path):
         load_archive(engine, archive, "the linux/amd64 base")
     assert str(caught.value).startswith("the engine could not load the linux/amd64 base: ")
     assert len(str(caught.value).splitlines()) == 1
-    assert not engine.images.list(name=ref.split(":")[0])
+    assert not engine.client.images.list(name=ref.split(":")[0])
 
 
 def test_the_base_pin_follows_the_content_not_what_the_engine_holds(tmp_path, engine, based_project):

@@ -38,7 +38,7 @@ def test_cpu_image_builds_and_passes_smoke(cpu_project, engine):
     """The fixture built, smoke-tested and pushed cpu; the record says so, with its content tag."""
     record = json.loads((cpu_project / "dist" / "published.json").read_text())["cpu"]
     assert record["result"] == "built" and record["content_tag"].startswith(f"{registry_of(cpu_project)}:cpu-")
-    info = engine.api.inspect_image(record["content_tag"])
+    info = engine.client.api.inspect_image(record["content_tag"])
     assert record["image_id"] == info["Id"]
     config = info["Config"]
     assert config["User"] == "1001:1001" and config["WorkingDir"] == "/workspace"
@@ -60,7 +60,7 @@ def test_unchanged_target_is_reused_not_rebuilt(cpu_project, engine):
     assert cpu["result"] == "reused-local" and cpu["error"] is None
     assert cpu["steps"] == 0 and cpu["smoke"] == "passed earlier"  # no build, no smoke
     assert set(cpu["tags"]) == {"cpu", "cpu-torch2.13.0", "latest-cpu"}
-    assert engine.api.inspect_image(cpu["content_tag"])["Id"] == cpu["image_id"]
+    assert engine.client.api.inspect_image(cpu["content_tag"])["Id"] == cpu["image_id"]
     printed = json.loads(run_builder("print", "-t", "cpu", cwd=cpu_project).stdout)
     assert printed["targets"][0]["content_tags"][cpu["platform"]] == cpu["content_tag"]  # shown without building
 
@@ -95,10 +95,10 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
     ensurepip wheels under /usr/share/python-wheels, which are not ours.)"""
     repo = f"{registry_of(cpu_project)}:cpu"
     base = base_pin(cpu_project)["reference"]
-    skip = len(engine.api.inspect_image(base)["RootFS"]["Layers"])
+    skip = len(engine.client.api.inspect_image(base)["RootFS"]["Layers"])
     archive = tmp_path / "image.tar"
     with archive.open("wb") as handle:
-        for chunk in engine.api.get_image(repo):
+        for chunk in engine.client.api.get_image(repo):
             handle.write(chunk)
     bad, scanned = [], 0
     with tarfile.open(archive) as outer:
@@ -146,19 +146,19 @@ def test_ctrl_c_mid_build_leaves_nothing_and_resumes(cpu_project, engine, tmp_pa
     try:
         _interrupt_and_resume(root, repo, engine)
     finally:
-        for image in engine.images.list(name=repo):
+        for image in engine.client.images.list(name=repo):
             for tag in image.tags:  # the same image may carry other tests' tags: only ours go
                 if tag.startswith(repo + ":"):
-                    engine.api.remove_image(tag, noprune=True)
+                    engine.client.api.remove_image(tag, noprune=True)
 
 
 def _interrupt_and_resume(root, repo, engine):
     first, _ = build_json(root, "-t", "cpu", "--no-smoke")
     assert first.returncode == 0, first.stderr[-2000:]
-    old = engine.api.inspect_image(f"{repo}:cpu")["Id"]
+    old = engine.client.api.inspect_image(f"{repo}:cpu")["Id"]
     with (root / "runtime/ml_runtime/__init__.py").open("a") as handle:
         handle.write(f"\n# cache buster {time.time()}\n")
-    before = {c.id for c in engine.containers.list(all=True)}
+    before = {c.id for c in engine.client.containers.list(all=True)}
     proc = subprocess.Popen([sys.executable, "-m", "builder", "build", "-t", "cpu", "--no-smoke"], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
     seen = []
@@ -172,10 +172,10 @@ def _interrupt_and_resume(root, repo, engine):
     assert proc.returncode == 130, "".join(seen[-20:]) + rest
     assert "Traceback" not in rest
     # At once: buildx was cancelled and waited for; nothing of the build runs or stays.
-    left = {c.id for c in engine.containers.list(all=True)} - before
+    left = {c.id for c in engine.client.containers.list(all=True)} - before
     assert not left, f"{len(left)} containers left after Ctrl-C"
     assert not _buildx_running(root), "a buildx process of the interrupted build is still running"
-    assert engine.api.inspect_image(f"{repo}:cpu")["Id"] == old, "tag moved to a half build"
+    assert engine.client.api.inspect_image(f"{repo}:cpu")["Id"] == old, "tag moved to a half build"
     again, out = build_json(root, "-t", "cpu", "--no-smoke")
     assert again.returncode == 0, again.stderr[-2000:]
     # Everything below the interrupted step came from cache: BuildKit's steps before it (RUN, COPY,
@@ -222,11 +222,11 @@ def busybox(engine, tmp_path):
     try:
         yield tag
     finally:  # labels are inherited: this finds every image built on it, children first
-        for container in engine.containers.list(all=True, filters={"ancestor": tag}):
+        for container in engine.client.containers.list(all=True, filters={"ancestor": tag}):
             container.remove(force=True)
-        for built in sorted(engine.images.list(all=True, filters={"label": f"{TEST_LABEL}={marker}"}),
+        for built in sorted(engine.client.images.list(all=True, filters={"label": f"{TEST_LABEL}={marker}"}),
                             key=lambda i: i.attrs["Created"], reverse=True):
-            engine.images.remove(built.id, force=True, noprune=True)
+            engine.client.images.remove(built.id, force=True, noprune=True)
 
 
 class _UI:
@@ -266,8 +266,8 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
 
     def add_decoys() -> None:
         # New since the build began, yet not its own: a plain container, another process's smoke container.
-        decoys.append(engine.api.create_container(busybox, ["/bin/sh", "-c", "sleep 300"])["Id"])
-        decoys.append(engine.containers.create(busybox, ["sleep", "1"], labels={SMOKE_LABEL: "1"}).id)
+        decoys.append(engine.client.api.create_container(busybox, ["/bin/sh", "-c", "sleep 300"])["Id"])
+        decoys.append(engine.client.containers.create(busybox, ["sleep", "1"], labels={SMOKE_LABEL: "1"}).id)
 
     ui = _UI(len(names), add_decoys)
     start = time.monotonic()
@@ -285,13 +285,13 @@ def test_interrupt_leaves_no_container_of_its_own_and_only_those(engine, busybox
     decoys: list[str] = []
     try:
         elapsed = _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs, decoys)
-        left = {c.id for c in engine.containers.list(all=True, filters={"ancestor": busybox})}
+        left = {c.id for c in engine.client.containers.list(all=True, filters={"ancestor": busybox})}
         assert len(decoys) == 2 and left == set(decoys), "the build's containers must go, others' stay"
         assert not _buildx_running(tmp_path), "the cancelled builds' buildx processes must be gone"
         assert elapsed < 30, "an interrupt must not wait for the builds to finish"
     finally:
         for cid in decoys:
-            engine.api.remove_container(cid, force=True)
+            engine.client.api.remove_container(cid, force=True)
 
 
 def test_smoke_container_past_its_timeout_fails_the_target(engine, busybox):
@@ -300,4 +300,4 @@ def test_smoke_container_past_its_timeout_fails_the_target(engine, busybox):
 
     with pytest.raises(TargetFailed, match=r"still running after the 2 s timeout.*docker run --rm -it"):
         run_container(engine, busybox, ["sleep", "60"], timeout=2)
-    assert not engine.containers.list(all=True, filters={"ancestor": busybox}), "the container must go"
+    assert not engine.client.containers.list(all=True, filters={"ancestor": busybox}), "the container must go"

@@ -33,10 +33,10 @@ def _import(engine, ref: str | None, payload: bytes, changes: list[str] | None =
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
     repo, tag = ref.rsplit(":", 1) if ref else (None, None)
-    answer = engine.api.import_image_from_data(data.getvalue(), repository=repo, tag=tag, changes=changes)
+    answer = engine.client.api.import_image_from_data(data.getvalue(), repository=repo, tag=tag, changes=changes)
     if ref is None:  # the engine's answer is JSON lines; the last status is the new image's ID
         return [json.loads(line)["status"] for line in answer.splitlines() if line.strip()][-1]
-    return engine.api.inspect_image(ref)["Id"]
+    return engine.client.api.inspect_image(ref)["Id"]
 
 
 @pytest.fixture
@@ -92,9 +92,9 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
     _import(engine, other, b"not ours")
     # An untagged image a build of cpu left (its label says so): garbage, nothing can name it.
     dangling = _import(engine, None, b"left by a build", changes=[f"LABEL {gc.TARGET_LABEL}=cpu"])
-    container = engine.api.create_container(used, command=["/payload"])["Id"]
+    container = engine.client.api.create_container(used, command=["/payload"])["Id"]
     try:
-        stale_records = {r["ID"] for r in gc.stale_build_cache(engine.api.df().get("BuildCache") or [])}
+        stale_records = {r["ID"] for r in gc.stale_build_cache(engine.client.api.df().get("BuildCache") or [])}
 
         dry = run_builder("gc", "--dry-run", "--json", cwd=root)
         assert dry.returncode == 0, dry.stderr
@@ -107,7 +107,7 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert {n for s, n in listed if s == "build cache"} == stale_records
         # Untagged images of the session's other builds of cpu (other checkouts) are listed too, by label.
         untagged = {n for s, n in listed if s == "images" and n.startswith("sha256:")}
-        assert all(engine.api.inspect_image(n)["Config"]["Labels"][gc.TARGET_LABEL] == "cpu" for n in untagged)
+        assert all(engine.client.api.inspect_image(n)["Config"]["Labels"][gc.TARGET_LABEL] == "cpu" for n in untagged)
         assert {(s, n) for s, n in listed} - {("images", n) for n in untagged} == (
             {("wheelhouse", stale_wheel.name), ("contexts", str(folder)), ("images", superseded)}
             | {("build cache", r) for r in stale_records})
@@ -116,17 +116,17 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert len(text) == len(gc.STORES) + 1 and text[0].startswith("wheelhouse: holds ")
         # Nothing removed by the dry run.
         assert stale_wheel.exists() and folder.exists()
-        engine.api.inspect_image(superseded)
+        engine.client.api.inspect_image(superseded)
 
         done = run_builder("gc", "-v", cwd=root)
         assert done.returncode == 0, done.stderr + done.stdout
         assert not stale_wheel.exists() and not folder.exists()
         assert young_wheel.exists()
-        tags = {t for i in engine.images.list() for t in i.tags}
+        tags = {t for i in engine.client.images.list() for t in i.tags}
         assert superseded not in tags and used in tags and other in tags
-        assert dangling not in {i.id for i in engine.images.list(all=True)}
+        assert dangling not in {i.id for i in engine.client.images.list(all=True)}
         assert project.target("cpu").refs[0] in tags
-        records = engine.api.df().get("BuildCache") or []
+        records = engine.client.api.df().get("BuildCache") or []
         assert not stale_records & {r["ID"] for r in records}
         kept = [r["Description"] for r in records if r["Description"].startswith(gc.WHEEL_SOURCE)]
         assert sorted(kept) == sorted(set(kept))  # one copy of each wheel context is left
@@ -137,6 +137,6 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert {(i["store"], i["name"]) for i in json.loads(run_builder("gc", "--dry-run", "--json", cwd=root).stdout)
                 ["items"]} == set()
     finally:
-        engine.api.remove_container(container, force=True)
+        engine.client.api.remove_container(container, force=True)
         for ref in (used, other, superseded, dangling):
             subprocess.run(["docker", "rmi", ref], capture_output=True, check=False)

@@ -31,20 +31,20 @@ def test_nvidia_cu130_builds_and_passes_smoke(cpu_project, engine):
     try:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert out["smoke"] == "passed", out
-        image = engine.api.inspect_image(out["image_id"])
+        image = engine.client.api.inspect_image(out["image_id"])
         env = dict(e.split("=", 1) for e in image["Config"]["Env"])
         assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
         assert image["Config"]["Labels"]["io.ml-image-builder.torch"] == "2.14.1"
         # The shared layers are those of the cpu image: the same base and common stage (users, the
         # WORKDIR's empty layer, the common wheels); then its first layer of the plan, cuda-dnn.
         registry = yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"]
-        cpu = engine.api.inspect_image(f"{registry}:cpu")
+        cpu = engine.client.api.inspect_image(f"{registry}:cpu")
         assert image["RootFS"]["Layers"][:4] == cpu["RootFS"]["Layers"][:4]
         assert image["RootFS"]["Layers"][4] != cpu["RootFS"]["Layers"][4]
     finally:
         if out.get("image_id"):  # keep the multi-GB image out of the engine (its layers too)
             try:
-                engine.api.remove_image(out["image_id"], force=True)
+                engine.client.api.remove_image(out["image_id"], force=True)
             except docker.errors.APIError:
                 pass
 
@@ -65,7 +65,7 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
     try:
         for platform, pinned in pins.items():  # the committed bases, pushed to this registry (same digests)
             try:
-                engine.api.tag(pinned["reference"], f"{repo}/base", platform.split("/")[1])
+                engine.client.api.tag(pinned["reference"], f"{repo}/base", platform.split("/")[1])
             except docker.errors.ImageNotFound:
                 continue  # not local: the build bootstraps it (reproducible: the same pin)
             made.append(f"{repo}/base:{platform.split('/')[1]}")
@@ -81,7 +81,7 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
             assert out["smoke"] == "passed" and out["platform"] == platform, out
         notes = " ".join(outs[foreign]["notes"])
         assert "training skipped" in notes and "emulation" in notes, outs[foreign]
-        arch = engine.api.inspect_image(outs[foreign]["image_id"])["Architecture"]
+        arch = engine.client.api.inspect_image(outs[foreign]["image_id"])["Architecture"]
         assert arch == foreign.split("/")[1]
         proc = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{repo}:nvidia-cu130"],
                               capture_output=True, text=True, check=True)
@@ -94,6 +94,6 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
     finally:
         for ref in filter(None, made):
             try:
-                engine.api.remove_image(ref, force=True)
+                engine.client.api.remove_image(ref, force=True)
             except docker.errors.APIError:
                 pass

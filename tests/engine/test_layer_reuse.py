@@ -69,7 +69,7 @@ def test_targets_differing_only_in_packages_share_all_but_the_last_layer(cpu_pro
     shutil.copytree(cpu_project, root, ignore=shutil.ignore_patterns("dist"))
     with_packages(root, ["einops==0.8.0"])
     out = build(root, "-t", "cpu", "-t", "cpu-hf")
-    cpu, hf = (engine.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"] for t in ("cpu", "cpu-hf"))
+    cpu, hf = (engine.client.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"] for t in ("cpu", "cpu-hf"))
     # cpu has no packages of its own: its packages step installs nothing, so BuildKit gives it the
     # empty layer. cpu-hf is every other layer of cpu, plus its own packages layer.
     assert cpu[-1] == EMPTY_LAYER
@@ -85,7 +85,7 @@ def test_targets_differing_only_in_packages_share_all_but_the_last_layer(cpu_pro
     pushed = manifest_layers(f"{repository}:cpu-hf")
     new = [d for d in pushed if d not in before]
     assert new == [pushed[-1]], f"{len(new)} new layer blobs in the registry, expected only the packages layer"
-    rebuilt = engine.api.inspect_image(out["cpu-hf"]["image_id"])["RootFS"]["Layers"]
+    rebuilt = engine.client.api.inspect_image(out["cpu-hf"]["image_id"])["RootFS"]["Layers"]
     assert rebuilt[:-1] == cpu[:-1] and rebuilt[-1] != hf[-1]
 
 
@@ -95,14 +95,14 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
     as bind mounts with fixed times, not COPY with the checkout's)."""
     project = load_project(cpu_project / "matrix.yaml")
     cpu = project.target("cpu")
-    cached = engine.api.inspect_image(cpu.primary_ref)["RootFS"]["Layers"]
+    cached = engine.client.api.inspect_image(cpu.primary_ref)["RootFS"]["Layers"]
     image_id, steps, from_cache, _ = docker_build(engine, project, cpu, nocache=True)
     try:
-        fresh = engine.api.inspect_image(image_id)["RootFS"]["Layers"]
+        fresh = engine.client.api.inspect_image(image_id)["RootFS"]["Layers"]
         assert from_cache == 0 and steps > 0
         assert fresh == cached
     finally:
-        engine.api.remove_image(image_id, noprune=False)
+        engine.client.api.remove_image(image_id, noprune=False)
 
 
 def test_every_layer_of_a_pushed_image_has_the_targets_compression(cpu_project, tmp_path, no_leftovers):

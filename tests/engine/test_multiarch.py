@@ -41,14 +41,14 @@ def _file_of(engine, ref: str, platform: str) -> str:
     Store-agnostic: the containerd store keeps every pulled platform under one name (inspect answers
     for the host's), the classic store only the last one pulled; a container gets the platform's own.
     """
-    container = engine.api.create_container(ref, platform=platform)["Id"]
+    container = engine.client.api.create_container(ref, platform=platform)["Id"]
     try:
-        stream, _ = engine.api.get_archive(container, "/arch.txt")
+        stream, _ = engine.client.api.get_archive(container, "/arch.txt")
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
             member = tar.extractfile("arch.txt")
             return member.read().decode() if member else ""
     finally:
-        engine.api.remove_container(container, force=True)
+        engine.client.api.remove_container(container, force=True)
 
 
 def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, registry, tmp_path):
@@ -59,7 +59,7 @@ def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, regist
             arch = platform.split("/")[1]
             ref = f"{repo}:app-{arch}"
             image_id = load_one_file_image(engine, tmp_path / arch, arch, ref)
-            assert engine.api.inspect_image(ref)["Architecture"] == arch
+            assert engine.client.api.inspect_image(ref)["Architecture"] == arch
             made += [ref, image_id]
             digests[platform] = push_ref(engine, ref)
         index = oci.put_index(f"{repo}:app", list(digests.items()))
@@ -74,10 +74,10 @@ def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, regist
             arch = platform.split("/")[1]
             resolved = _skopeo("inspect", "--tls-verify=false", "--override-arch", arch, f"docker://{repo}:app")
             assert resolved["Architecture"] == arch and resolved["Digest"] == index  # the name resolves to the index
-            engine.api.pull(repo, tag="app", platform=platform)
+            engine.client.api.pull(repo, tag="app", platform=platform)
             made.append(f"{repo}:app")
             assert _file_of(engine, f"{repo}:app", platform) == f"{arch}\n"
     finally:
         for ref in reversed(made):
             with contextlib.suppress(docker.errors.ImageNotFound):  # already gone with its other tag
-                engine.api.remove_image(ref, force=True)
+                engine.client.api.remove_image(ref, force=True)

@@ -23,7 +23,7 @@ def cpu_image(cpu_project) -> str:
 
 
 def run_with_workspace(engine, image: str, workspace: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    container = engine.containers.create(
+    container = engine.client.containers.create(
         image, ["python", "-c", "print('COMMAND RAN')"], environment=env or {},
         volumes={str(workspace): {"bind": "/workspace", "mode": "ro"}},
     )

@@ -27,9 +27,9 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = {o["target"]: o for o in json.loads(proc.stdout)}
         assert out["cpu"]["image_id"] != out["cpu-extra"]["image_id"]
-        cpu, extra = (engine.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"]
+        cpu, extra = (engine.client.api.inspect_image(out[t]["image_id"])["RootFS"]["Layers"]
                       for t in ("cpu", "cpu-extra"))
-        base = engine.api.inspect_image(lock["reference"])["RootFS"]["Layers"]
+        base = engine.client.api.inspect_image(lock["reference"])["RootFS"]["Layers"]
         # The base, the common stage (users/venv, common packages), then the wheel layers of the
         # plan (torch, accelerate) and the start-up bytecode: reproducible, so built side by side
         # they are still the same objects; the last layer (cpu-extra's packages) differs.
@@ -40,7 +40,7 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
         arch = host_platform().split("/")[1]
         assert "six" in (root / f"images/cpu-extra/requirements.{arch}.lock").read_text()
     finally:
-        for image in engine.images.list(name=doc["registry"]):
+        for image in engine.client.images.list(name=doc["registry"]):
             for tag in image.tags:  # the same image may carry other tests' tags: only ours go
                 if tag.startswith(doc["registry"] + ":"):
-                    engine.api.remove_image(tag, noprune=True)
+                    engine.client.api.remove_image(tag, noprune=True)

@@ -41,15 +41,15 @@ def tagged_for(cpu_project, engine):
 
     def tag(registry: str) -> str:
         source = yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"]
-        image_id = engine.api.inspect_image(f"{source}:cpu")["Id"]
+        image_id = engine.client.api.inspect_image(f"{source}:cpu")["Id"]
         for t in ("cpu", "cpu-torch2.13.0", "latest-cpu"):
-            engine.api.tag(image_id, registry, t)
+            engine.client.api.tag(image_id, registry, t)
             made.append(f"{registry}:{t}")
         return image_id
 
     yield tag
     for ref in made:
-        engine.api.remove_image(ref, noprune=True)
+        engine.client.api.remove_image(ref, noprune=True)
 
 
 def test_push_needs_credentials_and_then_digests_match(cpu_project, auth_registry, tagged_for, engine, tmp_path):
@@ -76,7 +76,7 @@ def test_push_needs_credentials_and_then_digests_match(cpu_project, auth_registr
     record = json.loads((root / "dist/published.json").read_text())["cpu"]
     for tag in ("cpu", "cpu-torch2.13.0", "latest-cpu"):
         assert manifest_digest(f"{registry}:{tag}", creds) == record["digest"]
-    assert f"{registry}@{record['digest']}" in engine.api.inspect_image(image_id)["RepoDigests"]
+    assert f"{registry}@{record['digest']}" in engine.client.api.inspect_image(image_id)["RepoDigests"]
     assert record["image_id"] == image_id
 
 
@@ -117,12 +117,12 @@ def test_push_publishes_what_build_push_does(cpu_project, registry, engine, tmp_
     root = tmp_path / "p"
     _retarget(cpu_project, root, repo)
     source = yaml.safe_load((cpu_project / "matrix.yaml").read_text())["registry"]
-    image_id = engine.api.inspect_image(f"{source}:cpu")["Id"]
+    image_id = engine.client.api.inspect_image(f"{source}:cpu")["Id"]
     printed = json.loads(run_builder("print", "-t", "cpu", cwd=root).stdout)
     content_tag = printed["targets"][0]["content_tags"][printed["targets"][0]["platform"]]
     made = [content_tag, *(f"{repo}:{t}" for t in ("cpu", "cpu-torch2.13.0", "latest-cpu"))]
     for ref in made:
-        engine.api.tag(image_id, *ref.rsplit(":", 1))
+        engine.client.api.tag(image_id, *ref.rsplit(":", 1))
     try:
         assert "cpu" in changed_rows(root)
         pushed = run_builder("push", "-t", "cpu", cwd=root)
@@ -133,7 +133,7 @@ def test_push_publishes_what_build_push_does(cpu_project, registry, engine, tmp_
         assert "cpu" not in changed_rows(root)
     finally:
         for ref in made:
-            engine.api.remove_image(ref, noprune=True)
+            engine.client.api.remove_image(ref, noprune=True)
 
 
 def test_push_of_a_multi_platform_target_publishes_each_platform_and_the_index(
@@ -174,7 +174,7 @@ def test_push_of_a_multi_platform_target_publishes_each_platform_and_the_index(
                                 {"org.opencontainers.image.revision": "test"})
             made.append(content[platform])
             for ref in own:  # what `builder build` tags after a passed smoke test (by name: IDs differ by store)
-                engine.api.tag(content[platform], *ref.rsplit(":", 1))
+                engine.client.api.tag(content[platform], *ref.rsplit(":", 1))
                 made.append(ref)
         assert changed_rows(root).get("nvidia-cu130") == list(content)
 
@@ -203,4 +203,4 @@ def test_push_of_a_multi_platform_target_publishes_each_platform_and_the_index(
         assert "nvidia-cu130" not in changed_rows(root)
     finally:
         for ref in made:
-            engine.api.remove_image(ref, noprune=True)
+            engine.client.api.remove_image(ref, noprune=True)

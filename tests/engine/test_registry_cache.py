@@ -66,10 +66,10 @@ def test_second_runner_runs_no_step(cpu_project, engine, second_engine, tmp_path
               f"cold build on the same engine: {cold:.1f} s")
     finally:
         client.close()
-        for image in engine.images.list(name=repo):
+        for image in engine.client.images.list(name=repo):
             for tag in image.tags:  # the same image may carry other tests' tags: only ours go
                 if tag.startswith(repo + ":"):
-                    engine.api.remove_image(tag, noprune=True)
+                    engine.client.api.remove_image(tag, noprune=True)
 
 
 def _cold_build_seconds(second_engine: str, root: Path) -> float:

@@ -78,17 +78,17 @@ def _wait_for_log(container, text: str, timeout: float = 120) -> None:
 
 
 def test_docker_stop_reaches_a_command_without_handler(engine, cpu_image, started):
-    container = engine.containers.run(cpu_image, ["sleep", "600"], detach=True,
+    container = engine.client.containers.run(cpu_image, ["sleep", "600"], detach=True,
                                       environment={"RUNTIME_CHECK_MODE": "off"})
     started.append(container)
-    top = engine.api.top(container.id)["Processes"]
+    top = engine.client.api.top(container.id)["Processes"]
     assert "tini" in " ".join(top[0]), top  # PID 1 is the init, the command its child
     container.stop(timeout=10)
     assert container.wait(timeout=30)["StatusCode"] == 143  # SIGTERM, not the engine's SIGKILL (137)
 
 
 def test_docker_stop_runs_the_commands_handler(engine, cpu_image, started):
-    container = engine.containers.run(cpu_image, ["python", "-c", HANDLER], detach=True,
+    container = engine.client.containers.run(cpu_image, ["python", "-c", HANDLER], detach=True,
                                       environment={"RUNTIME_CHECK_MODE": "off"})
     started.append(container)
     _wait_for_log(container, "ready")
@@ -98,7 +98,7 @@ def test_docker_stop_runs_the_commands_handler(engine, cpu_image, started):
 
 
 def test_orphans_are_reaped(engine, cpu_image, started):
-    container = engine.containers.run(cpu_image, ["python", "-c", ORPHAN], detach=True,
+    container = engine.client.containers.run(cpu_image, ["python", "-c", ORPHAN], detach=True,
                                       environment={"RUNTIME_CHECK_MODE": "off"})
     started.append(container)
     assert container.wait(timeout=120)["StatusCode"] == 0
@@ -107,7 +107,7 @@ def test_orphans_are_reaped(engine, cpu_image, started):
 
 def test_any_uid_gets_a_writable_home(engine, cpu_image, started):
     code = "import pathlib; p = pathlib.Path.home() / 'x'; p.write_text('ok'); print(p, p.read_text())"
-    container = engine.containers.run(cpu_image, ["python", "-c", code], user="4242:4242", detach=True)
+    container = engine.client.containers.run(cpu_image, ["python", "-c", code], user="4242:4242", detach=True)
     started.append(container)
     status = container.wait(timeout=300)["StatusCode"]
     out = container.logs(stderr=False).decode()

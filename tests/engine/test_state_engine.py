@@ -53,10 +53,10 @@ def state_project(based_project, engine, tmp_path_factory):
     first = run_builder("build", "-t", "cpu", "--no-smoke", cwd=root, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     yield root, env
-    for image in engine.images.list(name=doc["registry"]):
+    for image in engine.client.images.list(name=doc["registry"]):
         for tag in image.tags:
             if tag.startswith(doc["registry"] + ":"):
-                engine.api.remove_image(tag, noprune=True)
+                engine.client.api.remove_image(tag, noprune=True)
 
 
 def _shared_wheelhouse() -> Path:
@@ -128,8 +128,8 @@ def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project
     its smoke container; the next run removes it, and nothing else: not a live process's smoke
     container, not one of an unknown owner, not a container without the label."""
     root, env = state_project
-    image = engine.images.list(name=registry_of(root))[0].id
-    decoys = [engine.api.create_container(image, ["true"], labels=labels)["Id"]
+    image = engine.client.images.list(name=registry_of(root))[0].id
+    decoys = [engine.client.api.create_container(image, ["true"], labels=labels)["Id"]
               for labels in ({SMOKE_LABEL: owner()}, {SMOKE_LABEL: "1"}, {})]  # owner(): this live process
     try:
         _change_runtime(root)
@@ -151,14 +151,14 @@ def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project
         assert not _smoke_containers(engine, decoys), "the killed run's smoke container is left"
         (line,) = [ln for ln in again.stderr.splitlines() if "smoke container" in ln]
         assert smoking[0][:12] in line and "killed run" in line
-        assert {c["Id"] for c in engine.api.containers(all=True)} >= set(decoys), "removed a container not its own"
+        assert {c["Id"] for c in engine.client.api.containers(all=True)} >= set(decoys), "removed a container not its own"
     finally:
         for cid in decoys + _smoke_containers(engine, decoys):
-            engine.api.remove_container(cid, force=True)
+            engine.client.api.remove_container(cid, force=True)
 
 
 def _smoke_containers(engine, besides: list[str]) -> list[str]:
-    return [c["Id"] for c in engine.api.containers(all=True, filters={"label": SMOKE_LABEL})
+    return [c["Id"] for c in engine.client.api.containers(all=True, filters={"label": SMOKE_LABEL})
             if c["Id"] not in besides]
 
 

@@ -41,7 +41,7 @@ print(json.dumps({"pypi": dists, "deb": debs}))
 
 def inventory(engine: docker.DockerClient, image: str) -> dict[str, dict[str, str]]:
     """{"pypi": {name: version}, "deb": {name: version}} of what *image* really holds."""
-    out = engine.containers.run(image, ["-c", INVENTORY], entrypoint=["python"], remove=True, network_mode="none")
+    out = engine.client.containers.run(image, ["-c", INVENTORY], entrypoint=["python"], remove=True, network_mode="none")
     found: dict[str, dict[str, str]] = json.loads(out)
     return found
 
@@ -138,6 +138,6 @@ def test_nvidia_cu130_signed_push_passes_verify_and_its_sbom_is_the_image(cpu_pr
     finally:
         if out.get("image_id"):
             try:
-                engine.api.remove_image(out["image_id"], force=True)
+                engine.client.api.remove_image(out["image_id"], force=True)
             except docker.errors.APIError:
                 pass

@@ -130,8 +130,8 @@ class Runner:
 
 def _push_base(engine: docker.DockerClient, reference: str, repo: str, creds: dict[str, str]) -> str:
     """The pinned base, from the main engine, into the test registry (same image: same digest)."""
-    engine.api.tag(reference, f"{repo}/base", "bookworm")
-    for event in engine.api.push(f"{repo}/base", "bookworm", auth_config=creds, stream=True, decode=True):
+    engine.client.api.tag(reference, f"{repo}/base", "bookworm")
+    for event in engine.client.api.push(f"{repo}/base", "bookworm", auth_config=creds, stream=True, decode=True):
         assert "error" not in event, event
     return oci.manifest_digest(f"{repo}/base:bookworm", creds) or ""  # the containerd store reports none
 
@@ -223,4 +223,4 @@ def test_build_job_on_two_fresh_runners(engine, auth_registry, tmp_path, request
             assert set(record["tags"]) == {content_b, *tags}, record["tags"]
     finally:
         with contextlib.suppress(docker.errors.APIError):
-            engine.api.remove_image(f"{repo}/base:bookworm", noprune=True)
+            engine.client.api.remove_image(f"{repo}/base:bookworm", noprune=True)

@@ -59,13 +59,13 @@ def image(engine: docker.DockerClient, project: Project, tmp_path: Path) -> Iter
         'ENTRYPOINT ["/bin/busybox"]\nCMD ["true"]\n'
     )
     ref = project.target("cpu").primary_ref
-    engine.images.build(path=str(context), tag=ref, rm=True, forcerm=True, labels={TEST_LABEL: "host"})
+    engine.client.images.build(path=str(context), tag=ref, rm=True, forcerm=True, labels={TEST_LABEL: "host"})
     try:
         yield ref
     finally:
-        for container in engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}.image={ref}"}):
+        for container in engine.client.containers.list(all=True, filters={"label": f"{RUN_LABEL}.image={ref}"}):
             container.remove(force=True)
         try:
-            engine.images.remove(ref, force=True)
+            engine.client.images.remove(ref, force=True)
         except NotFound:
             pass

@@ -280,7 +280,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _left(engine: docker.DockerClient, ref: str) -> list:
-    return engine.containers.list(all=True, filters={"label": f"{RUN_LABEL}.image={ref}"})
+    return engine.client.containers.list(all=True, filters={"label": f"{RUN_LABEL}.image={ref}"})
 
 
 @pytest.mark.engine
@@ -346,7 +346,7 @@ def test_interrupt_stops_and_removes(
 def test_missing_image_says_how_to_build_it(engine, project: Project, workspace: Path) -> None:
     plan = build_plan(project, ["true"], target="nvidia-cu118", gpus=False, host=hardware.HostGpus())
     with pytest.raises(UserError, match=r"make images TARGETS=nvidia-cu118") as info:
-        launch.launch(plan, client=engine, say=lambda line: None)
+        launch.launch(plan, engine=engine, say=lambda line: None)
     assert plan.image in str(info.value) and "pulling it failed" in str(info.value)
 
 
