@@ -44,7 +44,8 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     """
     from builder.images import build, content, layers, render, wheelhouse
 
-    monkeypatch.setattr(build, "ensure_base_present", lambda client, project, platform, *a, **k: "base@sha256:0")
+    monkeypatch.setattr(build.base, "pin", lambda engine, project, *a, **k: project)
+    monkeypatch.setattr(build, "ensure_base_present", lambda engine, project, platform, *a, **k: "base@sha256:0")
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
     monkeypatch.setattr(content, "content_tags",
                         lambda project, targets, *a: {t.unit: f"127.0.0.1:1/fake:{t.unit}-0" for t in targets})

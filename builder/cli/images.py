@@ -14,16 +14,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from builder.cli.options import platform_option, project_options, sign_key_option, target_option
 from builder.config.errors import UserError
 from builder.config.project import Project
-
-if TYPE_CHECKING:
-    from builder.oci.engine import Engine
 
 #: The GitHub-hosted runner of each platform: every platform builds natively on CI.
 RUNNERS = {"linux/amd64": "ubuntu-24.04", "linux/arm64": "ubuntu-24.04-arm"}
@@ -196,27 +193,6 @@ def lock_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     sys.exit(1 if failed else 0)
 
 
-def _pinned_base(engine: Engine, project: Project, platforms: list[str], update: bool) -> Project:
-    """The project with each platform's base pinned by base.lock.json; with ``update``, a platform
-    without a usable pin is bootstrapped and pinned first."""
-    import dataclasses
-
-    from builder.config.project import pinned_base_refs
-
-    refs = {}
-    for platform in platforms:
-        try:  # the pinned reference, or why there is none
-            refs.update(pinned_base_refs(project.root, project.matrix, [platform], False, project.matrix_path.name))
-        except UserError:
-            if not update or project.matrix.base.image is not None:
-                raise
-            from builder.images.base import ensure_base
-
-            pinned = ensure_base(engine, project, platform, update=True, say=lambda line: click.echo(line, err=True))
-            refs[platform] = pinned.reference
-    return dataclasses.replace(project, base_refs={**project.base_refs, **refs})
-
-
 def _report(outcomes: list[Any], as_json: bool) -> None:
     from builder.images.progress import print_summary
 
@@ -278,7 +254,6 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
         if (problem := builder_problem(os.environ["BUILDX_BUILDER"], engine_address())) is not None:
             raise UserError(problem)
     views = project.views(targets, platforms)
-    project = _pinned_base(engine, project, list(dict.fromkeys(v.platform for v in views)), update_base)
     if push:
         from builder.oci.localregistry import ensure_local
 
@@ -357,28 +332,21 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     several platforms pushes each platform's image, then one index under each of its tags.
     With a signing key, each pushed image gets its signature, SBOM and provenance attached."""
     from builder.config.files import published_path
-    from builder.images import execute
-    from builder.images import plan as plans
-    from builder.images.plan import build_labels
+    from builder.images.build import push_all
     from builder.oci.engine import connect
 
     signer = _signer(sign_key, True)
     engine = connect()
     attest = _attester(project, signer, click.echo)
-    options = plans.Options(push=True, sign=attest is not None)
-    labels = build_labels(project.root)
-    planned = plans.make_plan(project, project.views(targets, platforms), options, labels=labels)
-    executor = execute.Executor(engine, project, _PushReport(planned.views), options=options, attest=attest,
-                                revision=labels[plans.REVISION])
-    outcomes = executor.run(execute.push_decisions(engine, planned.views, options), keep_going=True)
+    views = project.views(targets, platforms)
+    report = _PushReport(views)
+    outcomes = push_all(engine, project, views, report, attest=attest)
     if any(o.digest for o in outcomes):
         click.echo(f"published manifest: {published_path(project.root)}")
-    failed = any(o.error for o in outcomes)
-    for index in executor.indexes(planned.indexes, outcomes):
-        if index.error is not None:
-            click.echo(f"{index.name}: {index.error}", err=True)
-            failed = True
-    sys.exit(1 if failed else 0)
+    for o in outcomes:  # what went wrong after its line was printed: the target's index
+        if o.error and (o.target, o.platform) not in report.failed:
+            click.echo(f"{o.target}: {o.error}", err=True)
+    sys.exit(1 if any(o.error for o in outcomes) else 0)
 
 
 class _PushReport:
@@ -386,6 +354,7 @@ class _PushReport:
 
     def __init__(self, views: Any) -> None:
         self.refs = {v.unit: v.local_refs[0] for v in views}
+        self.failed: set[tuple[str, str | None]] = set()  # (target, platform) of the errors said
 
     def start(self, target: str) -> None:
         pass
@@ -401,6 +370,7 @@ class _PushReport:
 
     def done(self, target: str, outcome: Any) -> None:
         if outcome.error:
+            self.failed.add((outcome.target, outcome.platform))
             click.echo(f"{target}: {outcome.error}", err=True)
             return
         tested = "" if outcome.smoke != "skipped" else " (no smoke-tested content tag here: the content tag is not pushed)"

@@ -15,6 +15,7 @@ header, so the same content always gives the same pin.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -35,12 +36,12 @@ from builder.config import platforms
 from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
 from builder.config.errors import UserError
 from builder.config.matrix import Bootstrap
-from builder.config.project import Project, spec_hash
+from builder.config.project import Project, pinned_base_refs, spec_hash
 from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
 from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local
-from builder.oci.registry import credentials, manifest_digest
+from builder.oci.registry import RegistryFault, credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers
 
 
@@ -319,6 +320,40 @@ def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
 def _local_has(engine: Engine, pinned: PinnedBase) -> bool:
     """The pinned base is local under its registry reference (both image stores name it so)."""
     return pinned.reference in engine.repo_digests(pinned.reference)
+
+
+def _in_registry(ref: str) -> bool:
+    """The registry has *ref*; False when it has not, or does not answer (:func:`ensure_base` says why)."""
+    try:
+        return manifest_digest(ref, credentials(ref.split("/", 1)[0])) is not None
+    except (RegistryFault, UserError):
+        return False
+
+
+def pin(engine: Engine, project: Project, platforms_used: list[str], *, update: bool,
+        say: Callable[[str], object]) -> Project:
+    """*project* with each of *platforms_used* building FROM its pinned base, settled before anything is
+    planned (the base is in every content tag): base.lock.json's pin when that base can be had (local,
+    or in the registry: a build pulls it); else it is bootstrapped and pushed (:func:`ensure_base`),
+    re-pinned only with *update* (``--update-base``, the one place it acts) when the Debian mirror moved.
+
+    A no-op asks the engine once per platform, and the registry only for a base not local.
+    """
+    refs = {}
+    for platform in platforms_used:
+        try:  # the pinned reference, or why there is none
+            ref: str | None = pinned_base_refs(project.root, project.matrix, [platform], False,
+                                               project.matrix_path.name)[platform]
+        except UserError:
+            if not update or project.matrix.base.image is not None:
+                raise
+            ref = None
+        if ref is not None and (project.matrix.base.image is not None or engine.image(ref) is not None
+                                or _in_registry(ref)):
+            refs[platform] = ref
+            continue
+        refs[platform] = ensure_base(engine, project, platform, update=update, say=say).reference
+    return dataclasses.replace(project, base_refs={**project.base_refs, **refs})
 
 
 def ensure_base(

@@ -216,7 +216,7 @@ def request(
     cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
     wheels: Mapping[str, Sequence[Pin]] | None = None,
 ) -> buildkit.BuildRequest:
-    """The build of one target view (or one stage of it), as data (:func:`builder.images.build.build_request`).
+    """The build of one target view (or one stage of it), as data: what the executor builds and ``builder bake`` writes.
 
     *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time. *wheels*
     (the view's :func:`builder.images.layers.context_layers`, when the caller has them) name the

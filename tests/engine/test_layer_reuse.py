@@ -14,7 +14,6 @@ import yaml
 from helpers import run_builder
 
 from builder.config.project import load_project
-from builder.images.build import docker_build
 from devtools.dockerd import extra_dockerd
 from devtools.support import edit_matrix, host_platform, registry_layers, registry_manifest, registry_of
 
@@ -94,15 +93,16 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
     packages, torch, accelerate, the start-up bytecode, and the runtime and examples too (they come
     as bind mounts with fixed times, not COPY with the checkout's)."""
     project = load_project(cpu_project / "matrix.yaml")
-    cpu = project.target("cpu")
+    cpu = project.target("cpu").on(host_platform())
     cached = engine.client.api.inspect_image(cpu.primary_ref)["RootFS"]["Layers"]
-    image_id, steps, from_cache, _ = docker_build(engine, project, cpu, nocache=True)
-    try:
-        fresh = engine.client.api.inspect_image(image_id)["RootFS"]["Layers"]
-        assert from_cache == 0 and steps > 0
-        assert fresh == cached
-    finally:
-        engine.client.api.remove_image(image_id, noprune=False)
+    # As a user rebuilds: `--rebuild` builds without the layer cache (the image replaces the tags it had).
+    proc = run_builder("build", "-t", "cpu", "--platform", cpu.platform, "--rebuild", "--no-smoke", "-q", "--json",
+                       cwd=cpu_project)
+    assert proc.returncode == 0, proc.stderr
+    (out,) = json.loads(proc.stdout)
+    fresh = engine.client.api.inspect_image(out["image_id"])["RootFS"]["Layers"]
+    assert out["cached_steps"] == 0 and out["steps"] > 0
+    assert fresh == cached
 
 
 def test_every_layer_of_a_pushed_image_has_the_targets_compression(cpu_project, tmp_path, no_leftovers):
