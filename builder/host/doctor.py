@@ -29,7 +29,7 @@ from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import devices, hardware
-from builder.oci import engine, registry
+from builder.oci import buildkit, engine, registry
 from builder.oci.engine import DockerEngine, Engine, engine_address
 
 Status = Literal["ok", "warn", "fail"]
@@ -110,8 +110,6 @@ def check_daemon(ctx: Context) -> list[Check]:
 
 def check_buildkit(ctx: Context) -> list[Check]:
     """docker buildx (BuildKit's client): every build goes through it."""
-    from builder.oci import buildkit
-
     found = buildkit.version()  # one `docker buildx version`; the reason only when it failed
     if not found:
         problem = buildkit.available() or "docker buildx version failed"

@@ -52,6 +52,7 @@ from builder.images import layers, lockfile, wheelhouse
 from builder.images.content import content_tags
 from builder.oci import registry
 from builder.oci.engine import Engine
+from builder.oci.localregistry import ensure_local
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
@@ -332,8 +333,6 @@ def collect_registry(folder: Path) -> None:
         subprocess.run([binary, "garbage-collect", str(folder / "config.yml")], capture_output=True, check=True)
     finally:
         if pid is not None:
-            from builder.oci.localregistry import ensure_local
-
             config = (folder / "config.yml").read_text()
             addr = re.search(r"addr: '([^']+)'", config)
             if addr:
