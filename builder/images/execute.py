@@ -8,13 +8,13 @@ content tag only once tested); an interrupted build leaves the previous tags whe
 later stage fails after the push, what was pushed is still recorded. Then each multi-platform
 target gets its index (``index`` -> ``attest`` -> ``record``).
 
-``builder build`` (:func:`builder.images.build.build_all`) and ``builder push`` run the very same
+``builder build`` and ``builder push`` (:func:`builder.images.build.run`, one pipeline) run the very same
 stages, so both publish the same things: the content tag when smoke-tested, the platform tags,
 the index, the attachments.
 
 The engine is a parameter (a fake of :class:`~builder.oci.engine.Engine` in the unit tests).
-So are the two stages whose code lives elsewhere: the smoke test (:mod:`builder.images.smoke`,
-imported when one runs, so that a no-op build stays fast) and ``attest``, an
+So are the two stages whose code lives elsewhere: the smoke test (:mod:`builder.images.smoke`)
+and ``attest``, an
 :class:`Attester` that the cli layer makes from :mod:`builder.supply.attach`: the supply chain
 is a layer above the images (``cli > supply > images``, pyproject.toml's import contracts), so
 images never import it; the cli injects it, and without a signing key there is none and the
