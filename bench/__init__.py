@@ -27,7 +27,7 @@ from typing import Any
 import docker
 
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
-from devtools.support import host_platform, start_registry, stop
+from devtools.support import start_registry, stop
 
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
 
@@ -94,24 +94,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 2)
-
-
-def engine_build(
-    client: docker.DockerClient,
-    context: Path,
-    dockerfile: str,
-    *,
-    buildargs: dict[str, str] | None = None,
-    nocache: bool = False,
-) -> str:
-    """The baseline's build through BuildKit, as a user runs ``docker buildx build`` today; return the image ID."""
-    from builder.oci import buildkit, engine
-
-    request = buildkit.BuildRequest(dockerfile=str(context / dockerfile), context=str(context),
-                                    platform=host_platform(), build_args=buildargs or {}, no_cache=nocache,
-                                    contexts={"wheels": str(baseline_wheels(context))},
-                                    compression="gzip")  # Docker's default
-    return engine.image_id(client, buildkit.run(request).ids)
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

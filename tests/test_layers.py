@@ -21,7 +21,7 @@ def test_repo_plan_of_nvidia_cu130_groups_by_vendor_library_then_torch(project):
     """The repo's own lock: no layer above ~1.1 GB of wheels, every nvidia-* below torch, accelerate apart."""
     proj = load_project(project / "matrix.yaml")
     for view in proj.target("nvidia-cu130").views():
-        plan = {layer.name: [p.name for p in layer.pins] for layer in layers.plan(proj, view)}
+        plan = {layer.name: [p.name for p in layer.pins] for layer in layers.layer_plan(proj, view)}
         assert list(plan) == ["cuda-dnn", "cuda-blas", "cuda-solvers", "cuda-runtime", "triton", "torch",
                               "accelerate", "packages"]
         assert plan["cuda-dnn"] == ["nvidia-cudnn-cu13"]
@@ -97,7 +97,7 @@ def test_default_plan_puts_every_wheel_in_one_layer(project):
     doc.pop("layers")
     (project / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     proj = load_project(project / "matrix.yaml")
-    plan = layers.plan(proj, proj.target("nvidia-cu130").on("linux/amd64"))
+    plan = layers.layer_plan(proj, proj.target("nvidia-cu130").on("linux/amd64"))
     assert [(layer.name, len(layer.pins)) for layer in plan] == [("wheels", 22), ("packages", 0)]
 
 
@@ -112,7 +112,7 @@ def test_a_startup_import_left_for_the_last_layer_is_refused(project):
 def test_plan_from_given_pins_keeps_lock_order(project):
     proj = load_project(project / "matrix.yaml")
     view = proj.target("nvidia-cu130").on("linux/amd64")
-    plan = layers.plan(proj, view, [pin("torch"), pin("nvidia-nccl-cu13"), pin("nvidia-cublas"), pin("einops")])
+    plan = layers.layer_plan(proj, view, [pin("torch"), pin("nvidia-nccl-cu13"), pin("nvidia-cublas"), pin("einops")])
     assert [(layer.name, [p.name for p in layer.pins]) for layer in plan if layer.pins] == [
         ("cuda-blas", ["nvidia-cublas"]), ("cuda-runtime", ["nvidia-nccl-cu13"]), ("torch", ["torch"]),
         ("packages", ["einops"])]

@@ -160,7 +160,7 @@ def _lock(project: Path, name: str, said: list[str], common: list[lockfile.Pin] 
 def _plan(project: Path, name: str) -> dict[str, tuple[lockfile.Pin, ...]]:
     """The layer plan `builder print` shows: {layer: its wheels}."""
     proj = load_project(project / "matrix.yaml")
-    return {layer.name: layer.pins for layer in layers.plan(proj, proj.target(name).on("linux/amd64"))}
+    return {layer.name: layer.pins for layer in layers.layer_plan(proj, proj.target(name).on("linux/amd64"))}
 
 
 def test_a_target_added_later_keeps_its_siblings_pins_unless_its_packages_need_others(

@@ -69,7 +69,7 @@ def slurm_cmd(
     """
     from builder.cluster import slurm
 
-    job = slurm.plan_job(
+    job = slurm.make_job(
         project, target, command, nodes=nodes, gpus_per_node=gpus_per_node, procs_per_node=procs_per_node,
         launcher=launcher, runtime=runtime, job_name=job_name, partition=partition, time=time, output=job_output,
         env=env,

@@ -166,10 +166,10 @@ def run_cmd(
     output, and is removed afterwards (also on Ctrl-C); the exit status is the command's.
     """
     from builder.host import hardware, launch
-    from builder.host.plan import build_plan, format_dry_run
+    from builder.host.runspec import format_dry_run, run_spec
 
     host = hardware.detect(sysfs_root, dev_root)
-    plan = build_plan(project, command, target=target, user=user, gpus=gpus, env=env, host=host,
+    plan = run_spec(project, command, target=target, user=user, gpus=gpus, env=env, host=host,
                       engine_info=launch.engine_info)
     if dry_run:
         click.echo(format_dry_run(plan))

@@ -78,7 +78,7 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     for t in data["targets"]:
         t["content_tags"] = {v.platform: planned[v.unit].content_tag for v in views[t["name"]]}
         t["layers"] = {v.platform: [{"name": layer.name, "wheels": [f"{p.name}=={p.version}" for p in layer.pins]}
-                                    for layer in layers.plan(project, v)] for v in views[t["name"]]}
+                                    for layer in layers.layer_plan(project, v)] for v in views[t["name"]]}
         t["plan"] = {v.platform: planned[v.unit].as_dict() for v in views[t["name"]]}
     click.echo(json.dumps(data, indent=2))
 
@@ -144,13 +144,13 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
     """
     import tempfile
 
-    from builder.config.baselock import read_lock
+    from builder.config.baselock import read_base_lock
     from builder.images import base
 
     spec = project.matrix.base.bootstrap
     wanted = list(platforms) or list(project.base_refs)
     if check:
-        lock = read_lock(project.root)
+        lock = read_base_lock(project.root)
         if spec is None or lock is None:
             raise UserError("base --check needs a bootstrap: spec and a base.lock.json; run 'builder base' first")
         drifted = False

@@ -12,7 +12,7 @@ Every value from the user is checked (names, times, partitions: they go into ``#
 lines) and shell-quoted (the image, the command, ``--env`` values).
 
 Example:
-    >>> job = plan_job(project, "cpu", ["/opt/examples/train.py"], nodes=2)
+    >>> job = make_job(project, "cpu", ["/opt/examples/train.py"], nodes=2)
     >>> path = write_script(job, Path("slurm"))
     >>> sbatch_argv(path)
     ['sbatch', 'slurm/cpu-train.sbatch']
@@ -88,7 +88,7 @@ def _check(value: str | None, pattern: re.Pattern[str], option: str, example: st
     return value
 
 
-def plan_job(
+def make_job(
     project: Project,
     target: str,
     command: Sequence[str],
@@ -110,7 +110,7 @@ def plan_job(
     process per node and no GPU.
 
     Example:
-        >>> plan_job(project, "nvidia-cu130", ["train.py"], nodes=4, gpus_per_node=8).procs_per_node
+        >>> make_job(project, "nvidia-cu130", ["train.py"], nodes=4, gpus_per_node=8).procs_per_node
         8
     """
     chosen = project.target(target)
@@ -177,7 +177,7 @@ def render_script(job: SlurmJob, script_name: str = "job.sbatch") -> str:
     """The sbatch script's text.
 
     Example:
-        >>> render_script(plan_job(project, "cpu", ["train.py"], nodes=2)).splitlines()[0]
+        >>> render_script(make_job(project, "cpu", ["train.py"], nodes=2)).splitlines()[0]
         '#!/bin/bash'
     """
     argv = launcher_argv(job.launcher, job.command, nodes=job.nodes, procs_per_node=job.procs_per_node)
@@ -208,7 +208,7 @@ def write_script(job: SlurmJob, path: Path) -> Path:
     """Write the script (mode 0755) to *path*, or into *path* as ``<job name>.sbatch`` when it is a folder.
 
     Example:
-        >>> write_script(plan_job(project, "cpu", ["train.py"], nodes=2), Path("slurm"))
+        >>> write_script(make_job(project, "cpu", ["train.py"], nodes=2), Path("slurm"))
         PosixPath('slurm/cpu-train.sbatch')
     """
     if path.is_dir() or not path.suffix:

@@ -52,7 +52,7 @@ class BaseLock(BaseModel):
         return self.model_copy(update={"platforms": {**self.platforms, platform: pinned}})
 
 
-def read_lock(root: Path) -> BaseLock | None:
+def read_base_lock(root: Path) -> BaseLock | None:
     """The lock beside matrix.yaml, or None if there is none yet."""
     path = root / LOCK_NAME
     if not path.exists():
@@ -63,7 +63,7 @@ def read_lock(root: Path) -> BaseLock | None:
         raise UserError(*format_errors(path, BaseLock, exc)) from None
 
 
-def write_lock(root: Path, lock: BaseLock) -> Path:
+def write_base_lock(root: Path, lock: BaseLock) -> Path:
     """Write the lock atomically (a crash leaves the old one)."""
     path = root / LOCK_NAME
     text = json.dumps(lock.model_dump(), indent=2, sort_keys=True) + "\n"

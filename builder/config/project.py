@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from builder.config import grammar as g
 from builder.config import platforms
-from builder.config.baselock import LOCK_NAME, read_lock
+from builder.config.baselock import LOCK_NAME, read_base_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
 from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix
@@ -354,7 +354,7 @@ def pinned_base_refs(root: Path, matrix: Matrix, platforms_used: Sequence[str], 
             f"{mfile}: base.image: {base.image!r} is not pinned by digest; write name@sha256:<64 hex> "
             "(docker inspect --format '{{index .RepoDigests 0}}' NAME) or pass --allow-unpinned"
         )
-    lock = read_lock(root)
+    lock = read_base_lock(root)
     if lock is not None and lock.spec_sha256 != spec_hash(matrix) and not allow_unpinned:
         raise UserError(
             f"{LOCK_NAME}: made from another base.bootstrap spec than {mfile}'s; "

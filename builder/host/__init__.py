@@ -4,7 +4,7 @@
 - ``devices.py``: a target vendor's device flags worked out for this host: the ONE place both
   ``builder run`` and the smoke test (:mod:`builder.images.smoke`) take them from.
 - ``targets.py``: which matrix target runs here (``--target auto``).
-- ``plan.py``: ``builder run``'s plan (image, command, env, user, devices), no engine needed;
+- ``runspec.py``: what ``builder run`` will do (image, command, env, user, devices), no engine needed;
   ``launch.py``: running the plan (pull, stream, signals, cleanup).
 - ``doctor.py``: ``builder doctor``'s checks.
 

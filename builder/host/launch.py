@@ -1,4 +1,4 @@
-"""``builder run``: run a planned container (:mod:`builder.host.plan`), streaming its output.
+"""``builder run``: run a planned container (:mod:`builder.host.runspec`), streaming its output.
 
 The image is pulled when it is not here (the registry client's credentials); stdin is not
 forwarded: this runs batch commands, not interactive shells. The container is always removed,
@@ -6,7 +6,7 @@ also after Ctrl-C or SIGTERM: it is stopped first (``STOP_TIMEOUT_S``), with the
 off while it goes.
 
 Example:
-    >>> launch(build_plan(project, ["python", "train.py"]))  # doctest: +SKIP
+    >>> launch(run_spec(project, ["python", "train.py"]))  # doctest: +SKIP
     0
 """
 
@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from docker.errors import DockerException
 
 from builder.config.errors import UserError
-from builder.host.plan import RunPlan
+from builder.host.runspec import RunSpec
 from builder.oci import registry
 from builder.oci.engine import DockerEngine, Engine, EngineError, connect
 
@@ -47,7 +47,7 @@ def engine_info() -> dict[str, Any] | None:
         return None
 
 
-def ensure_image(engine: Engine, plan: RunPlan) -> str | None:
+def ensure_image(engine: Engine, plan: RunSpec) -> str | None:
     """Make sure the image is here: pull it if not. Returns a line when it pulled.
 
     Example:
@@ -96,7 +96,7 @@ def _shielded() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
-def _start_error(plan: RunPlan, exc: EngineError) -> UserError:
+def _start_error(plan: RunSpec, exc: EngineError) -> UserError:
     text = str(exc)[:300]
     if "could not select device driver" in text:
         return UserError(
@@ -106,9 +106,9 @@ def _start_error(plan: RunPlan, exc: EngineError) -> UserError:
         )
     return UserError(f"the engine could not start {plan.image}: {text}")
 
-def run_container(
+def run_streamed(
     engine: Engine,
-    plan: RunPlan,
+    plan: RunSpec,
     *,
     stdout: BinaryIO | None = None,
     stderr: BinaryIO | None = None,
@@ -120,7 +120,7 @@ def run_container(
     KeyboardInterrupt goes on).
 
     Example:
-        >>> run_container(connect(), build_plan(project, ["sh", "-c", "exit 7"], target="cpu"))  # doctest: +SKIP
+        >>> run_streamed(connect(), run_spec(project, ["sh", "-c", "exit 7"], target="cpu"))  # doctest: +SKIP
         7
     """
     stdout = stdout or sys.stdout.buffer
@@ -158,7 +158,7 @@ def run_container(
 
 
 def launch(
-    plan: RunPlan,
+    plan: RunSpec,
     *,
     engine: Engine | None = None,
     say: Callable[[str], object] | None = None,
@@ -170,7 +170,7 @@ def launch(
     is reported even without an engine); *say* gets progress lines, default stderr.
 
     Example:
-        >>> launch(build_plan(project, ["python", "-c", "raise SystemExit(3)"]))  # doctest: +SKIP
+        >>> launch(run_spec(project, ["python", "-c", "raise SystemExit(3)"]))  # doctest: +SKIP
         3
     """
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -184,4 +184,4 @@ def launch(
     pulled = ensure_image(engine, plan)
     if pulled:
         say(pulled)
-    return run_container(engine, plan, stop_timeout=stop_timeout)
+    return run_streamed(engine, plan, stop_timeout=stop_timeout)

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from builder.config import platforms
-from builder.config.baselock import BaseLock, PinnedBase, read_lock, write_lock
+from builder.config.baselock import BaseLock, PinnedBase, read_base_lock, write_base_lock
 from builder.config.errors import UserError
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, pinned_base_refs, spec_hash
@@ -369,7 +369,7 @@ def ensure_base(
     started = ensure_local(matrix.registry.split("/", 1)[0])
     if started:
         say(started)
-    lock = read_lock(project.root)
+    lock = read_base_lock(project.root)
     if lock is not None and lock.spec_sha256 != spec_hash(matrix):
         lock = None  # made from another spec: every platform's pin is stale
     pinned = lock.platforms.get(platform) if lock is not None else None
@@ -388,7 +388,7 @@ def _locked(engine: Engine, project: Project, platform: str, lock: BaseLock, pin
     if not pinned.reference.startswith(f"{project.base_repository}@"):
         moved = _move_to_registry(engine, project, platform, pinned, say)
         if moved is not None:
-            write_lock(project.root, lock.with_platform(platform, moved))
+            write_base_lock(project.root, lock.with_platform(platform, moved))
             return moved
     if _local_has(engine, pinned):
         _push_if_missing(engine, project, platform, pinned, say)
@@ -442,7 +442,7 @@ def _pin_bootstrapped(engine: Engine, project: Project, platform: str, lock: Bas
     new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages)
     if new != pinned:
         current = lock or BaseLock(spec_sha256=spec_hash(project.matrix))
-        write_lock(project.root, current.with_platform(platform, new))
+        write_base_lock(project.root, current.with_platform(platform, new))
         say(f"pinned the {platform} base in base.lock.json: {new.reference}")
     return new
 

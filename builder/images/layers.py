@@ -13,7 +13,7 @@ on the layers below, never on the rest of the lock. With fixed file times (the t
 library layers, which a registry and a node store once.
 
 Example:
-    >>> [(layer.name, len(layer.pins)) for layer in plan(project, project.target("nvidia-cu130"))]
+    >>> [(layer.name, len(layer.pins)) for layer in layer_plan(project, project.target("nvidia-cu130"))]
     [('cuda-dnn', 1), ('cuda-blas', 3), ('cuda-solvers', 3), ('cuda-runtime', 12), ('triton', 1), ('torch', 1),
      ('accelerate', 1), ('packages', 0)]
 """
@@ -88,7 +88,7 @@ def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
     return PACKAGES_LAYER
 
 
-def plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None) -> list[PlannedLayer]:
+def layer_plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None) -> list[PlannedLayer]:
     """Every layer of the target view's plan, in install order, with its wheels (from *pins*,
     else the view's lock; a layer may be empty on one platform: its ``RUN`` then installs nothing).
 
@@ -115,7 +115,7 @@ def shared_and_planned(project: Project, target: ResolvedTarget) -> list[Planned
 
     shared = [PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, target.platform))[1]))
               for name in ("tools", "common")]
-    return [*shared, *plan(project, target)]
+    return [*shared, *layer_plan(project, target)]
 
 
 def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:

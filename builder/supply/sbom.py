@@ -34,7 +34,7 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from builder.config.baselock import read_lock as read_base_lock
+from builder.config.baselock import read_base_lock
 from builder.config.errors import UserError
 from builder.config.project import Project, ResolvedTarget
 from builder.images.lockfile import Pin, read_lock

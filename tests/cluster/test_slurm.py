@@ -24,7 +24,7 @@ GOLDEN = Path(__file__).parent.parent / "golden" / "cluster"
 
 
 def script(project, target: str, command: list[str], **kw) -> str:
-    return slurm.render_script(slurm.plan_job(project, target, command, **kw), f"{target}.sbatch")
+    return slurm.render_script(slurm.make_job(project, target, command, **kw), f"{target}.sbatch")
 
 
 @pytest.mark.parametrize(("name", "target", "kw"), [
@@ -154,13 +154,13 @@ def test_user_values_are_quoted(cluster_project) -> None:
 ])
 def test_refusals(cluster_project, kw, message: str) -> None:
     with pytest.raises(UserError) as err:
-        slurm.plan_job(cluster_project, "cpu", ["train.py"], **kw)
+        slurm.make_job(cluster_project, "cpu", ["train.py"], **kw)
     assert str(err.value).startswith(message)
 
 
 def test_pyxis_refuses_amd(cluster_project) -> None:
     with pytest.raises(UserError, match="enroot hands out NVIDIA GPUs only"):
-        slurm.plan_job(cluster_project, "amd-rocm5.7", ["train.py"], runtime="pyxis")
+        slurm.make_job(cluster_project, "amd-rocm5.7", ["train.py"], runtime="pyxis")
 
 
 def test_published_digest_is_used(cluster_project) -> None:
@@ -168,7 +168,7 @@ def test_published_digest_is_used(cluster_project) -> None:
     published = cluster_project.root / "dist" / "published.json"
     published.parent.mkdir()
     published.write_text(json.dumps({"cpu": {"reference": f"localhost:5000/ml-runtime@{digest}"}}))
-    job = slurm.plan_job(cluster_project, "cpu", ["train.py"], nodes=2)
+    job = slurm.make_job(cluster_project, "cpu", ["train.py"], nodes=2)
     assert job.image == f"localhost:5000/ml-runtime@{digest}"
     assert f"export IMAGE=localhost:5000/ml-runtime@{digest}" in slurm.render_script(job)
 

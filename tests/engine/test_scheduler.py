@@ -18,7 +18,7 @@ import yaml
 
 from builder.config.project import load_project
 from builder.host import launch
-from builder.host.plan import build_plan, format_dry_run
+from builder.host.runspec import format_dry_run, run_spec
 
 pytestmark = pytest.mark.engine
 
@@ -127,7 +127,7 @@ def test_builder_run_writes_as_the_invoking_user(engine, cpu_project, tmp_path, 
     monkeypatch.setattr(os, "getuid", lambda: 1000)
     monkeypatch.setattr(os, "getgid", lambda: 1000)
     project = load_project(cpu_project / "matrix.yaml")
-    plan = build_plan(project, ["python", "-c", "open('ckpt.pt', 'w').write('x')"], target="cpu",
+    plan = run_spec(project, ["python", "-c", "open('ckpt.pt', 'w').write('x')"], target="cpu",
                              cwd=workdir)
     assert plan.user == "1000:1000" and "--user 1000:1000" in format_dry_run(plan)
     monkeypatch.undo()
@@ -136,7 +136,7 @@ def test_builder_run_writes_as_the_invoking_user(engine, cpu_project, tmp_path, 
     ckpt = Path(workdir / "ckpt.pt")
     assert ckpt.read_text() == "x" and (ckpt.stat().st_uid, ckpt.stat().st_gid) == (1000, 1000)
     # As the image's user (what root gets), the same folder refuses the write: the reason for the default.
-    image_user = build_plan(project, ["python", "-c", "open('ckpt2.pt', 'w').write('x')"], target="cpu",
+    image_user = run_spec(project, ["python", "-c", "open('ckpt2.pt', 'w').write('x')"], target="cpu",
                                    user="image", cwd=workdir)
     assert image_user.user is None
     assert launch.launch(image_user, say=lambda line: None) != 0

@@ -15,7 +15,7 @@ import pytest
 from docker.errors import NotFound
 
 from builder.config.project import Project, load_project
-from builder.host.plan import RUN_LABEL
+from builder.host.runspec import RUN_LABEL
 from devtools.support import REPO, fail_or_skip
 
 TEST_LABEL = "io.ml-image-builder.test"

@@ -15,7 +15,7 @@ from hostlayouts import H200, MI300X, make_dev, make_sysfs
 
 from builder.config.project import Project
 from builder.host import devices, doctor, hardware
-from builder.host.plan import build_plan
+from builder.host.runspec import run_spec
 
 #: What ``nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`` writes (abridged: one GPU).
 NVIDIA_SPEC = """\
@@ -74,7 +74,7 @@ def amd_host(tmp_path: Path) -> hardware.HostGpus:
 
 
 def plan_argv(project: Project, target: str, host: hardware.HostGpus, dirs: tuple[str, str], info) -> list[str]:
-    plan = build_plan(project, ["python", "-V"], target=target, host=host, environ={}, cwd="/tmp",
+    plan = run_spec(project, ["python", "-V"], target=target, host=host, environ={}, cwd="/tmp",
                       engine_info=lambda: info, cdi_dirs=dirs)
     assert not plan.problems, plan.problems
     return plan.docker_argv()
@@ -87,7 +87,7 @@ def test_nvidia_spec_and_cdi_engine_use_the_cdi_name(project: Project, tmp_path:
 
 
 def test_amd_spec_replaces_the_dev_nodes_but_keeps_groups_and_ipc(project: Project, tmp_path: Path) -> None:
-    plan = build_plan(project, ["true"], target="amd-rocm5.7", host=amd_host(tmp_path), environ={}, cwd="/tmp",
+    plan = run_spec(project, ["true"], target="amd-rocm5.7", host=amd_host(tmp_path), environ={}, cwd="/tmp",
                       engine_info=lambda: CDI_ENGINE, cdi_dirs=cdi_tree(tmp_path, amd=True))
     assert plan.cdi_devices == ("amd.com/gpu=all",) and plan.devices == ()
     assert plan.ipc_mode == "host"
@@ -114,7 +114,7 @@ def test_no_spec_never_asks_the_engine(project: Project, tmp_path: Path) -> None
     def boom():
         raise AssertionError("the engine must not be asked without a CDI spec")
     dirs = cdi_tree(tmp_path, amd=True)  # an AMD spec does not make NVIDIA GPUs CDI devices
-    plan = build_plan(project, ["true"], target="nvidia-cu130", host=nvidia_host(tmp_path), environ={}, cwd="/tmp",
+    plan = run_spec(project, ["true"], target="nvidia-cu130", host=nvidia_host(tmp_path), environ={}, cwd="/tmp",
                       engine_info=boom, cdi_dirs=dirs)
     assert plan.gpus and not plan.cdi_devices
     assert devices.host_cdi("nvidia", boom, dirs).why == (
@@ -123,9 +123,9 @@ def test_no_spec_never_asks_the_engine(project: Project, tmp_path: Path) -> None
 
 def test_cpu_target_and_no_gpus_never_use_cdi(project: Project, tmp_path: Path) -> None:
     dirs, host = cdi_tree(tmp_path, nvidia=True), nvidia_host(tmp_path)
-    cpu = build_plan(project, ["true"], target="cpu", host=host, environ={}, cwd="/tmp",
+    cpu = run_spec(project, ["true"], target="cpu", host=host, environ={}, cwd="/tmp",
                      engine_info=lambda: CDI_ENGINE, cdi_dirs=dirs)
-    off = build_plan(project, ["true"], target="nvidia-cu130", gpus=False, host=host, environ={},
+    off = run_spec(project, ["true"], target="nvidia-cu130", gpus=False, host=host, environ={},
                      cwd="/tmp", engine_info=lambda: CDI_ENGINE, cdi_dirs=dirs)
     assert not cpu.cdi_devices and not off.cdi_devices and not off.gpus
 

@@ -23,7 +23,7 @@ from builder.config.errors import UserError
 from builder.config.project import Project
 from builder.host import hardware, launch
 from builder.host.devices import device_flags
-from builder.host.plan import RUN_LABEL, build_plan, format_dry_run, parse_env
+from builder.host.runspec import RUN_LABEL, format_dry_run, parse_env, run_spec
 from builder.host.targets import choose_target
 from devtools.support import fail_or_skip
 
@@ -97,7 +97,7 @@ def test_vendor_without_target_falls_back_to_cpu(project: Project, tmp_path: Pat
 
 
 def test_nvidia_flags(project: Project, tmp_path: Path) -> None:
-    plan = build_plan(
+    plan = run_spec(
         project, ["nvidia-smi"], host=fake_host(tmp_path, H200, nodes=NVIDIA_NODES), environ={}, cwd=tmp_path
     )
     kwargs = plan.create_kwargs()
@@ -115,7 +115,7 @@ def _host_gids(*names: str) -> set[int]:
 
 def test_amd_flags(project: Project, tmp_path: Path) -> None:
     host = fake_host(tmp_path, MI300X, nodes=AMD_NODES, gid=4242)
-    plan = build_plan(project, ["python", "-V"], host=host, environ={}, cwd=tmp_path)
+    plan = run_spec(project, ["python", "-V"], host=host, environ={}, cwd=tmp_path)
     assert plan.target.name == "amd-rocm5.7"
     kwargs = plan.create_kwargs()
     assert kwargs["device_requests"] is None
@@ -129,7 +129,7 @@ def test_amd_flags(project: Project, tmp_path: Path) -> None:
 
 
 def test_intel_flags(project: Project, tmp_path: Path) -> None:
-    plan = build_plan(
+    plan = run_spec(
         project,
         ["python", "-V"],
         host=fake_host(tmp_path, MAX1550, nodes=INTEL_NODES, gid=4243),
@@ -143,7 +143,7 @@ def test_intel_flags(project: Project, tmp_path: Path) -> None:
 
 
 def test_cpu_flags(project: Project, tmp_path: Path) -> None:
-    plan = build_plan(project, ["true"], host=hardware.HostGpus(), environ={}, cwd=tmp_path)
+    plan = run_spec(project, ["true"], host=hardware.HostGpus(), environ={}, cwd=tmp_path)
     kwargs = plan.create_kwargs()
     assert plan.target.name == "cpu"
     assert (kwargs["device_requests"], kwargs["devices"], kwargs["group_add"]) == (None, None, None)
@@ -160,14 +160,14 @@ def test_cpu_flags(project: Project, tmp_path: Path) -> None:
 
 
 def test_gpu_target_on_a_host_without_it_is_refused(project: Project, tmp_path: Path) -> None:
-    plan = build_plan(
+    plan = run_spec(
         project, ["true"], target="amd-rocm5.7", host=hardware.HostGpus(), environ={}, cwd=tmp_path
     )
     assert len(plan.problems) == 3
     assert "pass --no-gpus to run it without GPUs" in plan.problems[0]
     with pytest.raises(UserError, match="target amd-rocm5.7 needs a usable amd GPU"):
         launch.launch(plan)  # refused before any engine is asked
-    relaxed = build_plan(
+    relaxed = run_spec(
         project,
         ["true"],
         target="amd-rocm5.7",
@@ -192,7 +192,7 @@ def test_flags_without_the_engine_helper(project: Project) -> None:
 
 def test_environment(project: Project, tmp_path: Path) -> None:
     host_env = {"MASTER_PORT": "29600", "CUDA_VISIBLE_DEVICES": "1", "HF_TOKEN": "x", "PATH": "/bin"}
-    plan = build_plan(
+    plan = run_spec(
         project,
         ["true"],
         target="nvidia-cu130",
@@ -322,7 +322,7 @@ def test_run_auto_on_a_gpu_less_host(
 def test_interrupt_stops_and_removes(
     engine, image: str, project: Project, workspace: Path, signum: int
 ) -> None:
-    plan = build_plan(
+    plan = run_spec(
         project, ["sh", "-c", "echo started; sleep 60"], target="cpu", host=hardware.HostGpus()
     )
 
@@ -337,14 +337,14 @@ def test_interrupt_stops_and_removes(
             pass
 
     with pytest.raises(KeyboardInterrupt):
-        launch.run_container(engine, plan, stdout=Sink(), stop_timeout=1)
+        launch.run_streamed(engine, plan, stdout=Sink(), stop_timeout=1)
     assert _left(engine, image) == []
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
 
 
 @pytest.mark.engine
 def test_missing_image_says_how_to_build_it(engine, project: Project, workspace: Path) -> None:
-    plan = build_plan(project, ["true"], target="nvidia-cu118", gpus=False, host=hardware.HostGpus())
+    plan = run_spec(project, ["true"], target="nvidia-cu118", gpus=False, host=hardware.HostGpus())
     with pytest.raises(UserError, match=r"make images TARGETS=nvidia-cu118") as info:
         launch.launch(plan, engine=engine, say=lambda line: None)
     assert plan.image in str(info.value) and "pulling it failed" in str(info.value)
@@ -355,7 +355,7 @@ def test_dry_run_line_runs_the_same(engine, image: str, project: Project, worksp
     if shutil.which("docker") is None:
         # Like the engine fixture: a silent skip in CI would hide that --dry-run is never checked.
         fail_or_skip("there is no docker CLI to run the dry-run line; apt-get install docker.io")
-    plan = build_plan(project, ["sh", "-c", SCRIPT], target="cpu", env=["SEED=5"], host=hardware.HostGpus())
+    plan = run_spec(project, ["sh", "-c", SCRIPT], target="cpu", env=["SEED=5"], host=hardware.HostGpus())
     line = format_dry_run(plan)
     done = subprocess.run(["sh", "-c", line], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 7, done.stderr

@@ -10,7 +10,7 @@ contract checker gives a UID without a home a private, writable ``HOME``. Root, 
 ``--user image``, keeps the image's user (uid 1001); ``--user UID[:GID]`` picks another.
 
 Example:
-    >>> plan = build_plan(project, ["python", "train.py"])  # doctest: +SKIP
+    >>> plan = run_spec(project, ["python", "train.py"])  # doctest: +SKIP
     >>> print(format_dry_run(plan))  # doctest: +SKIP
     # target: nvidia-cu130 (localhost:5000/ml-runtime:nvidia-cu130)
     # why: host has usable nvidia GPU(s): 0000:01:00.0 (0x2335); nvidia-cu130 carries latest-nvidia
@@ -48,7 +48,7 @@ RUN_LABEL = f"{LABEL_PREFIX}.run"
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class RunSpec:
     """Everything ``builder run`` will do, before it talks to the engine."""
 
     target: ResolvedTarget
@@ -158,7 +158,7 @@ def container_user(choice: str, uid: int | None = None, gid: int | None = None) 
         raise UserError(f"--user {choice!r}: give auto, image, or a numeric UID[:GID] such as 1000:1000")
     return f"{user}:{group or user}"
 
-def build_plan(
+def run_spec(
     project: Project,
     command: Sequence[str],
     *,
@@ -171,14 +171,14 @@ def build_plan(
     cwd: Path | str | None = None,
     engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
-) -> RunPlan:
+) -> RunSpec:
     """Work out the whole run without touching the engine.
 
     *engine_info* (``docker info``, called only when the host has a CDI spec for the target's
     vendor) decides whether the GPUs go by CDI name (:func:`builder.host.devices.host_cdi`).
 
     Example:
-        >>> build_plan(project, ["python", "-V"], target="cpu").image
+        >>> run_spec(project, ["python", "-V"], target="cpu").image
         'localhost:5000/ml-runtime:cpu'
     """
     if not command:
@@ -188,7 +188,7 @@ def build_plan(
     chosen, reason = choose_target(project, target, host, gpus=gpus, environ=environ)
     cdi = host_cdi(chosen.vendor, engine_info, cdi_dirs) if gpus and chosen.vendor != "cpu" else None
     flags = device_flags(chosen, host, gpus=gpus, environ=environ, cdi=cdi)
-    return RunPlan(
+    return RunSpec(
         target=chosen,
         reason=reason,
         image=chosen.primary_ref,
@@ -207,7 +207,7 @@ def build_plan(
         cdi_devices=flags.cdi_devices,
     )
 
-def format_dry_run(plan: RunPlan) -> str:
+def format_dry_run(plan: RunSpec) -> str:
     """The target, why, notes and the shell-quoted ``docker run`` line; ``#`` lines keep it runnable by sh."""
     lines = [f"# target: {plan.target.name} ({plan.image})", f"# why: {plan.reason}"]
     lines += [f"# note: {note}" for note in plan.notes]
