@@ -274,6 +274,7 @@ class Executor:
             image_id, result = build(replace(request, no_cache=False))
         out.image_id, out.steps, out.cached_steps, out.cache_read = image_id, result.steps, result.cached, \
             result.cache_read
+        out.phases = dict(result.phases)
         out.result = "built"
         if self.cancel.is_set():
             raise TargetFailed("interrupted")

@@ -30,6 +30,8 @@ class Outcome:
     cache_read: tuple[str, ...] = ()
     #: what the smoke test left out, and why (no GPU here, emulation)
     notes: list[str] = field(default_factory=list)
+    #: where a build's time went, BuildKit's seconds per phase: steps, context, base and cache, export, other
+    phases: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -29,6 +29,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -128,6 +129,8 @@ class BuildResult:
     cached: int
     #: the registry caches BuildKit read (its "importing cache manifest from REF" steps)
     cache_read: tuple[str, ...] = ()
+    #: where the build's time went: BuildKit's own seconds per phase (:class:`Phases`)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def version() -> str:
@@ -230,6 +233,45 @@ class Steps:
         return name if started else None
 
 
+#: The phase of BuildKit's vertices by name: the Dockerfile's steps, the build contexts sent (the
+#: project's and the wheels'), the base and cache lookups, the export (layers compressed, image
+#: written or unpacked); anything else is "other".
+PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("steps", STEP),
+    ("context", re.compile(r"^\[(internal\] load (build context|\.dockerignore|build definition)|context )")),
+    ("base and cache", re.compile(r"^(\[internal\] load metadata|\[auth\]|\[[^\]]* \d+/\d+\] FROM |importing cache)")),
+    ("export", re.compile(r"^(exporting|writing image|naming to|unpacking to|sending tarball)")),
+)
+
+
+def _seconds(stamp: str) -> float:
+    """An RFC 3339 time of BuildKit's (nanoseconds) as POSIX seconds."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
+
+
+class Phases:
+    """Where a build's time went, from BuildKit's vertex events: each vertex's started-to-completed
+    seconds, summed per phase (:data:`PHASES`). Vertices that ran side by side (the contexts, say)
+    count each, so the phases can add up to more than the build's wall time."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, tuple[str, str | None, str | None]] = {}  # digest: (name, started, completed)
+
+    def update(self, vertex: dict[str, Any]) -> None:
+        key = vertex.get("digest") or vertex.get("name", "")
+        name, started, completed = self.spans.get(key, (vertex.get("name", ""), None, None))
+        self.spans[key] = (name, started or vertex.get("started"), vertex.get("completed") or completed)
+
+    def seconds(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, started, completed in self.spans.values():
+            if started and completed:
+                phase = next((p for p, pattern in PHASES if pattern.match(name)), "other")
+                out[phase] = out.get(phase, 0.0) + max(0.0, _seconds(completed) - _seconds(started))
+        return {k: round(v, 2) for k, v in out.items()}
+
+
 class Lines:
     """A step's output, one line per line: BuildKit sends what each write wrote (uv writes a token at
     a time), so the text of a line is kept per step until its newline; escape codes are removed."""
@@ -305,7 +347,7 @@ def run(
     """
     if (problem := available()) is not None:
         raise UserError(problem)
-    steps, lines = Steps(), Lines()
+    steps, lines, phases = Steps(), Lines(), Phases()
     errors: list[str] = []
     current = "starting"
     with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
@@ -323,6 +365,7 @@ def run(
                     errors.append(event["text"])
                     continue
                 for vertex in event.get("vertexes") or []:
+                    phases.update(vertex)
                     if (started := steps.update(vertex)) is not None:
                         current = started
                         on_log(f"#{len(steps.names)} {' '.join(started.split())}")  # a step's own line
@@ -350,7 +393,7 @@ def run(
     ids = tuple(d for key in ("containerimage.digest", "containerimage.config.digest") if (d := made.get(key)))
     if not ids:
         raise TargetFailed("BuildKit finished the build without naming the image it made")
-    return BuildResult(ids, len(steps.names), len(steps.cached), tuple(steps.cache_read))
+    return BuildResult(ids, len(steps.names), len(steps.cached), tuple(steps.cache_read), phases.seconds())
 
 
 def _cancel_on(proc: subprocess.Popen[str], cancel: threading.Event) -> None:
