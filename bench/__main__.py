@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import io
 import json
 import os
 import shutil
@@ -169,11 +170,25 @@ def builder_build(root: Path, target: str, *flags: str, smoke: bool = False,
 
 def docker_cli_build(context: Path, base: str, backend: str, tag: str, *flags: str) -> tuple[float, str]:
     """Wall seconds of the baseline's ``docker buildx build`` (as a user runs it) and the image's reference (*tag*)."""
-    argv = [shutil.which("docker") or "docker", "buildx", "build", "-q", "--provenance=false", *flags,
+    seconds, ref, _ = docker_cli_build_phases(context, base, backend, tag, *flags)
+    return seconds, ref
+
+
+def docker_cli_build_phases(context: Path, base: str, backend: str, tag: str,
+                            *flags: str) -> tuple[float, str, dict[str, float]]:
+    """:func:`docker_cli_build`, and where its time went: BuildKit's seconds per phase, read from its
+    ``--progress=rawjson`` events as the builder reads its own (``phases`` of its ``--json``)."""
+    from builder.oci.buildkit import Phases, _events
+
+    argv = [shutil.which("docker") or "docker", "buildx", "build", "--progress=rawjson", "--provenance=false", *flags,
             "--build-context", f"wheels={baseline_wheels(context)}",
             "--build-arg", f"BASE={base}", "--build-arg", f"GPU_BACKEND={backend}", "-t", tag, str(context)]
-    seconds, _ = timed(lambda: run(argv, cwd=context))
-    return seconds, tag  # not `-q`'s ID: in the containerd store that is the config's digest, not the image's
+    seconds, proc = timed(lambda: run(argv, cwd=context))
+    phases = Phases()
+    for event in _events(io.StringIO(proc.stderr)):
+        for vertex in event.get("vertexes") or []:
+            phases.update(vertex)
+    return seconds, tag, phases.seconds()
 
 
 def touch_runtime(root: Path) -> None:
@@ -217,6 +232,8 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
     for t in targets:
         mine: list[float] = []
         their: list[float] = []
+        mine_phases: list[dict[str, float]] = []
+        their_phases: list[dict[str, float]] = []
         for i in range(REPEATS):
             for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
                 if who == "ours":
@@ -225,11 +242,18 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Resolve
                         raise SystemExit(f"bench: cold build of {t.name}: {outcome['error']}")
                     mine.append(seconds)
                     made.ids.append(outcome["image_id"])
+                    mine_phases.append(outcome.get("phases") or {})
                 else:
                     tag = f"{BASELINE_REPO}:{t.name}-cold-{os.getpid()}"
                     made.refs.append(tag)
-                    their.append(docker_cli_build(contexts[t.name], base, t.backend, tag, "--no-cache")[0])
+                    seconds, _, where = docker_cli_build_phases(contexts[t.name], base, t.backend, tag, "--no-cache")
+                    their.append(seconds)
+                    their_phases.append(where)
         ours["cold_samples_s"][t.name], theirs["cold_samples_s"][t.name] = mine, their
+        # where the time went (BuildKit's seconds per phase), per phase the median of the samples
+        for record, phase_samples in ((ours, mine_phases), (theirs, their_phases)):
+            record.setdefault("cold_phases_s", {})[t.name] = {
+                k: median([p.get(k, 0.0) for p in phase_samples]) for k in sorted({k for p in phase_samples for k in p})}
         ours["cold_build_s"][t.name], theirs["cold_build_s"][t.name] = median(mine), median(their)
         say(f"{t.name}: cold build {mine} s, baseline {their} s")
 
@@ -835,6 +859,12 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
                  f"{f['where']['gzip']['decompress_s']} | once each |"),
                  (f"| of the pull: unpacking, `tar -x` in layer order and `sync`, less decompression | "
                  f"{f['where']['zstd'].get('unpack_s')} | {f['where']['gzip'].get('unpack_s')} | once each |")]
+        if "baseline" in f["pull_s"]:
+            rows += [f"| the strong baseline's image (gzip): {label} | | {f[key + '_s']['baseline']} | "
+                     f"{f['samples_s'][key]['baseline']} |"
+                     for key, label in (("pull", "`docker pull`"), ("import", "`docker run` import torch, accelerate"))]
+            rows += [f"| pull + first import: ours (zstd) / the strong baseline's image | {f['pull_import_s']['zstd']} | "
+                     f"{f['pull_import_s']['baseline']} | {f['pull_import_ratio']} x |"]
         layers_mb = {k: [round(v / 1e6) for v in sizes] for k, sizes in f["layers"].items()}
         rows += ["", f"Compressed layers (MB): zstd {layers_mb['zstd']}; gzip {layers_mb['gzip']}.", ""]
     if (c := results.get("start")) is not None:
@@ -862,6 +892,11 @@ def baseline_table(results: dict[str, Any], targets: list[str]) -> list[str]:
                   "noop_rebuild_s_per_target"), ("runtime-change rebuild, --no-smoke (s, median of 3)",
                   "runtime_change_rebuild_s"), ("image size (GB)", "image_bytes"),
                   ("essential size (GB)", "essential_bytes"), ("size / essential", "size_ratio_vs_essential")]
+    for t in targets:  # where the cold build's time went
+        for phase in sorted({*results.get("cold_phases_s", {}).get(t, {}), *base.get("cold_phases_s", {}).get(t, {})}):
+            rows.append(f"| of the cold build: BuildKit's {phase} (s, median) | {t} | "
+                        f"{results['cold_phases_s'].get(t, {}).get(phase, 0)} | "
+                        f"{base['cold_phases_s'].get(t, {}).get(phase, 0)} |")
     for label, key in per_target:
         for t in targets:
             a, b = results[key][t], base[key][t]
