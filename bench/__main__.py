@@ -863,8 +863,8 @@ def markdown(results: dict[str, Any], targets: list[str]) -> str:
             rows += [f"| the strong baseline's image (gzip): {label} | | {f[key + '_s']['baseline']} | "
                      f"{f['samples_s'][key]['baseline']} |"
                      for key, label in (("pull", "`docker pull`"), ("import", "`docker run` import torch, accelerate"))]
-            rows += [f"| pull + first import: ours (zstd) / the strong baseline's image | {f['pull_import_s']['zstd']} | "
-                     f"{f['pull_import_s']['baseline']} | {f['pull_import_ratio']} x |"]
+            rows += [(f"| pull + first import: ours (zstd) / the strong baseline's image | {f['pull_import_s']['zstd']} | "
+                      f"{f['pull_import_s']['baseline']} | {f['pull_import_ratio']} x |")]
         layers_mb = {k: [round(v / 1e6) for v in sizes] for k, sizes in f["layers"].items()}
         rows += ["", f"Compressed layers (MB): zstd {layers_mb['zstd']}; gzip {layers_mb['gzip']}.", ""]
     if (c := results.get("start")) is not None:
