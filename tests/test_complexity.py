@@ -47,8 +47,9 @@ def _branches(name: str, n: int, indent: str = "") -> str:
 def test_a_planted_complex_function_is_found_and_a_reason_lets_it_pass():
     assert unexplained(_branches("simple", 19)) == []  # 20: grade C
     assert unexplained(_branches("planted", 20)) == ["planted (line 1): 21"]
-    assert unexplained("# complexity: one streaming loop, its state shared\n" + _branches("planted", 20)) == []
-    assert unexplained("# complexity:\n" + _branches("planted", 20)) == ["planted (line 2): 21"], "no reason given"
+    reason = "# complexity: one streaming loop, its state shared\n"
+    assert unexplained(reason + _branches("planted", 20)) == []
+    assert unexplained("# complexity:\n" + _branches("planted", 20)) == ["planted (line 2): 21"]  # no reason
     assert unexplained("# a comment, not the marker\n" + _branches("planted", 20)) == ["planted (line 2): 21"]
     decorated = "# complexity: why\n@staticmethod\n@other\n" + _branches("planted", 20)
     assert unexplained(decorated) == []

@@ -112,7 +112,8 @@ def manifests(
     """
     chosen = project.target(target)
     resource, count = _gpu_request(chosen, target, gpus, gpu_resource_name)
-    job, launch = _checked(chosen, nodes=nodes, grace=grace, launcher=launcher, name=name, namespace=namespace)
+    job, launch = _checked(chosen, nodes=nodes, grace=grace, launcher=launcher, name=name,
+                           namespace=namespace)
     image, _ = image_reference(project, chosen)
     procs = max(count, 1)
     multi = nodes > 1
@@ -135,7 +136,8 @@ def manifests(
     spec: dict[str, Any] = {
         "backoffLimit": 0,
         **({"completionMode": "Indexed", "completions": nodes, "parallelism": nodes} if multi else {}),
-        "template": {"metadata": {"labels": labels}, "spec": _pod(chosen, job, container, grace=grace, multi=multi)},
+        "template": {"metadata": {"labels": labels},
+                     "spec": _pod(chosen, job, container, grace=grace, multi=multi)},
     }
     job_doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
     if not multi:
@@ -178,8 +180,10 @@ def _checked(chosen: ResolvedTarget, *, nodes: int, grace: int, launcher: str, n
     return job, launcher
 
 
-def _env(chosen: ResolvedTarget, job: str, *, nodes: int, procs: int, env: Sequence[str]) -> list[dict[str, Any]]:
-    """The rendezvous (pod 0 of the Job, each pod's rank its completion index), then the target's and --env's."""
+def _env(chosen: ResolvedTarget, job: str, *, nodes: int, procs: int,
+         env: Sequence[str]) -> list[dict[str, Any]]:
+    """The rendezvous (pod 0 of the Job; each pod's rank, its completion index), then the target's and
+    --env's variables."""
     multi = nodes > 1
     rank_env: dict[str, Any] = (
         {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
@@ -196,7 +200,8 @@ def _env(chosen: ResolvedTarget, job: str, *, nodes: int, procs: int, env: Seque
     ]
 
 
-def _pod(chosen: ResolvedTarget, job: str, container: dict[str, Any], *, grace: int, multi: bool) -> dict[str, Any]:
+def _pod(chosen: ResolvedTarget, job: str, container: dict[str, Any], *, grace: int,
+         multi: bool) -> dict[str, Any]:
     """The pod spec: the image's user, the grace period, a memory-backed /dev/shm of the target's size."""
     shm = chosen.run_flags.shm_size
     return {

@@ -213,11 +213,13 @@ def _host_problems(target: ResolvedTarget, host: hardware.HostGpus, environ: Map
 
 
 def _group_ids(names: Sequence[str], host: hardware.HostGpus) -> tuple[tuple[int, ...], list[str]]:
-    """The GIDs to add for the named groups and the device nodes' owners, and a note per group the host lacks."""
+    """The GIDs to add for the named groups and the device nodes' owners, and a note per group the host
+    lacks."""
     if not names:
         return (), []
     known = hardware.group_gids(names)
-    notes = [f"host has no {name!r} group; relying on the device nodes' groups" for name in names if name not in known]
+    notes = [f"host has no {name!r} group; relying on the device nodes' groups"
+             for name in names if name not in known]
     return tuple(hardware.container_gids(names, host.nodes)), notes
 
 

@@ -201,8 +201,11 @@ def select_files(house: Path, wanted_wheels: set[str], wanted_contexts: set[str]
 
 
 def _entries(folder: Path, kind: Callable[[Path], bool]) -> list[Path]:
-    """*folder*'s entries of a *kind* (``Path.is_dir``, ``Path.is_file``) but hidden ones, sorted; none if no folder."""
-    return sorted(p for p in folder.iterdir() if kind(p) and not p.name.startswith(".")) if folder.is_dir() else []
+    """*folder*'s entries of a *kind* (``Path.is_dir``, ``Path.is_file``), hidden ones left out, sorted;
+    none if there is no such folder."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if kind(p) and not p.name.startswith("."))
 
 
 def _linked(folders: Iterable[Path]) -> set[tuple[int, int]]:
@@ -398,7 +401,8 @@ def _collect_engine(found: Found, engine: Engine, project: Project, items: bool)
         _image_items(found, stale_tags(ours, pattern, current_tags(project)), untagged)
 
 
-def _image_items(found: Found, stale: list[tuple[str, dict[str, Any]]], untagged: list[dict[str, Any]]) -> None:
+def _image_items(found: Found, stale: list[tuple[str, dict[str, Any]]],
+                 untagged: list[dict[str, Any]]) -> None:
     """The *stale* content tags go (an image with them, when its last tag), unless a container uses it; the
     targets' *untagged* images go."""
     for tag, image in stale:

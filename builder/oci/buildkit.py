@@ -337,7 +337,8 @@ def run(
 
 def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], None],
             on_log: Callable[[str], None]) -> list[str]:
-    """Read buildx's progress to its end: *steps* and the callbacks follow it; returns the errors it reported."""
+    """Read buildx's progress to its end, *steps* and the callbacks following it; return the errors it
+    reported."""
     lines = Lines()
     errors: list[str] = []
     current = "starting"
