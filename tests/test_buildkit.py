@@ -51,6 +51,19 @@ def test_the_recorded_events_give_the_steps_and_the_cached_ones():
     assert not any("\x1b" in line for line in lines)
 
 
+def test_following_the_recorded_progress_logs_each_step_once_and_returns_the_errors():
+    """What ``run`` reads from buildx (``_follow``): a line per step as it starts, the steps' output, the
+    progress ending on BuildKit's own work, and buildx's plain text as the errors."""
+    steps, progress, logged = buildkit.Steps(), [], []
+    errors = buildkit._follow(io.StringIO(RECORDING.read_text() + "ERROR: boom\n"), steps,
+                              lambda done, total, text: progress.append((done, total, text)), logged.append)
+    assert errors == ["ERROR: boom"]
+    assert [line.split("]")[0] for line in logged if line.startswith("#")] == [
+        "#1 [common 4/4", "#2 [common 3/4", "#3 [common 2/4"]
+    assert logged[-2:] == ["bold line one", "line 2"]
+    assert progress[-1] == (3, 3, "exporting to image")
+
+
 def test_a_line_written_a_token_at_a_time_is_one_line():
     """uv writes `+ accelerate==1.15.0` in four writes (coloured): BuildKit sends four logs."""
     import base64

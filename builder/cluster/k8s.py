@@ -31,6 +31,7 @@ import yaml
 from builder.cluster.common import (
     DEFAULT_PORT,
     LAUNCHERS,
+    Launcher,
     Var,
     Word,
     check_env,
@@ -110,12 +111,60 @@ def manifests(
         1001
     """
     chosen = project.target(target)
+    resource, count = _gpu_request(chosen, target, gpus, gpu_resource_name)
+    job, launch = _checked(chosen, nodes=nodes, grace=grace, launcher=launcher, name=name,
+                           namespace=namespace)
+    image, _ = image_reference(project, chosen)
+    procs = max(count, 1)
+    multi = nodes > 1
+    argv = launcher_argv(launch, command, nodes=nodes, procs_per_node=procs,
+                         node_rank=Var("NODE_RANK") if multi else "0")
+    labels = {"app.kubernetes.io/name": job, "app.kubernetes.io/managed-by": "ml-image-builder",
+              f"{LABEL_PREFIX}/target": chosen.name}
+    meta: dict[str, Any] = {"name": job, "labels": labels, **({"namespace": namespace} if namespace else {})}
+    container: dict[str, Any] = {
+        "name": "train",
+        "image": image,
+        "args": [_arg(w) for w in argv],
+        "env": _env(chosen, job, nodes=nodes, procs=procs, env=env),
+        "ports": [{"name": "rendezvous", "containerPort": DEFAULT_PORT}],
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if resource is not None:
+        container["resources"] = {"limits": {resource: count}}
+    spec: dict[str, Any] = {
+        "backoffLimit": 0,
+        **({"completionMode": "Indexed", "completions": nodes, "parallelism": nodes} if multi else {}),
+        "template": {"metadata": {"labels": labels},
+                     "spec": _pod(chosen, job, container, grace=grace, multi=multi)},
+    }
+    job_doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
+    if not multi:
+        return [job_doc]
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta,
+        "spec": {"clusterIP": "None", "selector": labels, "publishNotReadyAddresses": True,
+                 "ports": [{"name": "rendezvous", "port": DEFAULT_PORT, "targetPort": DEFAULT_PORT}]},
+    }
+    return [service, job_doc]
+
+
+def _gpu_request(chosen: ResolvedTarget, target: str, gpus: int | None,
+                 gpu_resource_name: str | None) -> tuple[str | None, int]:
+    """The GPU resource and how many of it a pod asks for (None, 0 for a cpu target)."""
     resource = gpu_resource(chosen, gpu_resource_name)
     if resource is None and gpus:
         raise UserError(f"--gpus {gpus}: target {target} is a cpu image; leave it out or pick a GPU target")
     count = 0 if resource is None else (1 if gpus is None else gpus)
     if resource is not None and not 1 <= count <= 64:
         raise UserError(f"--gpus {count}: a {chosen.vendor} target needs 1 to 64 per pod")
+    return resource, count
+
+
+def _checked(chosen: ResolvedTarget, *, nodes: int, grace: int, launcher: str, name: str | None,
+             namespace: str | None) -> tuple[str, Launcher]:
+    """The Job's name and the launcher, once the options are checked."""
     if not 1 <= nodes <= 1000:
         raise UserError(f"--nodes {nodes}: give 1 to 1000")
     if not 0 <= grace <= 86400:
@@ -128,20 +177,20 @@ def manifests(
                         "with a letter or digit), e.g. cpu-train")
     if namespace is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", namespace):
         raise UserError(f"--namespace {namespace!r}: not a namespace name (lowercase letters, digits, '-')")
-    image, _ = image_reference(project, chosen)
-    procs = max(count, 1)
+    return job, launcher
+
+
+def _env(chosen: ResolvedTarget, job: str, *, nodes: int, procs: int,
+         env: Sequence[str]) -> list[dict[str, Any]]:
+    """The rendezvous (pod 0 of the Job; each pod's rank, its completion index), then the target's and
+    --env's variables."""
     multi = nodes > 1
-    argv = launcher_argv(launcher, command, nodes=nodes, procs_per_node=procs,
-                         node_rank=Var("NODE_RANK") if multi else "0")
-    labels = {"app.kubernetes.io/name": job, "app.kubernetes.io/managed-by": "ml-image-builder",
-              f"{LABEL_PREFIX}/target": chosen.name}
-    meta: dict[str, Any] = {"name": job, "labels": labels, **({"namespace": namespace} if namespace else {})}
     rank_env: dict[str, Any] = (
         {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
         if multi else {"name": "NODE_RANK", "value": "0"}
     )
-    env_list: list[dict[str, Any]] = [
+    return [
         {"name": "MASTER_ADDR", "value": f"{job}-0.{job}" if multi else "127.0.0.1"},
         {"name": "MASTER_PORT", "value": str(DEFAULT_PORT)},
         {"name": "WORLD_SIZE", "value": str(nodes * procs)},
@@ -149,19 +198,13 @@ def manifests(
         {"name": "RANK", "value": "$(NODE_RANK)"},
         *({"name": k, "value": v} for k, v in target_env(chosen, check_env(env)).items()),
     ]
+
+
+def _pod(chosen: ResolvedTarget, job: str, container: dict[str, Any], *, grace: int,
+         multi: bool) -> dict[str, Any]:
+    """The pod spec: the image's user, the grace period, a memory-backed /dev/shm of the target's size."""
     shm = chosen.run_flags.shm_size
-    container: dict[str, Any] = {
-        "name": "train",
-        "image": image,
-        "args": [_arg(w) for w in argv],
-        "env": env_list,
-        "ports": [{"name": "rendezvous", "containerPort": DEFAULT_PORT}],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    if resource is not None:
-        container["resources"] = {"limits": {resource: count}}
-    pod: dict[str, Any] = {
+    return {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": grace,
         "securityContext": {"runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "runAsNonRoot": True,
@@ -171,20 +214,6 @@ def manifests(
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory",
                                                   **({"sizeLimit": k8s_quantity(shm)} if shm else {})}}],
     }
-    spec: dict[str, Any] = {
-        "backoffLimit": 0,
-        **({"completionMode": "Indexed", "completions": nodes, "parallelism": nodes} if multi else {}),
-        "template": {"metadata": {"labels": labels}, "spec": pod},
-    }
-    job_doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
-    if not multi:
-        return [job_doc]
-    service = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta,
-        "spec": {"clusterIP": "None", "selector": labels, "publishNotReadyAddresses": True,
-                 "ports": [{"name": "rendezvous", "port": DEFAULT_PORT, "targetPort": DEFAULT_PORT}]},
-    }
-    return [service, job_doc]
 
 
 class _Dumper(yaml.SafeDumper):

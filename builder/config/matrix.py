@@ -270,27 +270,10 @@ class Matrix(_Strict):
                 f"python: {self.python!r} is not supported with suite {self.base.debian_suite!r} "
                 f"(the templates use its python3: {expected})"
             )
-        for where, listed in [("platforms", self.platforms),
-                              *((f"targets.{t.name}.platforms", t.platforms) for t in self.targets)]:
-            if listed and len(set(listed)) != len(listed):
-                problems.append(f"{where}: {listed} names a platform twice; list each once")
-        layer_names = [layer.name for layer in self.layers]
-        for name in sorted({n for n in layer_names if layer_names.count(n) > 1 or n == PACKAGES_LAYER}):
-            problems.append(f"layers: {name!r} is used twice or reserved ({PACKAGES_LAYER!r} is the implicit last "
-                            "layer); give each layer its own name")
+        problems += _platforms_twice(self) + _layer_names(self.layers)
         if not self.installer.startswith("uv=="):
             problems.append(f"installer: {self.installer!r} must pin uv exactly, e.g. uv==0.13.9")
-        for group, members in self.groups.items():
-            unknown = [m for m in members if m not in names]
-            if unknown:
-                problems.append(f"groups.{group}: unknown target(s) {', '.join(unknown)} (known: {', '.join(names)})")
-            if not members:
-                problems.append(f"groups.{group}: an empty group selects no target; list its targets or remove it")
-            if len(set(members)) != len(members):
-                problems.append(f"groups.{group}: {members} names a target twice; list each once")
-            if group in names:
-                problems.append(f"groups.{group}: a target has this name too (-t {group} means the target); "
-                                "rename the group")
+        problems += _group_problems(self.groups, names)
         if self.platforms and all(t.platforms for t in self.targets):
             problems.append(f"platforms: {self.platforms} applies to no target (every target names its own "
                             "platforms); remove it, or the platforms of the targets that should use it")
@@ -316,6 +299,39 @@ def requirement_name(requirement: str) -> str:
         'einops'
     """
     return canonicalize_name(PipRequirement(requirement).name)
+
+
+def _platforms_twice(m: Matrix) -> list[str]:
+    """Platform lists (the top level's, a target's) that name a platform twice."""
+    return [f"{where}: {listed} names a platform twice; list each once"
+            for where, listed in [("platforms", m.platforms),
+                                  *((f"targets.{t.name}.platforms", t.platforms) for t in m.targets)]
+            if listed and len(set(listed)) != len(listed)]
+
+
+def _layer_names(layers: list[Layer]) -> list[str]:
+    """Layer names used twice, or the reserved last layer's."""
+    names = [layer.name for layer in layers]
+    return [f"layers: {name!r} is used twice or reserved ({PACKAGES_LAYER!r} is the implicit last "
+            "layer); give each layer its own name"
+            for name in sorted({n for n in names if names.count(n) > 1 or n == PACKAGES_LAYER})]
+
+
+def _group_problems(groups: dict[str, list[str]], names: list[str]) -> list[str]:
+    """Groups naming an unknown target or one twice, empty, or named like a target."""
+    problems = []
+    for group, members in groups.items():
+        unknown = [m for m in members if m not in names]
+        if unknown:
+            problems.append(f"groups.{group}: unknown target(s) {', '.join(unknown)} (known: {', '.join(names)})")
+        if not members:
+            problems.append(f"groups.{group}: an empty group selects no target; list its targets or remove it")
+        if len(set(members)) != len(members):
+            problems.append(f"groups.{group}: {members} names a target twice; list each once")
+        if group in names:
+            problems.append(f"groups.{group}: a target has this name too (-t {group} means the target); "
+                            "rename the group")
+    return problems
 
 
 def _torch_elsewhere(m: Matrix) -> list[str]:

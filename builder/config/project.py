@@ -24,10 +24,17 @@ from builder.config import platforms
 from builder.config.baselock import LOCK_NAME, read_base_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
-from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix
+from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix, Target
 from builder.config.urls import public
 from builder.config.validation import format_errors
-from builder.config.wheelmap import BACKEND_VENDOR, RunFlags, WheelMapping, distributed_backend, index_for
+from builder.config.wheelmap import (
+    BACKEND_VENDOR,
+    Entry,
+    RunFlags,
+    WheelMapping,
+    distributed_backend,
+    index_for,
+)
 
 LABEL_PREFIX = "io.ml-image-builder"
 #: OCI labels the builder writes on every image (project.py, build.py): not a target's to set.
@@ -242,6 +249,7 @@ def _alias_owner(matrix: Matrix) -> dict[str, str]:
 
 
 def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[str, str]) -> list[ResolvedTarget]:
+    """Every target resolved, or a UserError with the problems of all of them."""
     problems: list[str] = []
     alias = _alias_owner(matrix)
     host = platforms.host_platform()
@@ -249,89 +257,111 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
     owner_of_tag: dict[str, str] = {}
     for i, t in enumerate(matrix.targets):
         where = f"{mfile}: targets[{i}]"
-        found = mapping.find(t.backend, t.version)
-        if found is None:
-            known = sorted(str(e.version) for e in mapping.entries.values() if e.backend == t.backend)
-            problems.append(
-                f"{where}.version: no wheel-mapping.json entry for backend {t.backend!r} version {t.version!r} "
-                f"(known {t.backend} versions: {', '.join(known) or 'none'})"
-            )
+        found = _entry(mapping, t, where)
+        if isinstance(found, str):
+            problems.append(found)
             continue
         key, entry = found
-        if Version(t.torch) not in SpecifierSet(entry.torch):
-            problems.append(
-                f"{where}.torch: torch {t.torch} is not published for {key} "
-                f"(wheel-mapping.json entries.{key}.torch: {entry.torch})"
-            )
-            continue
         vendor = BACKEND_VENDOR[t.backend]
-        facts = mapping.vendors[vendor]
-        tags = [t.name, f"{t.name}-torch{t.torch}"]
-        if alias.get(vendor) == t.name:
-            tags.append(f"latest-{vendor}")
-        for x in t.tags:
-            if x in tags:  # generated anyway: the entry would be ignored
-                problems.append(f"{where}.tags: {x!r} is a generated tag of this target already; remove it")
-        tags += [x for x in t.tags if x not in tags]
-        for label in t.labels:
-            if label in BUILDER_LABELS or label.startswith(LABEL_PREFIX + "."):
-                problems.append(f"{where}.labels.{label}: the builder sets this label itself (it would be "
-                                f"overridden or would falsify the image's record); use a key of your own")
-        for tag in tags:
-            if not g.TAG.fullmatch(tag):
-                problems.append(f"{where}.name: generated tag {tag!r} is not a valid Docker tag; shorten the name")
-            elif tag in owner_of_tag:
-                problems.append(f"{where}.tags: tag {tag!r} is also a tag of target {owner_of_tag[tag]!r}")
-            owner_of_tag.setdefault(tag, t.name)
+        tags, own_problems = _tags(t, vendor, alias.get(vendor) == t.name, where)
+        problems += own_problems + _label_problems(t, where) + _claim_tags(tags, t.name, owner_of_tag, where)
         try:
             index = index_for(key, entry, overrides)
         except ValueError as exc:
             problems.append(f"index override for {key}: {exc}")
             continue
-        pin = f"{t.torch}{entry.local_version}"
-        dist = distributed_backend(entry, t.torch)
-        listed = t.platforms or matrix.platforms or [host]
-        labels = {
-            "org.opencontainers.image.title": f"ml-runtime {t.name}",
-            "org.opencontainers.image.version": f"{t.name}-torch{t.torch}",
-            **({"org.opencontainers.image.source": public(matrix.source)} if matrix.source else {}),
-            f"{LABEL_PREFIX}.target": t.name,
-            f"{LABEL_PREFIX}.backend": t.backend,
-            f"{LABEL_PREFIX}.vendor": vendor,
-            f"{LABEL_PREFIX}.accelerator-version": t.version or "none",
-            f"{LABEL_PREFIX}.torch": pin,
-            f"{LABEL_PREFIX}.distributed": dist,
-            **t.labels,
-        }
-        targets.append(
-            ResolvedTarget(
-                name=t.name,
-                backend=t.backend,
-                vendor=vendor,
-                accelerator_version=t.version,
-                torch=t.torch,
-                torch_pin=pin,
-                entry=key,
-                index_url=index,
-                packages=[*matrix.torch_packages, *entry.packages, *t.packages],
-                distributed=dist,
-                tags=tags,
-                refs=[f"{matrix.registry}:{tag}" for tag in tags],
-                labels=labels,
-                env=dict(facts.env),
-                run=facts.run.model_dump(),
-                visible_devices_env=facts.visible_devices_env,
-                dockerfile=f"images/{t.name}/Dockerfile",
-                platforms=list(listed),
-                platform=host if host in listed else listed[0],
-                layers=[*(layer.name for layer in matrix.layers if layer.applies_to(t.backend)), PACKAGES_LAYER],
-                k8s_resource=t.k8s_resource,
-                compression=t.compression or matrix.compression,
-            )
-        )
+        targets.append(_resolved(matrix, mapping, t, key, entry, tags, index, host))
     if problems:
         raise UserError(*problems)
     return targets
+
+
+def _entry(mapping: WheelMapping, t: Target, where: str) -> tuple[str, Entry] | str:
+    """The wheel mapping's (key, entry) for the target, or the problem why there is none."""
+    found = mapping.find(t.backend, t.version)
+    if found is None:
+        known = sorted(str(e.version) for e in mapping.entries.values() if e.backend == t.backend)
+        return (f"{where}.version: no wheel-mapping.json entry for backend {t.backend!r} version {t.version!r} "
+                f"(known {t.backend} versions: {', '.join(known) or 'none'})")
+    key, entry = found
+    if Version(t.torch) not in SpecifierSet(entry.torch):
+        return (f"{where}.torch: torch {t.torch} is not published for {key} "
+                f"(wheel-mapping.json entries.{key}.torch: {entry.torch})")
+    return found
+
+
+def _tags(t: Target, vendor: str, latest: bool, where: str) -> tuple[list[str], list[str]]:
+    """The target's tags (the generated ones, then its own), and the problems of its own: one generated
+    anyway (the entry would be ignored)."""
+    tags = [t.name, f"{t.name}-torch{t.torch}", *([f"latest-{vendor}"] if latest else [])]
+    problems = [f"{where}.tags: {x!r} is a generated tag of this target already; remove it"
+                for x in t.tags if x in tags]
+    return tags + [x for x in t.tags if x not in tags], problems
+
+
+def _label_problems(t: Target, where: str) -> list[str]:
+    """The target's labels that are the builder's own."""
+    return [f"{where}.labels.{label}: the builder sets this label itself (it would be "
+            f"overridden or would falsify the image's record); use a key of your own"
+            for label in t.labels if label in BUILDER_LABELS or label.startswith(LABEL_PREFIX + ".")]
+
+
+def _claim_tags(tags: list[str], name: str, owner_of_tag: dict[str, str], where: str) -> list[str]:
+    """Records *tags* as target *name*'s in *owner_of_tag*; returns those invalid or another target's."""
+    problems = []
+    for tag in tags:
+        if not g.TAG.fullmatch(tag):
+            problems.append(f"{where}.name: generated tag {tag!r} is not a valid Docker tag; shorten the name")
+        elif tag in owner_of_tag:
+            problems.append(f"{where}.tags: tag {tag!r} is also a tag of target {owner_of_tag[tag]!r}")
+        owner_of_tag.setdefault(tag, name)
+    return problems
+
+
+def _resolved(matrix: Matrix, mapping: WheelMapping, t: Target, key: str, entry: Entry, tags: list[str],
+              index: str, host: str) -> ResolvedTarget:
+    """The target with every value worked out."""
+    vendor = BACKEND_VENDOR[t.backend]
+    facts = mapping.vendors[vendor]
+    pin = f"{t.torch}{entry.local_version}"
+    dist = distributed_backend(entry, t.torch)
+    listed = t.platforms or matrix.platforms or [host]
+    labels = {
+        "org.opencontainers.image.title": f"ml-runtime {t.name}",
+        "org.opencontainers.image.version": f"{t.name}-torch{t.torch}",
+        **({"org.opencontainers.image.source": public(matrix.source)} if matrix.source else {}),
+        f"{LABEL_PREFIX}.target": t.name,
+        f"{LABEL_PREFIX}.backend": t.backend,
+        f"{LABEL_PREFIX}.vendor": vendor,
+        f"{LABEL_PREFIX}.accelerator-version": t.version or "none",
+        f"{LABEL_PREFIX}.torch": pin,
+        f"{LABEL_PREFIX}.distributed": dist,
+        **t.labels,
+    }
+    return ResolvedTarget(
+        name=t.name,
+        backend=t.backend,
+        vendor=vendor,
+        accelerator_version=t.version,
+        torch=t.torch,
+        torch_pin=pin,
+        entry=key,
+        index_url=index,
+        packages=[*matrix.torch_packages, *entry.packages, *t.packages],
+        distributed=dist,
+        tags=tags,
+        refs=[f"{matrix.registry}:{tag}" for tag in tags],
+        labels=labels,
+        env=dict(facts.env),
+        run=facts.run.model_dump(),
+        visible_devices_env=facts.visible_devices_env,
+        dockerfile=f"images/{t.name}/Dockerfile",
+        platforms=list(listed),
+        platform=host if host in listed else listed[0],
+        layers=[*(layer.name for layer in matrix.layers if layer.applies_to(t.backend)), PACKAGES_LAYER],
+        k8s_resource=t.k8s_resource,
+        compression=t.compression or matrix.compression,
+    )
 
 
 def spec_hash(matrix: Matrix) -> str:

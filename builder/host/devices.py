@@ -175,30 +175,9 @@ def device_flags(
         )
         return DeviceFlags(shm_size=flags.shm_size, notes=without)
     notes: list[str] = [f"devices by CDI name: {cdi.why}"] if cdi is not None and cdi.use else []
-    problems: list[str] = []
-    forced = environ.get(hardware.VENDOR_ENV, "").strip().lower() == target.vendor
-    if target.vendor not in host.usable() and not forced:
-        found = host.describe(target.vendor)
-        lack = "; ".join(host.missing(target.vendor)) if found else "no such GPU on the PCI bus"
-        problems.append(
-            f"target {target.name} needs a usable {target.vendor} GPU and this host has none ({lack}); "
-            f"pass --no-gpus to run it without GPUs, or --target auto"
-        )
     use_cdi = cdi is not None and cdi.use and cdi.device is not None
-    for device in () if use_cdi else flags.devices:
-        if not host.nodes.host_path(device).exists():
-            problems.append(
-                f"{device}: missing on this host; load the {target.vendor} driver, or pass --no-gpus"
-            )
-    gids: tuple[int, ...] = ()
-    if flags.group_add:
-        known = hardware.group_gids(flags.group_add)
-        notes += [
-            f"host has no {name!r} group; relying on the device nodes' groups"
-            for name in flags.group_add
-            if name not in known
-        ]
-        gids = tuple(hardware.container_gids(flags.group_add, host.nodes))
+    problems = _host_problems(target, host, environ, () if use_cdi else flags.devices)
+    gids, missing_groups = _group_ids(flags.group_add, host)
     return DeviceFlags(
         gpus=flags.gpus and not use_cdi,
         devices=() if use_cdi else tuple(flags.devices),
@@ -207,9 +186,41 @@ def device_flags(
         # With host IPC the host's /dev/shm is used and --shm-size has no effect; kept as the guides give it.
         ipc_mode="host" if flags.ipc_host else None,
         shm_size=flags.shm_size,
-        notes=tuple(notes),
+        notes=tuple(notes + missing_groups),
         problems=tuple(problems),
     )
+
+
+def _host_problems(target: ResolvedTarget, host: hardware.HostGpus, environ: Mapping[str, str],
+                   devices: Sequence[str]) -> list[str]:
+    """Why the engine would refuse the container: no usable GPU of the vendor (unless the vendor is
+    forced), a device node missing."""
+    problems = []
+    forced = environ.get(hardware.VENDOR_ENV, "").strip().lower() == target.vendor
+    if target.vendor not in host.usable() and not forced:
+        found = host.describe(target.vendor)
+        lack = "; ".join(host.missing(target.vendor)) if found else "no such GPU on the PCI bus"
+        problems.append(
+            f"target {target.name} needs a usable {target.vendor} GPU and this host has none ({lack}); "
+            f"pass --no-gpus to run it without GPUs, or --target auto"
+        )
+    for device in devices:
+        if not host.nodes.host_path(device).exists():
+            problems.append(
+                f"{device}: missing on this host; load the {target.vendor} driver, or pass --no-gpus"
+            )
+    return problems
+
+
+def _group_ids(names: Sequence[str], host: hardware.HostGpus) -> tuple[tuple[int, ...], list[str]]:
+    """The GIDs to add for the named groups and the device nodes' owners, and a note per group the host
+    lacks."""
+    if not names:
+        return (), []
+    known = hardware.group_gids(names)
+    notes = [f"host has no {name!r} group; relying on the device nodes' groups"
+             for name in names if name not in known]
+    return tuple(hardware.container_gids(names, host.nodes)), notes
 
 
 def device_options(target: ResolvedTarget) -> tuple[dict[str, Any], str | None]:

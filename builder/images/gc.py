@@ -187,15 +187,11 @@ def select_files(house: Path, wanted_wheels: set[str], wanted_contexts: set[str]
         ([], [])
     """
     now = time.time() if now is None else now
-    contexts = house / ".contexts"
-    folders = sorted(p for p in contexts.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-        if contexts.is_dir() else []
+    folders = _entries(house / ".contexts", Path.is_dir)
     stale_folders = [p for p in folders if p.name not in wanted_contexts and _age_days(p, now) >= keep_days]
     gone = set(stale_folders)
-    linked = {(st.st_dev, st.st_ino) for p in folders if p not in gone for f in _files(p)
-              if (st := f.lstat()).st_nlink > 1}
-    wheels = sorted(p for p in house.iterdir() if p.is_file() and not p.name.startswith(".")) \
-        if house.is_dir() else []
+    linked = _linked(p for p in folders if p not in gone)
+    wheels = _entries(house, Path.is_file)
     stale_wheels = []
     for p in wheels:
         st = p.lstat()
@@ -203,6 +199,19 @@ def select_files(house: Path, wanted_wheels: set[str], wanted_contexts: set[str]
             continue
         stale_wheels.append(p)
     return stale_folders, stale_wheels
+
+
+def _entries(folder: Path, kind: Callable[[Path], bool]) -> list[Path]:
+    """*folder*'s entries of a *kind* (``Path.is_dir``, ``Path.is_file``), hidden ones left out, sorted;
+    none if there is no such folder."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if kind(p) and not p.name.startswith("."))
+
+
+def _linked(folders: Iterable[Path]) -> set[tuple[int, int]]:
+    """(device, inode) of each file in *folders* that has another link."""
+    return {(st.st_dev, st.st_ino) for p in folders for f in _files(p) if (st := f.lstat()).st_nlink > 1}
 
 
 # --- the engine: build cache and content tags -------------------------------------------------
@@ -346,6 +355,20 @@ def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAY
     """What each store holds, and (with *items*) what goes; nothing is removed. Without an *engine*
     the engine's stores are left out."""
     found = Found()
+    _collect_files(found, project, keep_days, items)
+    if engine is not None:
+        _collect_engine(found, engine, project, items)
+    folder = registry_folder(project)
+    if folder is not None:
+        found.where["registry"] = str(folder / "data")
+        found.held["registry"] = _held([folder / "data"]) if (folder / "data").is_dir() else 0
+        if items:
+            found.items += registry_garbage(folder)
+    return found
+
+
+def _collect_files(found: Found, project: Project, keep_days: float, items: bool) -> None:
+    """The wheelhouse and the staged folders: what they hold, and (with *items*) what goes."""
     house = wheelhouse.location()
     contexts = house / ".contexts"
     found.where |= {"wheelhouse": str(house), "contexts": str(contexts)}
@@ -359,40 +382,54 @@ def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAY
         shared = freed_bytes([*folders, *wheels]) - sum(i.bytes for i in found.items)
         if shared > 0:
             found.items.append(Item("wheelhouse", "(wheels linked from the folders above)", shared))
-    if engine is not None:
-        usage = engine.disk_usage()
-        records = usage.get("BuildCache") or []
-        found.held["build cache"] = sum(int(r.get("Size") or 0) for r in records if not r.get("Shared"))
-        pattern = content_tag_pattern(project)
-        ours = [i for i in usage.get("Images") or [] if any(pattern.fullmatch(t) for t in i.get("RepoTags") or [])]
-        untagged = dangling(usage.get("Images") or [], {t.name for t in project.targets})
-        found.held["images"] = sum(_unique(i) for i in [*ours, *untagged])
-        found.where["images"] = ", ".join(project_repos(project))
-        if items:
-            found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", ""))
-                            for r in stale_build_cache(records)]
-            for tag, image in stale_tags(ours, pattern, current_tags(project)):
-                last = len(image.get("RepoTags") or []) == 1  # untagging the last tag deletes the image
-                if last and int(image.get("Containers") or 0) > 0:
-                    found.kept.append(Item("images", tag, 0, "a container uses it"))
-                else:
-                    found.items.append(Item("images", tag, _unique(image) if last else 0,
-                                            "" if last else "untagged only: other tags keep the image"))
-            found.items += [Item("images", i["Id"], _unique(i), f"untagged, target {i['Labels'][TARGET_LABEL]}")
-                            for i in untagged]
-    folder = registry_folder(project)
-    if folder is not None:
-        found.where["registry"] = str(folder / "data")
-        found.held["registry"] = _held([folder / "data"]) if (folder / "data").is_dir() else 0
-        if items:
-            found.items += registry_garbage(folder)
-    return found
+
+
+def _collect_engine(found: Found, engine: Engine, project: Project, items: bool) -> None:
+    """The engine's build cache and this project's images: what they hold, and (with *items*) what goes."""
+    usage = engine.disk_usage()
+    records = usage.get("BuildCache") or []
+    found.held["build cache"] = sum(int(r.get("Size") or 0) for r in records if not r.get("Shared"))
+    pattern = content_tag_pattern(project)
+    ours = [i for i in usage.get("Images") or [] if any(pattern.fullmatch(t) for t in i.get("RepoTags") or [])]
+    untagged = dangling(usage.get("Images") or [], {t.name for t in project.targets})
+    found.held["images"] = sum(_unique(i) for i in [*ours, *untagged])
+    found.where["images"] = ", ".join(project_repos(project))
+    if items:
+        found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", ""))
+                        for r in stale_build_cache(records)]
+        _image_items(found, stale_tags(ours, pattern, current_tags(project)), untagged)
+
+
+def _image_items(found: Found, stale: list[tuple[str, dict[str, Any]]],
+                 untagged: list[dict[str, Any]]) -> None:
+    """The *stale* content tags go (an image with them, when its last tag), unless a container uses it; the
+    targets' *untagged* images go."""
+    for tag, image in stale:
+        last = len(image.get("RepoTags") or []) == 1  # untagging the last tag deletes the image
+        if last and int(image.get("Containers") or 0) > 0:
+            found.kept.append(Item("images", tag, 0, "a container uses it"))
+        else:
+            found.items.append(Item("images", tag, _unique(image) if last else 0,
+                                    "" if last else "untagged only: other tags keep the image"))
+    found.items += [Item("images", i["Id"], _unique(i), f"untagged, target {i['Labels'][TARGET_LABEL]}")
+                    for i in untagged]
 
 
 def remove(engine: Engine | None, project: Project, found: Found,
            say: Callable[[str], None] = lambda line: None) -> list[Item]:
     """Remove *found*'s items; return those that could not be removed (with why, in ``note``)."""
-    failed: list[Item] = []
+    _remove_files(project, found)
+    failed = _remove_from_engine(engine, found) if engine is not None else []
+    folder = registry_folder(project)
+    if folder is not None and any(i.store == "registry" for i in found.items):
+        collect_registry(folder)
+    for item in failed:
+        say(f"{item.store}: {item.name} not removed: {item.note}")
+    return failed
+
+
+def _remove_files(project: Project, found: Found) -> None:
+    """Remove *found*'s staged folders and wheels that are still stale."""
     house = wheelhouse.location()
     with locked(wheelhouse.lock_path()):
         # Decided again under the lock: a build may have staged (linked) since collect looked.
@@ -405,18 +442,17 @@ def remove(engine: Engine | None, project: Project, found: Found,
         for name in gone:
             (house / name).unlink(missing_ok=True)
         wheelhouse.remember(house, dict(gone))
-    if engine is not None:
-        for record in (i.name for i in found.items if i.store == "build cache"):
-            if (why := engine.prune_build_cache(record)) is not None:
-                failed.append(Item("build cache", record, 0, why))
-        for item in (i for i in found.items if i.store == "images"):
-            if (why := engine.remove_image(item.name)) is not None:  # a container uses it (conflict): kept
-                failed.append(Item("images", item.name, 0, why))
-    folder = registry_folder(project)
-    if folder is not None and any(i.store == "registry" for i in found.items):
-        collect_registry(folder)
-    for item in failed:
-        say(f"{item.store}: {item.name} not removed: {item.note}")
+
+
+def _remove_from_engine(engine: Engine, found: Found) -> list[Item]:
+    """Remove *found*'s build cache records and images; return those the engine kept, with why."""
+    failed: list[Item] = []
+    for record in (i.name for i in found.items if i.store == "build cache"):
+        if (why := engine.prune_build_cache(record)) is not None:
+            failed.append(Item("build cache", record, 0, why))
+    for item in (i for i in found.items if i.store == "images"):
+        if (why := engine.remove_image(item.name)) is not None:  # a container uses it (conflict): kept
+            failed.append(Item("images", item.name, 0, why))
     return failed
 
 

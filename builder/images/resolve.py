@@ -199,25 +199,41 @@ def resolve(
             proc = _uv([*options, "-c", str(work / "annotated.txt"), "-o", str(work / "pylock.toml")], sources.cert)
         if proc.returncode != 0:
             raise TargetFailed(_uv_error(proc))
-        indexes = {canonicalize_name(m["name"]): m["index"]
-                   for m in _ANNOTATED.finditer((work / "annotated.txt").read_text())}
-        wanted = []
-        for package in tomllib.loads((work / "pylock.toml").read_text())["packages"]:
-            wheel = package["wheels"][0]
-            filename = urllib.parse.unquote(urllib.parse.urlsplit(wheel["url"]).path.rsplit("/", 1)[-1])
-            index = indexes.get(canonicalize_name(package["name"]))
-            wanted.append((Pin(package["name"], package["version"], wheel["hashes"]["sha256"], filename,
-                               public(index) if index else None), wheel["url"], wheel.get("size")))
-        missing = [f"{pin.name} @ {url} --hash=sha256:{pin.sha256}\n" for pin, url, _size in wanted
-                   if not (house / pin.filename).exists()]
-        if missing:
-            (work / "download.txt").write_text("".join(missing))
-            proc = _download(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(work / "wheels"),
-                              *platform_args(project, platform), "-r", str(work / "download.txt")],
-                             {pin.filename: size for pin, _url, size in wanted if not (house / pin.filename).exists()})
-            wheelhouse.adopt(work / "wheels")
-            if proc.returncode != 0:
-                raise TargetFailed(_pip_error(proc))
+        wanted = _locked_wheels(work / "annotated.txt", work / "pylock.toml")
+        _download_missing(project, platform, house, wanted, work)
+    return _checked_pins(house, wanted)
+
+
+def _locked_wheels(annotated: Path, pylock: Path) -> list[tuple[Pin, str, int | None]]:
+    """(pin, URL, size) of each wheel of uv's lock, the pin with the index its annotated resolution names."""
+    indexes = {canonicalize_name(m["name"]): m["index"] for m in _ANNOTATED.finditer(annotated.read_text())}
+    wanted = []
+    for package in tomllib.loads(pylock.read_text())["packages"]:
+        wheel = package["wheels"][0]
+        filename = urllib.parse.unquote(urllib.parse.urlsplit(wheel["url"]).path.rsplit("/", 1)[-1])
+        index = indexes.get(canonicalize_name(package["name"]))
+        wanted.append((Pin(package["name"], package["version"], wheel["hashes"]["sha256"], filename,
+                           public(index) if index else None), wheel["url"], wheel.get("size")))
+    return wanted
+
+
+def _download_missing(project: Project, platform: str, house: Path, wanted: list[tuple[Pin, str, int | None]],
+                      work: Path) -> None:
+    """Download the *wanted* wheels the wheelhouse lacks, by URL and hash, into it."""
+    missing = [f"{pin.name} @ {url} --hash=sha256:{pin.sha256}\n" for pin, url, _size in wanted
+               if not (house / pin.filename).exists()]
+    if missing:
+        (work / "download.txt").write_text("".join(missing))
+        proc = _download(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(work / "wheels"),
+                          *platform_args(project, platform), "-r", str(work / "download.txt")],
+                         {pin.filename: size for pin, _url, size in wanted if not (house / pin.filename).exists()})
+        wheelhouse.adopt(work / "wheels")
+        if proc.returncode != 0:
+            raise TargetFailed(_pip_error(proc))
+
+
+def _checked_pins(house: Path, wanted: list[tuple[Pin, str, int | None]]) -> list[Pin]:
+    """The *wanted* pins, each wheel in the wheelhouse with its hash (one that differs is removed)."""
     pins = []
     for pin, _url, _size in wanted:
         path = house / pin.filename
@@ -230,6 +246,7 @@ def resolve(
         pins.append(pin)
     wheelhouse.remember(house, {p.filename: wheelhouse.stamp(house / p.filename, p.sha256) for p in pins})
     return pins
+
 
 def _index_args(index: str) -> list[str]:
     """pip options that ask *index* first: a simple index, or a flat folder of wheels (find-links)."""

@@ -127,47 +127,70 @@ def smoke_test(
     if status != 0 or probe is None:
         result.add("container", False, f"exit {status}: {out.strip()[-400:]}")
         return result
-    torch_info = probe.get("torch", {})
-    selftest = probe.get("self_test", {})
-    process, compute = selftest.get("process", {}), selftest.get("compute", {})
-    result.add("torch import", not torch_info.get("import_error"), torch_info.get("import_error") or "ok")
-    found = public_version(torch_info.get("version"))
-    result.add("torch version", found is not None and found == public_version(target.torch_pin),
-               f"{torch_info.get('version')} (want {public_version(target.torch_pin)})")
-    want = target.flavour
-    flavour = str(torch_info.get("flavour"))
-    result.add("build flavour", flavour == want or (target.backend == "rocm" and flavour.startswith(want + ".")),
-               f"{flavour} (want {want}; cuda={torch_info.get('cuda')} hip={torch_info.get('hip')})")
-    result.add("init as PID 1", process.get("pid1") == "tini", str(process.get("pid1")))
-    result.add("user", process.get("uid") == 1001 and process.get("gid") == 1001, f"uid {process.get('uid')}")
-    result.add("writable HOME", process.get("home_writable") is True, str(process.get("home")))
-    result.add("workdir", process.get("cwd") == "/workspace", str(process.get("cwd")))
-    result.add("PYTHONUNBUFFERED", process.get("unbuffered") == "1", str(process.get("unbuffered")))
-    cpu = compute.get("cpu", {})
-    result.add("tensor op", cpu.get("ok") is True, str(cpu.get("value", cpu.get("error"))))
-    distributed = probe.get("distributed", {})
-    result.add("torch.distributed", distributed.get("available") is True,
-               f"{distributed.get('available')} ({distributed.get('backend')})")
-    status, out, found = run_container(engine, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
-    left = found.split()
-    result.add("no wheels or caches left", status == 0 and not left,
-               ", ".join(left[:5]) or "none" if status == 0 else f"find exited {status}: {out[-200:]}")
+    result.checks += _probe_checks(probe, target)
+    result.add("no wheels or caches left", *_leftovers(engine, image))
     if options:
-        device = next((d for d in compute if d != "cpu"), None)
-        check = compute.get(device or "", {})
-        result.add("device", check.get("ok") is True, f"{device}: {check.get('value', check.get('error'))}")
+        result.add("device", *_device_check(probe))
     if train and emulated:
         result.skipped.append(f"accelerate 2-process training skipped: {emulated} (minutes per step)")
         log(result.skipped[-1])
     elif train:
-        status, out, _ = run_container(engine, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
-        m = FINAL.search(out)
-        ok = status == 0 and m is not None and float(m[2]) < float(m[1]) and "processes=2" in out
-        detail = f"first {m[1]} -> last {m[2]}" if m else f"exit {status}: {out.strip()[-300:]}"
-        result.add("accelerate 2-process training", ok, detail)
+        result.add("accelerate 2-process training", *_train(engine, image))
     for name, ok, detail in result.checks:
         log(f"[{'OK' if ok else 'FAIL'}] {name}: {detail}")
     return result
+
+
+def _probe_checks(probe: dict[str, Any], target: ResolvedTarget) -> list[tuple[str, bool, str]]:
+    """The checks of the probe's report: torch (import, version, flavour), the process, a tensor op on the
+    CPU, torch.distributed."""
+    torch_info = probe.get("torch", {})
+    selftest = probe.get("self_test", {})
+    process, cpu = selftest.get("process", {}), selftest.get("compute", {}).get("cpu", {})
+    found = public_version(torch_info.get("version"))
+    want = target.flavour
+    flavour = str(torch_info.get("flavour"))
+    distributed = probe.get("distributed", {})
+    return [
+        ("torch import", not torch_info.get("import_error"), torch_info.get("import_error") or "ok"),
+        ("torch version", found is not None and found == public_version(target.torch_pin),
+         f"{torch_info.get('version')} (want {public_version(target.torch_pin)})"),
+        ("build flavour", flavour == want or (target.backend == "rocm" and flavour.startswith(want + ".")),
+         f"{flavour} (want {want}; cuda={torch_info.get('cuda')} hip={torch_info.get('hip')})"),
+        ("init as PID 1", process.get("pid1") == "tini", str(process.get("pid1"))),
+        ("user", process.get("uid") == 1001 and process.get("gid") == 1001, f"uid {process.get('uid')}"),
+        ("writable HOME", process.get("home_writable") is True, str(process.get("home"))),
+        ("workdir", process.get("cwd") == "/workspace", str(process.get("cwd"))),
+        ("PYTHONUNBUFFERED", process.get("unbuffered") == "1", str(process.get("unbuffered"))),
+        ("tensor op", cpu.get("ok") is True, str(cpu.get("value", cpu.get("error")))),
+        ("torch.distributed", distributed.get("available") is True,
+         f"{distributed.get('available')} ({distributed.get('backend')})"),
+    ]
+
+
+def _device_check(probe: dict[str, Any]) -> tuple[bool, str]:
+    """The probe's computation on the GPU it was given."""
+    compute = probe.get("self_test", {}).get("compute", {})
+    device = next((d for d in compute if d != "cpu"), None)
+    check = compute.get(device or "", {})
+    return check.get("ok") is True, f"{device}: {check.get('value', check.get('error'))}"
+
+
+def _leftovers(engine: Engine, image: str) -> tuple[bool, str]:
+    """Whether the image holds no wheel or installer cache, and those found (the first 5)."""
+    status, out, found = run_container(engine, image, LEFTOVERS, entrypoint=["/usr/bin/find"], user="0:0")  # root sees /root
+    left = found.split()
+    return (status == 0 and not left,
+            ", ".join(left[:5]) or "none" if status == 0 else f"find exited {status}: {out[-200:]}")
+
+
+def _train(engine: Engine, image: str) -> tuple[bool, str]:
+    """accelerate's 2-process training on the CPU: whether the loss fell, and the losses (or the failure)."""
+    status, out, _ = run_container(engine, image, TRAIN, shm_size="1g", environment=TRAIN_ENV)
+    m = FINAL.search(out)
+    ok = status == 0 and m is not None and float(m[2]) < float(m[1]) and "processes=2" in out
+    detail = f"first {m[1]} -> last {m[2]}" if m else f"exit {status}: {out.strip()[-300:]}"
+    return ok, detail
 
 
 def _json_after_checks(text: str) -> dict[str, Any] | None:

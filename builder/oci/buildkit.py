@@ -347,9 +347,7 @@ def run(
     """
     if (problem := available()) is not None:
         raise UserError(problem)
-    steps, lines, phases = Steps(), Lines(), Phases()
-    errors: list[str] = []
-    current = "starting"
+    steps, phases = Steps(), Phases()
     with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
         metadata = Path(tmp) / "metadata.json"
         argv = request.argv(metadata=str(metadata))
@@ -360,24 +358,7 @@ def run(
             watcher.start()
         try:
             assert proc.stderr is not None
-            for event in _events(proc.stderr):
-                if "text" in event:
-                    errors.append(event["text"])
-                    continue
-                for vertex in event.get("vertexes") or []:
-                    phases.update(vertex)
-                    if (started := steps.update(vertex)) is not None:
-                        current = started
-                        on_log(f"#{len(steps.names)} {' '.join(started.split())}")  # a step's own line
-                    elif vertex.get("started") and not vertex.get("completed") and vertex.get("name"):
-                        current = vertex["name"]  # BuildKit's own work: exporting, pushing, a cache read
-                    on_step(len(steps.done), max(len(steps.names), 1), current)
-                    if vertex.get("error"):
-                        errors.append(vertex["error"])
-                for line in lines.feed(event):
-                    on_log(line)
-            for line in lines.rest():
-                on_log(line)
+            errors = _follow(proc.stderr, steps, on_step, on_log, phases=phases)
             code = proc.wait()
         except BaseException:
             _stop(proc)
@@ -394,6 +375,35 @@ def run(
     if not ids:
         raise TargetFailed("BuildKit finished the build without naming the image it made")
     return BuildResult(ids, len(steps.names), len(steps.cached), tuple(steps.cache_read), phases.seconds())
+
+
+def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], None],
+            on_log: Callable[[str], None], *, phases: Phases | None = None) -> list[str]:
+    """Read buildx's progress to its end, *steps*, *phases* and the callbacks following it; return the
+    errors it reported."""
+    lines = Lines()
+    errors: list[str] = []
+    current = "starting"
+    for event in _events(stream):
+        if "text" in event:
+            errors.append(event["text"])
+            continue
+        for vertex in event.get("vertexes") or []:
+            if phases is not None:
+                phases.update(vertex)
+            if (started := steps.update(vertex)) is not None:
+                current = started
+                on_log(f"#{len(steps.names)} {' '.join(started.split())}")  # a step's own line
+            elif vertex.get("started") and not vertex.get("completed") and vertex.get("name"):
+                current = vertex["name"]  # BuildKit's own work: exporting, pushing, a cache read
+            on_step(len(steps.done), max(len(steps.names), 1), current)
+            if vertex.get("error"):
+                errors.append(vertex["error"])
+        for line in lines.feed(event):
+            on_log(line)
+    for line in lines.rest():
+        on_log(line)
+    return errors
 
 
 def _cancel_on(proc: subprocess.Popen[str], cancel: threading.Event) -> None:
