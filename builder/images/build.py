@@ -148,11 +148,24 @@ def _build(engine: Engine, project: Project, views: list[ResolvedTarget], ui: UI
             buildable.append(p)
     if ((failed_locks or any(o.error for o in outcomes)) and not keep_going) or not buildable:
         return outcomes
+    ready, failed = _ready(engine, project, ui, buildable, keep_going=keep_going, update_base=update_base)
+    outcomes += failed
+    if ready:
+        outcomes += executor.run([(p, decided[p.unit]) for p in ready], keep_going=keep_going, jobs=jobs,
+                                 shared=ready[0])
+        gc.after_build(project, [p.view for p in ready])  # the staged folders this checkout left behind, a day on
+    return outcomes
+
+
+def _ready(engine: Engine, project: Project, ui: UI, buildable: list[plans.ViewPlan], *, keep_going: bool,
+           update_base: bool) -> tuple[list[plans.ViewPlan], list[Outcome]]:
+    """(the views that can be built now, the outcomes of those that can't): their wheels fetched and
+    their platform's base local; without *keep_going* a failure here builds nothing."""
     failed_fetch = fetch(project, [p.view for p in buildable])
-    outcomes += _failed(ui, [p.view for p in buildable], failed_fetch)
+    outcomes = _failed(ui, [p.view for p in buildable], failed_fetch)
     buildable = [p for p in buildable if p.unit not in failed_fetch]
-    if (failed_fetch and not keep_going) or not buildable:
-        return outcomes
+    if failed_fetch and not keep_going:
+        return [], outcomes
     for platform in dict.fromkeys(p.view.platform for p in buildable):
         pinned = ensure_base_present(engine, project, platform, ui.say, update=update_base)
         if pinned != project.base_for(platform):  # the registry lost the base during this run
@@ -160,11 +173,7 @@ def _build(engine: Engine, project: Project, views: list[ResolvedTarget], ui: UI
                       for p in buildable if p.view.platform == platform}
             outcomes += _failed(ui, [p.view for p in buildable], errors)
             buildable = [p for p in buildable if p.unit not in errors]
-    work = [(p, decided[p.unit]) for p in buildable]
-    if work:
-        outcomes += executor.run(work, keep_going=keep_going, jobs=jobs, shared=work[0][0])
-        gc.after_build(project, [p.view for p in buildable])  # the staged folders this checkout left behind, a day on
-    return outcomes
+    return buildable, outcomes
 
 
 def fetch(project: Project, views: Sequence[ResolvedTarget]) -> dict[str, str]:
