@@ -111,7 +111,7 @@ def engine_build(
                                     platform=host_platform(), build_args=buildargs or {}, no_cache=nocache,
                                     contexts={"wheels": str(baseline_wheels(context))},
                                     compression="gzip")  # Docker's default
-    return engine.image_id(client, buildkit.run(request).ids)
+    return engine.DockerEngine(client).resolve(buildkit.run(request).ids)
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
