@@ -37,7 +37,8 @@ def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
 
 def test_the_recorded_events_give_the_steps_and_the_cached_ones():
     steps, reader = buildkit.Steps(), buildkit.Lines()
-    started, lines = [], []
+    started: list[str] = []
+    lines: list[str] = []
     for event in buildkit._events(io.StringIO(RECORDING.read_text())):
         assert "text" not in event, event  # every object of the recording parses, pretty-printed as it is
         for vertex in event.get("vertexes") or []:
