@@ -37,7 +37,7 @@ check: install ## Check images/ is current, every Dockerfile passes hadolint, th
 	$(BUILDER) lint
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m devtools.circles
-	$(VENV)/bin/mypy builder bench runtime/ml_runtime
+	$(VENV)/bin/mypy  # pyproject's files: builder, bench, devtools, the runtime, tests
 
 images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish, SIGN_KEY=cosign.key to sign and attach SBOM + provenance)
 	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push) $(if $(SIGN_KEY),--sign-key $(SIGN_KEY))

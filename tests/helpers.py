@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from devtools.support import base_pin, host_platform, retarget_base_lock
+
+if TYPE_CHECKING:
+    from builder.config.project import Project, ResolvedTarget
 
 
 def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 1800):
@@ -35,11 +38,11 @@ def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[s
     return lock
 
 
-def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
+def bare_build_project(monkeypatch: Any, folder: Path) -> Project:
     """Stub what ``build_all`` does before building (base, locks, render, content; wheelhouse: *folder*).
 
-    Returns the least project ``build_all`` needs: its root (*folder*). Each view's content tag is
-    ``127.0.0.1:1/fake:<unit>-0`` (no registry answers there: nothing is reused from one), and
+    Returns the least project ``build_all`` needs (a stand-in): its root (*folder*). Each view's content
+    tag is ``127.0.0.1:1/fake:<unit>-0`` (no registry answers there: nothing is reused from one), and
     its build context ``wheels`` an empty folder of *folder*.
     """
     from builder.images import build, content, layers, render, wheelhouse
@@ -54,19 +57,20 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> SimpleNamespace:
     monkeypatch.setattr(wheelhouse, "location", lambda: folder)
     monkeypatch.setattr(render, "render", lambda *a: {})
     monkeypatch.setattr(render, "write", lambda *a: None)
-    return SimpleNamespace(root=folder, matrix=SimpleNamespace(),
-                           base_refs={host_platform(): "base@sha256:0"}, base_for=lambda platform: "base@sha256:0")
+    return cast("Project", SimpleNamespace(root=folder, matrix=SimpleNamespace(),
+                                           base_refs={host_platform(): "base@sha256:0"},
+                                           base_for=lambda platform: "base@sha256:0"))
 
 
-def fake_target(name: str, platform: str | None = None, **fields: Any) -> SimpleNamespace:
-    """The least target view ``build_all`` needs for a test Dockerfile: one platform (default: this
-    host's), tagged ``primary_ref`` (default: ``127.0.0.1:1/fake:<name>``, where no registry answers)."""
+def fake_target(name: str, platform: str | None = None, **fields: Any) -> ResolvedTarget:
+    """The least target view ``build_all`` needs for a test Dockerfile (a stand-in): one platform (default:
+    this host's), tagged ``primary_ref`` (default: ``127.0.0.1:1/fake:<name>``, where no registry answers)."""
     platform = platform or host_platform()
     primary = fields.pop("primary_ref", f"127.0.0.1:1/fake:{name}")
-    return SimpleNamespace(name=name, unit=name, platform=platform, platforms=[platform], local_refs=[primary],
-                           primary_ref=primary, refs=[primary], platform_refs=[], alias_refs=[], labels={},
-                           arch=platform.split("/")[1], native=platform == host_platform(), compression="gzip",
-                           **fields)
+    return cast("ResolvedTarget", SimpleNamespace(
+        name=name, unit=name, platform=platform, platforms=[platform], local_refs=[primary], primary_ref=primary,
+        refs=[primary], platform_refs=[], alias_refs=[], labels={}, arch=platform.split("/")[1],
+        native=platform == host_platform(), compression="gzip", **fields))
 
 
 def assert_golden(path: Path, text: str) -> None:

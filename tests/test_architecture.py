@@ -1,4 +1,5 @@
-"""The architecture holds: the layer contracts (import-linter, pyproject.toml) and mypy on builder/, bench/ and runtime/.
+"""The architecture holds: the layer contracts (import-linter, pyproject.toml) and mypy on builder/, bench/,
+devtools/, runtime/ and tests/ (whose stand-ins are checked against the Protocols they stand in for).
 
 Both also run in ``make check``; here they run with the rest of the unit tests.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from devtools.support import REPO
@@ -25,8 +27,11 @@ def test_import_contracts_are_kept():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_mypy_is_clean_on_builder_bench_and_runtime():
-    proc = _run(sys.executable, "-m", "mypy", "builder", "bench", "runtime/ml_runtime")
+def test_mypy_is_clean_on_the_code_and_the_tests():
+    """What ``make check`` runs: mypy on pyproject.toml's [tool.mypy] files."""
+    files = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
+    assert set(files) == {"builder", "bench", "devtools", "runtime/ml_runtime", "tests"}
+    proc = _run(sys.executable, "-m", "mypy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -1,5 +1,6 @@
 """The build without an engine: the plan (pure), the reuse decision (pure), the executor's stages
-on a recording fake of :class:`builder.oci.engine.Engine`, and publish.record's locking."""
+on a recording stand-in of :class:`builder.oci.engine.Engine` (tests/doubles.py: mypy checks it against
+the Protocol), and publish.record's locking."""
 
 from __future__ import annotations
 
@@ -8,23 +9,25 @@ import json
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import docker
 import pytest
 from click.testing import CliRunner
+from doubles import NoEngine, Silent
 from helpers import bare_build_project, fake_target
 
 from builder.config.errors import TargetFailed
-from builder.config.project import load_project
+from builder.config.project import Project, ResolvedTarget, load_project
 from builder.images import build, publish
 from builder.images import plan as plans
-from builder.images.execute import Executor
-from builder.images.outcome import Outcome
+from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
 from builder.oci.buildkit import BuildRequest, BuildResult
+from builder.oci.engine import Engine
 from devtools.support import REPO
 
 
@@ -154,7 +157,7 @@ def test_the_push_decision_pushes_the_content_tag_only_when_tested():
 # -- the executor, on a recording engine ------------------------------------------------------------
 
 
-class FakeEngine:
+class FakeEngine(NoEngine):
     """Records the calls the executor makes; a build of t<i> takes *seconds*[name] (default 0) and
     fails with TargetFailed("boom") for the names in *fails*, or raises *raises* for t0."""
 
@@ -164,7 +167,6 @@ class FakeEngine:
         self.seconds, self.fails, self.raises = seconds or {}, fails, raises
         self.images = dict(images or {})
         self.pushed: list[str] = []
-        self.client = None
         self._lock = threading.Lock()
 
     def _call(self, *call: str) -> None:
@@ -203,7 +205,7 @@ class FakeEngine:
     def repo_digests(self, ref: str) -> list[str]:
         return [f"{registry.Ref.parse(r).name}@sha256:d" for r in self.pushed]
 
-    def pull(self, ref: str, creds: Any) -> None:
+    def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
         self._call("pull", ref)
 
     def store(self) -> str:
@@ -220,35 +222,40 @@ class FakeEngine:
         self._call("remove", container)
 
 
-class Silent:
-    def start(self, target: str) -> None: ...
-    def step(self, target: str, n: int, total: int, text: str) -> None: ...
-    def log(self, target: str, line: str) -> None: ...
-    def done(self, target: str, outcome: Outcome) -> None: ...
-    def say(self, text: str) -> None: ...
+class Said(Silent):
+    """A UI that keeps what the executor says."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def say(self, text: str) -> None:
+        self.said.append(text)
 
 
-def _smoke(status: str = "passed"):
-    def smoke(engine, project, view, image_id, *, log):
-        engine._call("smoke", image_id)
+def _smoke(status: str = "passed") -> SmokeTest:
+    def smoke(engine: Engine, project: Project, target: ResolvedTarget, image: str, *,
+              log: Callable[[str], None]) -> SimpleNamespace:
+        assert isinstance(engine, FakeEngine)
+        engine._call("smoke", image)
         return SimpleNamespace(status=status, skipped=[], summary=lambda: f"1 check {status}")
     return smoke
 
 
-class Attest:
+class Attest(Attester):
     """An attester that records what dist/published.json held when it ran."""
 
     def __init__(self, root: Path, fail: bool = False) -> None:
-        self.root, self.fail, self.seen = root, fail, []
+        self.root, self.fail = root, fail
+        self.seen: list[dict[str, Any]] = []
 
-    def image(self, view, digest, content_tag):
+    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]:
         path = root_published(self.root)
         self.seen.append(json.loads(path.read_text()) if path.exists() else {})
         if self.fail:
             raise TargetFailed("attaching the SBOM, provenance and signature failed: no cosign")
         return {"sig": "sha256:s"}
 
-    def index(self, target, digest):
+    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]:
         return {"sig": "sha256:i"}
 
 
@@ -256,9 +263,9 @@ def root_published(root: Path) -> Path:
     return root / "dist" / "published.json"
 
 
-def _executor(engine, tmp_path, options, **kw) -> Executor:
-    return Executor(engine, SimpleNamespace(root=tmp_path), Silent(), options=options, smoke=kw.pop("smoke", _smoke()),
-                    revision="abc", **kw)
+def _executor(engine: Engine, tmp_path: Path, options: plans.Options, **kw: Any) -> Executor:
+    project = cast(Project, SimpleNamespace(root=tmp_path))  # a stand-in: the executor reads only its root
+    return Executor(engine, project, Silent(), options=options, smoke=kw.pop("smoke", _smoke()), revision="abc", **kw)
 
 
 def test_a_build_runs_its_stages_in_order_and_records_once(tmp_path):
@@ -280,7 +287,8 @@ class RacedEngine(FakeEngine):
 
     def __init__(self, error: str) -> None:
         super().__init__()
-        self.error, self.requests = error, []
+        self.error = error
+        self.requests: list[BuildRequest] = []
 
     def build(self, request: BuildRequest, **kw: Any) -> tuple[str, BuildResult]:
         self.requests.append(request)
@@ -295,14 +303,13 @@ def test_an_image_another_build_exported_at_the_same_moment_is_exported_again(tm
     options = plans.Options(rebuild=True)
     plan = _plan(options=options)
     plan = dataclasses.replace(plan, request=dataclasses.replace(plan.request, no_cache=True))  # --rebuild
-    engine, said = RacedEngine('failed to solve: image "moby-dangling@sha256:cadd": already exists'), []
+    engine = RacedEngine('failed to solve: image "moby-dangling@sha256:cadd": already exists')
     executor = _executor(engine, tmp_path, options)
-    executor.ui = SimpleNamespace(**{k: getattr(Silent(), k) for k in ("start", "step", "log", "done")},
-                                  say=said.append)
+    executor.ui = ui = Said()
     out = executor.run_view(plan, plans.decide(plan, None, options))
     assert out.error is None and out.result == "built" and len(engine.requests) == 2
     assert engine.requests[0].no_cache and not engine.requests[1].no_cache
-    (line,) = [s for s in said if "already exists" in s]
+    (line,) = [s for s in ui.said if "already exists" in s]
     assert line.startswith("t0: image \"moby-dangling@sha256:cadd\": already exists: another build exported")
     engine = RacedEngine("failed to solve: process did not complete successfully: exit code: 1")
     out = _executor(engine, tmp_path, options).run_view(plan, plans.decide(plan, None, options))

@@ -37,7 +37,8 @@ def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
 
 def test_the_recorded_events_give_the_steps_and_the_cached_ones():
     steps, reader = buildkit.Steps(), buildkit.Lines()
-    started, lines = [], []
+    started: list[str] = []
+    lines: list[str] = []
     for event in buildkit._events(io.StringIO(RECORDING.read_text())):
         assert "text" not in event, event  # every object of the recording parses, pretty-printed as it is
         for vertex in event.get("vertexes") or []:
@@ -54,7 +55,9 @@ def test_the_recorded_events_give_the_steps_and_the_cached_ones():
 def test_following_the_recorded_progress_logs_each_step_once_and_returns_the_errors():
     """What ``run`` reads from buildx (``_follow``): a line per step as it starts, the steps' output, the
     progress ending on BuildKit's own work, and buildx's plain text as the errors."""
-    steps, progress, logged = buildkit.Steps(), [], []
+    steps = buildkit.Steps()
+    progress: list[tuple[int, int, str]] = []
+    logged: list[str] = []
     errors = buildkit._follow(io.StringIO(RECORDING.read_text() + "ERROR: boom\n"), steps,
                               lambda done, total, text: progress.append((done, total, text)), logged.append)
     assert errors == ["ERROR: boom"]

@@ -97,6 +97,7 @@ class _Registry(BaseHTTPRequestHandler):
             self.send_response(self.token_status)
             self.end_headers()
             return
+        assert isinstance(self.server, socketserver.TCPServer)
         port = self.server.server_address[1]
         self.send_response(401)
         self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/token",service="r"')

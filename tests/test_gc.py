@@ -11,6 +11,7 @@ import shutil
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,7 +132,7 @@ def test_registry_unreferenced_blob_is_collected_and_the_registry_runs_again(pro
     try:
         config = _push_blob(host, "ml-runtime", b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
         layer = _push_blob(host, "ml-runtime", b"layer" * 100)
-        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        manifest: dict[str, Any] = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                     "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config,
                                "size": 78},
                     "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": 500}]}

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import run_builder
+from host.hostlayouts import H200, make_dev, make_sysfs
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "host"))
-from hostlayouts import H200, make_dev, make_sysfs
 
 
 def set_target(root: Path, name: str, **changes: object) -> None:

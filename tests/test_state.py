@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from doubles import NoEngine
+
 from builder.config import files, state
 from builder.images import execute, publish
 from builder.images.smoke import SMOKE_LABEL
@@ -35,23 +37,24 @@ def test_an_owner_is_gone_only_when_certainly_so():
     assert not state.owner_gone(str(os.getpid() + 10_000_000)), "an unknown format: never judged"
 
 
-class Containers:
+class Containers(NoEngine):
     """A stand-in engine's container listing (the engine test runs the real one)."""
 
     def __init__(self, labels: dict[str, dict[str, str]]) -> None:
-        self.labels, self.removed = labels, []
+        self.labels_of = labels
+        self.removed: list[str] = []
 
     def container_labels(self, label: str) -> dict[str, dict[str, str]]:
-        return {cid: labels for cid, labels in self.labels.items() if label in labels}
+        return {cid: labels for cid, labels in self.labels_of.items() if label in labels}
 
-    def remove_container(self, cid: str) -> None:
-        self.removed.append(cid)
+    def remove_container(self, container: str) -> None:
+        self.removed.append(container)
 
 
 def test_the_next_run_removes_the_smoke_containers_of_killed_runs_only():
     engine = Containers({"dead" * 4: {SMOKE_LABEL: _dead_owner()}, "live" * 4: {SMOKE_LABEL: state.owner()},
                          "old" * 4: {SMOKE_LABEL: "1"}, "mine" * 4: {"other": "x"}})
-    said = []
+    said: list[str] = []
     assert execute.remove_orphans(engine, said.append) == ["dead" * 4] == engine.removed
     assert said == [f"removed 1 smoke container(s) a killed run left: {'dead' * 3}"]
     engine = Containers({"live" * 4: {SMOKE_LABEL: state.owner()}})

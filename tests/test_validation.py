@@ -31,6 +31,7 @@ def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exc:
         main()
     out = capsys.readouterr()
+    assert isinstance(exc.value.code, int), exc.value.code
     return exc.value.code, out.err + out.out
 
 

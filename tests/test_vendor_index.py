@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -52,7 +52,7 @@ def _wheel(root: Path, name: str, version: str, requires: tuple[str, ...] = ()) 
     assert sha
 
 
-def _serve(folder: Path) -> Iterator[str]:
+def _serve(folder: Path) -> Generator[str, None, None]:
     server = ThreadingHTTPServer(("127.0.0.1", 0),
                                  partial(SimpleHTTPRequestHandler, directory=str(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -101,8 +101,13 @@ def test_every_lock_is_per_platform_in_name_and_fingerprint(proj, monkeypatch):
 
 def test_target_fingerprint_ignores_the_order_of_the_common_pins(proj, monkeypatch):
     """Just resolved, common pins come in pip's order; read back, in lock order: same inputs, same lock."""
-    seen = []
-    monkeypatch.setattr(locks, "_ensure", lambda _p, _pl, _path, _w, fp, *_a, **_k: seen.append(fp) or [])
+    seen: list[str] = []
+
+    def ensure(_p, _pl, _path, _w, fp: str, *_a, **_k) -> list[lockfile.Pin]:
+        seen.append(fp)
+        return []
+
+    monkeypatch.setattr(locks, "_ensure", ensure)
     monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
     common = [lockfile.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), lockfile.Pin("numpy", "1.2", "b" * 64, "n.whl")]
     locks.target_lock(proj, proj.target("cpu"), common)
@@ -286,7 +291,7 @@ def test_a_wheel_altered_in_place_with_its_mtime_reset_is_hashed_again(tmp_path,
     """Same size, same inode, mtime set back: only the ctime tells (pip's and uv's stamp); the line names it."""
     house, pins, _ = _staged_house(tmp_path, monkeypatch)
     _alter(house / pins["a"].filename, in_place=True)
-    said = []
+    said: list[str] = []
     assert wheelhouse.missing(list(pins.values()), say=said.append) == [pins["a"]]
     assert not (house / pins["a"].filename).exists()
     assert len(said) == 1 and pins["a"].filename in said[0] and "fetching it again" in said[0]
@@ -320,7 +325,7 @@ def test_a_damaged_staged_folder_is_replaced_never_reused(tmp_path, monkeypatch,
         staged = folder / "torch" / wheelhouse.MARKER
         staged.write_text("tools\n")
     old = staged.stat() if staged.exists() else None
-    said = []
+    said: list[str] = []
     assert wheelhouse.build_context(layers, say=said.append) == folder
     assert len(said) == 1 and str(staged) in said[0] and "afresh" in said[0], said
     assert sorted(p.name for p in (folder / "torch").iterdir()) == ["LAYER", pins["b"].filename]
@@ -328,6 +333,7 @@ def test_a_damaged_staged_folder_is_replaced_never_reused(tmp_path, monkeypatch,
     assert (folder / "torch" / "LAYER").read_text() == "torch\n"
     if how.startswith("replaced"):
         new = (folder / "torch" / pins["b"].filename).stat()
+        assert old is not None  # it was there before it was replaced
         assert (new.st_size, new.st_mtime_ns) != (old.st_size, old.st_mtime_ns), "BuildKit would keep its copy"
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name], "the old folder is left"
     assert wheelhouse.build_context(layers, say=said.append) == folder and len(said) == 1  # now it checks out
@@ -344,7 +350,7 @@ def test_a_staged_folder_of_a_wheel_fetched_again_is_replaced(tmp_path, monkeypa
     assert wheelhouse.missing(list(pins.values()), say=lambda s: None) == [pins["a"]]
     path.write_bytes(good)  # what fetching it again does
     wheelhouse.remember(house, {path.name: wheelhouse.stamp(path, pins["a"].sha256)})
-    said = []
+    said: list[str] = []
     wheelhouse.build_context(layers, say=said.append)
     assert len(said) == 1 and pins["a"].filename in said[0]
     assert (folder / "tools" / path.name).read_bytes() == good
@@ -372,7 +378,7 @@ def test_copies_across_file_systems_carry_their_own_stamps(tmp_path, monkeypatch
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.build_context(layers, say=lambda s: pytest.fail(s)) == folder
     _alter(copy, in_place=True)
-    said = []
+    said: list[str] = []
     wheelhouse.build_context(layers, say=said.append)
     assert len(said) == 1 and str(copy) in said[0]
     assert copy.read_bytes() == (house / pins["b"].filename).read_bytes()

@@ -97,7 +97,9 @@ def test_build_job_consumes_the_plan_with_fromjson():
         assert build["if"].startswith("needs.plan.outputs.count != '0' && ")
     plan = jobs["plan"]
     output = plan["outputs"][m["output"]]
-    step_id, key = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.([\w-]+)\s*\}\}", output).groups()
+    match = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.([\w-]+)\s*\}\}", output)
+    assert match, output
+    step_id, key = match.groups()
     step = next(s for s in plan["steps"] if s.get("id") == step_id)
     assert "builder matrix --format github --changed" in step["run"], "unchanged targets get no runner"
     assert f'echo "{key}=$matrix" >> "$GITHUB_OUTPUT"' in step["run"]

@@ -119,7 +119,8 @@ class Engine(Protocol):
         ...
 
     def resolve(self, names: Sequence[str]) -> str:
-        """The engine's ID of an image a build named by several digests (:func:`image_id`)."""
+        """The engine's ID of an image a build named by several digests: the containerd store names an image
+        by its manifest digest, the classic store by its config digest; the first one the engine knows."""
         ...
 
     def tag(self, image: str, ref: str) -> None:

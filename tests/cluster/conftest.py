@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurmcluster import SLURM_LABEL, SlurmCluster, missing_tools
+from cluster.slurmcluster import SLURM_LABEL, SlurmCluster, missing_tools
 
 from devtools.support import fail_or_skip
 

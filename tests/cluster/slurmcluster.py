@@ -20,6 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from devtools.support import free_port, stop
 
@@ -133,7 +134,7 @@ class SlurmCluster:
     def _wait_for(self, ready, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            dead = [p.args[0] for p in self.procs if p.poll() is not None]
+            dead = [cast(tuple[str, ...], p.args)[0] for p in self.procs if p.poll() is not None]  # _spawn's argv
             if dead:
                 raise RuntimeError(f"{', '.join(dead)} exited while waiting for {what}\n{self.logs()}")
             if ready():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -19,7 +20,7 @@ from builder.cluster import k8s
 from builder.config.errors import UserError
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "cluster"
-CASES = [
+CASES: list[tuple[str, dict[str, Any]]] = [
     ("cpu", {}),
     ("cpu", {"nodes": 3}),
     ("nvidia-cu130", {}),

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster.slurmcluster import SLURM_LABEL, SlurmCluster
 from helpers import run_builder
-from slurmcluster import SLURM_LABEL, SlurmCluster
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 FINAL = re.compile(r"^(\d+): FINAL first_loss=([0-9.]+) last_loss=([0-9.]+)", re.MULTILINE)

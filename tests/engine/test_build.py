@@ -14,9 +14,11 @@ import tarfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from doubles import Silent
 from helpers import bare_build_project, fake_target, publish_base_to, run_builder
 
 from builder.images.smoke import SMOKE_LABEL
@@ -102,10 +104,14 @@ def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path
             handle.write(chunk)
     bad, scanned = [], 0
     with tarfile.open(archive) as outer:
-        manifest = json.load(outer.extractfile("manifest.json"))
+        manifest_file = outer.extractfile("manifest.json")
+        assert manifest_file is not None, "a docker-archive has a manifest.json"
+        manifest = json.load(manifest_file)
         for layer_name in manifest[0]["Layers"][skip:]:
             scanned += 1
-            blob = outer.extractfile(layer_name).read()
+            layer_file = outer.extractfile(layer_name)
+            assert layer_file is not None, f"the manifest's layer {layer_name} is in the archive"
+            blob = layer_file.read()
             with tarfile.open(fileobj=io.BytesIO(layer_tar(blob))) as layer:
                 for name in layer.getnames():
                     if (name.endswith((".whl", ".netrc")) or "/.cache/pip" in name or "/.cache/uv" in name
@@ -161,6 +167,7 @@ def _interrupt_and_resume(root, repo, engine):
     before = {c.id for c in engine.client.containers.list(all=True)}
     proc = subprocess.Popen([sys.executable, "-m", "builder", "build", "-t", "cpu", "--no-smoke"], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+    assert proc.stdout is not None
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -229,12 +236,15 @@ def busybox(engine, tmp_path):
             engine.client.images.remove(built.id, force=True, noprune=True)
 
 
-class _UI:
+class _UI(Silent):
     """Progress stand-in that SIGINTs the main thread once *want* targets are in their sleep step."""
 
-    def __init__(self, want: int, on_running) -> None:
-        self.want, self.on_running, self.sleeping, self.armed = want, on_running, set(), True
-        self.main = threading.main_thread().ident
+    def __init__(self, want: int, on_running: Callable[[], None]) -> None:
+        self.want, self.on_running, self.armed = want, on_running, True
+        self.sleeping: set[str] = set()
+        main = threading.main_thread().ident
+        assert main is not None  # the main thread has started
+        self.main = main
 
     def step(self, target: str, n: int, total: int, text: str) -> None:
         if "sleep" in text and target not in self.sleeping:
@@ -246,8 +256,6 @@ class _UI:
     def interrupt(self) -> None:
         if self.armed:  # never after build_all returned: pytest itself would get it
             signal.pthread_kill(self.main, signal.SIGINT)
-
-    start = log = done = say = lambda self, *a: None
 
 
 def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys: list[str]) -> float:

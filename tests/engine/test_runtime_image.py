@@ -5,6 +5,7 @@ describes the CPU; `builder run` picks the cpu image here and returns the comman
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pytest
 import yaml
@@ -20,7 +21,7 @@ def cpu_image(cpu_project) -> str:
 
 
 def run_in(
-    image: str, command: str, volumes: list[tuple[str, str]] = (), env: dict[str, str] | None = None
+    image: str, command: str, volumes: Sequence[tuple[str, str]] = (), env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
     container = DockerContainer(image).with_command(command)
     for key, value in (env or {}).items():

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from hostlayouts import H200, MI300X, make_dev, make_sysfs
+from host.hostlayouts import H200, MI300X, make_dev, make_sysfs
 
 from builder.config.project import Project
 from builder.host import devices, doctor, hardware

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hostlayouts import H200, MI300X, make_dev, make_sysfs
+from host.hostlayouts import H200, MI300X, make_dev, make_sysfs
 
 from builder.cli.host import doctor_cmd
 from builder.host import doctor
@@ -73,7 +73,7 @@ def test_nvidia_host_without_driver_or_toolkit(dead_engine: str, project_dir: Pa
     )
     items = by_item(checks)
     assert items["gpus"].found.startswith("nvidia: 0000:19:00.0 (0x2335); builder run picks cpu")
-    assert items["nvidia driver"].status == "fail" and "nvidia-smi must work" in items["nvidia driver"].fix
+    assert items["nvidia driver"].status == "fail" and "nvidia-smi must work" in (items["nvidia driver"].fix or "")
     assert items["nvidia runtime"].status == "warn"  # the engine is down: not checked
     assert doctor.exit_status(checks) == 1
 
@@ -100,7 +100,7 @@ def test_nvidia_runtime_missing_from_engine(project_dir: Path, tmp_path: Path) -
         info={"Runtimes": {"runc": {}}},
     )
     runtime = by_item(doctor.check_nvidia(ctx))["nvidia runtime"]
-    assert runtime.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in runtime.fix
+    assert runtime.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in (runtime.fix or "")
     ctx.info = {"Runtimes": {"runc": {}, "nvidia": {}}}
     assert by_item(doctor.check_nvidia(ctx))["nvidia runtime"].status == "ok"
 
@@ -124,7 +124,7 @@ def test_amd_host_without_kfd(dead_engine: str, project_dir: Path, tmp_path: Pat
         dev_root=make_dev(tmp_path / "dev"),
     )
     items = by_item(checks)
-    assert items["amd /dev/kfd"].status == "fail" and "amdgpu-install" in items["amd /dev/kfd"].fix
+    assert items["amd /dev/kfd"].status == "fail" and "amdgpu-install" in (items["amd /dev/kfd"].fix or "")
     assert items["/dev/dri"].status == "fail"
 
 
@@ -141,7 +141,7 @@ def test_missing_tools_and_low_disk(
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: type("U", (), {"free": 5 * 2**30})())
     ctx.info = {"DockerRootDir": "/var/lib/docker"}
     disk = doctor.check_disk(ctx)[0]
-    assert disk.status == "warn" and "5.0 GiB free" in disk.found and "prune" in disk.fix
+    assert disk.status == "warn" and "5.0 GiB free" in disk.found and "prune" in (disk.fix or "")
 
 
 def test_check_line_format() -> None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hostlayouts import (
+from host.hostlayouts import (
     H200,
     HOST_BRIDGE,
     IGPU,
@@ -184,5 +184,6 @@ def test_device_gids_are_the_nodes_owners(tmp_path: Path) -> None:
 
 def test_root_owned_nodes_add_no_group(tmp_path: Path) -> None:
     nodes = hardware.device_nodes(make_dev(tmp_path / "dev", "kfd", gid=0 if os.geteuid() == 0 else None))
+    assert nodes.kfd is not None
     if os.stat(nodes.kfd).st_gid == 0:
         assert 0 not in hardware.container_gids([], nodes)

@@ -16,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 from click.testing import CliRunner, Result
-from hostlayouts import H200, IGPU, MAX1550, MI300X, make_dev, make_sysfs
+from host.hostlayouts import H200, IGPU, MAX1550, MI300X, make_dev, make_sysfs
 
 from builder.cli.host import run_cmd
 from builder.config.errors import UserError
@@ -336,8 +336,8 @@ def test_interrupt_stops_and_removes(
         def flush(self) -> None:
             pass
 
-    with pytest.raises(KeyboardInterrupt):
-        launch.run_streamed(engine, plan, stdout=Sink(), stop_timeout=1)
+    with pytest.raises(KeyboardInterrupt):  # Sink stands in for a binary stream: run_streamed writes, flushes
+        launch.run_streamed(engine, plan, stdout=Sink(), stop_timeout=1)  # type: ignore[arg-type]
     assert _left(engine, image) == []
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
 

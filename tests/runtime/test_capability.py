@@ -92,12 +92,14 @@ def test_gfx_families_are_not_ordered_across_majors():
 
 def test_amd_arch_name_feature_flags_are_ignored():
     cap = amd_capability("gfx942:sramecc+:xnack-")
-    assert cap.text == "gfx942" and cap.version == (9, 4, 2)
+    assert cap is not None and cap.text == "gfx942" and cap.version == (9, 4, 2)
     assert amd_capability(None) is None and amd_capability("unknown") is None
 
 
 def test_never_compared_across_vendors():
-    ok, why = satisfies(amd_capability("gfx90a:sramecc+:xnack-"), parse_capability("sm_80"))
+    found = amd_capability("gfx90a:sramecc+:xnack-")
+    assert found is not None
+    ok, why = satisfies(found, parse_capability("sm_80"))
     assert not ok and why == "requires an NVIDIA GPU (sm_80) but found AMD gfx90a"
     ok, why = satisfies(nvidia_capability(9, 0), parse_capability("gfx90a"))
     assert not ok and why == "requires an AMD GPU (gfx90a) but found NVIDIA sm_90"

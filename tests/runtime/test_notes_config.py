@@ -61,12 +61,16 @@ CPU_HOST = ProbeResult("none", "cpu")
 
 @pytest.fixture
 def notes_config() -> AcceleratorConfig:
-    return load_accelerator_config(POLICY_FILE, {})
+    config = load_accelerator_config(POLICY_FILE, {})
+    assert config is not None
+    return config
 
 
 @pytest.fixture
 def rocm_config() -> AcceleratorConfig:
-    return load_accelerator_config(ROCM_FILE, {})
+    config = load_accelerator_config(ROCM_FILE, {})
+    assert config is not None
+    return config
 
 
 def config(**data) -> AcceleratorConfig:
@@ -233,6 +237,7 @@ def test_unified_memory_sets_xnack_on_rocm_only(tmp_path):
     path = tmp_path / "accelerator-config.yaml"
     path.write_text(text, encoding="utf-8")
     cfg = load_accelerator_config(str(path), {})
+    assert cfg is not None
     selection = select_devices(cfg, amd_host(mi250x()), environ={})
     assert selection.env["HSA_XNACK"] == "1"
     auto = parse_accelerator_config({"rocm_config": {"use_unified_memory": True}}, "a.yaml")

@@ -140,7 +140,9 @@ def test_get_gpu_metrics_uses_the_notes_field_names(fixture_text, monkeypatch):
 
 @pytest.mark.parametrize("forbidden", ["torch.hip", "rccl", "\"rocm\"", "intel_extension_for_pytorch"])
 def test_helpers_never_use_the_notes_wrong_names(forbidden):
-    source = Path(sys.modules["ml_runtime.api"].__file__).read_text()
+    path = sys.modules["ml_runtime.api"].__file__
+    assert path is not None
+    source = Path(path).read_text()
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("#", ">>>")))
     doc_free = code.split('"""')[::2]  # outside docstrings
     assert all(forbidden not in part for part in doc_free)

@@ -54,7 +54,7 @@ def test_nvidia_recording(recorded_facts):
         recorded_facts("nvidia"), HostFacts(driver_version="550.54.15", driver_source="nvml")
     )
     assert (result.vendor, result.backend, result.distributed_backend) == ("nvidia", "cuda", "nccl")
-    assert [d.capability.text for d in result.devices] == ["sm_75", "sm_80", "sm_90"]
+    assert [d.capability and d.capability.text for d in result.devices] == ["sm_75", "sm_80", "sm_90"]
     assert result.devices[1].name == "NVIDIA A100-SXM4-40GB"
     assert result.devices[1].to_dict()["memory_total_mib"] == 40536
     assert result.torch["flavour"] == "cuda 12.4" and result.torch["local"] == "cu124"
@@ -67,7 +67,7 @@ def test_amd_recording_reports_through_torch_cuda_with_hip_set(recorded_facts):
     assert result.distributed_backend == "nccl"  # RCCL is exposed under the nccl name
     mi300 = result.devices[1]
     assert mi300.to_dict()["gcn_arch_name"] == "gfx942:sramecc+:xnack-"
-    assert mi300.capability.text == "gfx942"
+    assert mi300.capability is not None and mi300.capability.text == "gfx942"
     assert result.torch["flavour"] == "rocm 6.2" and result.torch["cuda"] is None
     assert "gfx90a:sramecc+:xnack-" in format_probe(result)
 

@@ -34,6 +34,7 @@ def test_documented_example_picks_the_best_devices_first(tmp_path, nvidia):
     path = tmp_path / "accelerator-config.yaml"
     path.write_text(EXAMPLE, encoding="utf-8")
     cfg = load_accelerator_config(str(path), {})
+    assert cfg is not None
     selection = select_devices(cfg, nvidia, environ={})
     assert selection.ok
     assert [d.index for d in selection.devices] == [2, 1]  # sm_90 before sm_80; T4 filtered out
@@ -168,10 +169,12 @@ def test_config_location_precedence(tmp_path):
     ws.mkdir()
     assert resolve_config_path(None, {"RUNTIME_WORKSPACE": str(ws)}) is None
     (ws / "accelerator-config.yaml").write_text("count: 1\n", encoding="utf-8")
-    assert resolve_config_path(None, {"RUNTIME_WORKSPACE": str(ws)})[0] == ws / "accelerator-config.yaml"
+    found = resolve_config_path(None, {"RUNTIME_WORKSPACE": str(ws)})
+    assert found is not None and found[0] == ws / "accelerator-config.yaml"
     env_cfg = tmp_path / "env.yaml"
     env_cfg.write_text("count: 2\n", encoding="utf-8")
     env = {"RUNTIME_WORKSPACE": str(ws), "ACCELERATOR_CONFIG": str(env_cfg)}
-    assert load_accelerator_config(None, env).count == 2
+    loaded = load_accelerator_config(None, env)
+    assert loaded is not None and loaded.count == 2
     with pytest.raises(ConfigError, match="from ACCELERATOR_CONFIG"):
         resolve_config_path(None, {"ACCELERATOR_CONFIG": str(tmp_path / "missing.yaml")})

@@ -208,7 +208,7 @@ def test_packaged_default_spec_is_cpu_friendly():
     assert spec.features == {}
     (dep,) = spec.dependencies
     assert dep.is_torch and dep.full_distribution
-    assert dep.version_range.contains("2.0.0") and dep.version_range.contains("2.13.0")
+    assert dep.version_range is not None and dep.version_range.contains("2.0.0") and dep.version_range.contains("2.13.0")
     assert spec.mode == "strict"
 
 
