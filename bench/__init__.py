@@ -17,6 +17,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -27,9 +28,15 @@ from typing import Any
 import docker
 
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
-from devtools.support import host_platform, start_registry, stop
+from devtools.support import start_registry, stop
 
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
+#: Samples per figure (medians of them).
+REPEATS = 3
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -94,24 +101,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 2)
-
-
-def engine_build(
-    client: docker.DockerClient,
-    context: Path,
-    dockerfile: str,
-    *,
-    buildargs: dict[str, str] | None = None,
-    nocache: bool = False,
-) -> str:
-    """The baseline's build through BuildKit, as a user runs ``docker buildx build`` today; return the image ID."""
-    from builder.oci import buildkit, engine
-
-    request = buildkit.BuildRequest(dockerfile=str(context / dockerfile), context=str(context),
-                                    platform=host_platform(), build_args=buildargs or {}, no_cache=nocache,
-                                    contexts={"wheels": str(baseline_wheels(context))},
-                                    compression="gzip")  # Docker's default
-    return engine.image_id(client, buildkit.run(request).ids)
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
