@@ -33,8 +33,8 @@ from pathlib import Path
 
 import docker
 
-from bench import registry, say
-from bench.project import Made, load, lock_and_render, setup_project, wheelhouse
+from bench import registry
+from bench.project import Made, load, lock_and_render, setup_project
 from bench.report import goals, markdown
 from bench.rows.avoidance import avoidance
 from bench.rows.baseline import measure
@@ -80,17 +80,15 @@ def main(argv: list[str] | None = None) -> int:
                 project = lock_and_render(root, [project.target(n) for n in names])
                 targets = [project.target(n) for n in names]
                 made.refs += [ref for t in targets for view in t.views() for ref in view.local_refs]
-                house = wheelhouse(root)
-                say(f"wheels in {house}")
-                results = measure(client, project, targets, tmp, made, house) if "baseline" in rows else {}
+                results = measure(client, project, targets, tmp, made) if "baseline" in rows else {}
                 if "avoidance" in rows:
                     results["avoidance"] = avoidance(project, targets, tmp, made)
                 if "emulated" in rows:
-                    results["emulated"] = emulated(client, project, made, house)
+                    results["emulated"] = emulated(client, project, made)
                 if "start" in rows:
                     results["start"] = start_cost(project, targets, made)
                 if "fresh-node" in rows:
-                    results["fresh_node"] = fresh_node(client, project, host, tmp, made, house)
+                    results["fresh_node"] = fresh_node(client, project, host, tmp, made)
                 if "disk" in rows:
                     results["disk"] = disk(project, tmp, args.cycles)
         finally:

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shutil
 import sys
@@ -103,8 +104,9 @@ def stores(root: Path, env: dict[str, str] | None = None) -> dict[str, dict[str,
     return {s["store"]: s for s in json.loads(builder(root, "gc", "--dry-run", "--json", env=env).stdout)["stores"]}
 
 
+@functools.cache
 def wheelhouse(root: Path) -> Path:
-    """The wheelhouse the builder uses (``builder gc``'s store of that name)."""
+    """The wheelhouse the builder uses in *root* (``builder gc``'s store of that name; asked once)."""
     return Path(stores(root)["wheelhouse"]["where"])
 
 
@@ -125,15 +127,17 @@ def lock_and_render(project_root: Path, targets: list[Target]) -> Project:
     try:
         for platform in dict.fromkeys(t.platform for t in targets):
             names = [a for t in targets if t.platform == platform for a in ("-t", t.name)]
-            builder(project_root, "lock", *names, "--platform", platform)
+            for line in builder(project_root, "lock", *names, "--platform", platform).stdout.splitlines():
+                say(line)
         builder(project_root, "render", *(a for t in targets for a in ("-t", t.name)))
     except RuntimeError as exc:
         raise SystemExit(f"bench: locking failed: {exc}") from None
     return load(project_root)
 
 
-def baseline_for(project: Project, target: Target, folder: Path, house: Path) -> Path:
+def baseline_for(project: Project, target: Target, folder: Path) -> Path:
     """The baseline's build context for *target* (:func:`bench.baseline_context`), from its locks."""
+    house = wheelhouse(project.root)
     pins, uv = locked_wheels(project, target), tools_wheels(project, target.platform)
     return baseline_context(folder, project.root, target.backend, [house / p.filename for p in pins],
                             [p.requirement() for p in pins], [house / p.filename for p in uv],
@@ -195,7 +199,8 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     shutil.copy(lock_from / "base.lock.json", root / "base.lock.json")
     new_registry = f"{host}/{repository}"
     edit_matrix(root, registry=new_registry, **changes)
-    builder(root, "base", "--update", "--platform", host_platform())  # the lock named the old registry
+    pinned = builder(root, "base", "--update", "--platform", host_platform())  # the lock named the old registry
+    say(pinned.stdout.strip().splitlines()[-1])
     reference = base_pin(root)["reference"]
     # The other platforms' pins keep their digests, named in this registry (the emulated row moves its own).
     retarget_base_lock(root, root, new_registry, reference.split("@", 1)[1])

@@ -32,6 +32,7 @@ from bench.project import (
     docker_cli_build,
     locked_wheels,
     touch_runtime,
+    wheelhouse,
 )
 from devtools.support import host_platform
 
@@ -40,12 +41,13 @@ from devtools.support import host_platform
 MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": "requirements-uv.txt"}
 
 
-def measure(client: docker.DockerClient, project: Project, targets: list[Target], tmp: Path, made: Made,
-            house: Path) -> dict[str, Any]:
+def measure(client: docker.DockerClient, project: Project, targets: list[Target], tmp: Path,
+            made: Made) -> dict[str, Any]:
     """Cold, no-op and runtime-change builds, sizes and sharing, ours against the baseline (bench/__main__.py)."""
     root = project.root
+    house = wheelhouse(root)
     pins = {t.name: locked_wheels(project, t) for t in targets}
-    contexts = {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}", house) for t in targets}
+    contexts = {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}") for t in targets}
     base = project.base_for(host_platform())
     ours: dict[str, Any] = {k: {} for k in ("cold_build_s", "noop_rebuild_s_per_target", "noop_samples_s",
                                             "runtime_change_rebuild_s", "runtime_change_samples_s",

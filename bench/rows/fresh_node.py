@@ -51,8 +51,7 @@ def first_epoch(argv: list[str]) -> float:
     return seconds
 
 
-def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Path, made: Made,
-               house: Path) -> dict[str, Any]:
+def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Path, made: Made) -> dict[str, Any]:
     """nvidia-cu130 on a fresh node: the layer plan with zstd layers against the same plan with gzip, same run.
 
     Both are built as users build them (smoke on) and pushed to the bench registry; then, REPEATS
@@ -81,7 +80,7 @@ def fresh_node(client: docker.DockerClient, project: Project, host: str, tmp: Pa
     # The strong baseline's image of the same locks (bench/baseline/Dockerfile, gzip as Docker's default),
     # built as its users build it and pushed with `docker push`.
     say(f"fresh node: build and push {name} (the strong baseline)")
-    context = baseline_for(project, project.target(name).on(platform), tmp / "fresh-baseline", house)
+    context = baseline_for(project, project.target(name).on(platform), tmp / "fresh-baseline")
     refs["baseline"] = f"{host}/ml-bench-baseline:{name}-{os.getpid()}"
     made.refs.append(refs["baseline"])
     docker_cli_build(context, project.base_for(platform), project.target(name).backend, refs["baseline"])

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import functools
 import shutil
-from pathlib import Path
 from typing import Any
 
 import docker
 
 from bench import REPEATS, installed_bytes, median, run, say, timed
-from bench.project import Made, Project, Target, builder_build, locked_wheels
+from bench.project import Made, Project, Target, builder_build, locked_wheels, wheelhouse
 from devtools.support import base_pin, host_platform
 
 
@@ -41,7 +40,7 @@ def start_cost(project: Project, targets: list[Target], made: Made) -> dict[str,
 
 
 
-def emulated(client: docker.DockerClient, project: Project, made: Made, house: Path) -> dict[str, Any]:
+def emulated(client: docker.DockerClient, project: Project, made: Made) -> dict[str, Any]:
     """nvidia-cu130 on the foreign platform under qemu: one cold build (``--rebuild``) with the smoke
     test, as a user runs it, and its size against the essential bytes (base + installed wheels).
 
@@ -64,6 +63,7 @@ def emulated(client: docker.DockerClient, project: Project, made: Made, house: P
                                      "--update-base", smoke=True)
     made.refs += [outcome["content_tag"]] if outcome.get("content_tag") else []
     made.ids += [outcome["image_id"]] if outcome.get("image_id") else []
+    house = wheelhouse(project.root)
     essential = client.api.inspect_image(base)["Size"] + sum(
         installed_bytes(house / p.filename) for p in locked_wheels(project, view))
     size = outcome.get("size_bytes") or 0
