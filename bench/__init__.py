@@ -17,6 +17,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Callable, Iterator
@@ -30,6 +31,12 @@ from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import start_registry, stop
 
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
+#: Samples per figure (medians of them).
+REPEATS = 3
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager

@@ -43,3 +43,13 @@ def test_no_runtime_module_is_over_400_lines():
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
     }
     assert over == {}
+
+
+def test_no_bench_module_is_over_400_lines():
+    """bench/ has a module per row (bench/rows/), the project through the CLI (project.py), the report."""
+    over = {
+        str(path.relative_to(REPO)): lines
+        for path in sorted((REPO / "bench").rglob("*.py"))
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert over == {}

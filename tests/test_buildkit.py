@@ -112,3 +112,14 @@ def test_the_recorded_events_say_where_the_time_went():
     # the RUN that prints took 0.194 s of the steps' 0.196 s; the export 0.058 s
     assert 0.19 <= seconds["steps"] <= 0.21 and 0.05 <= seconds["export"] <= 0.07
     assert 0.04 <= seconds["context"] <= 0.06, seconds  # the build definition, both .dockerignore, w's files
+
+
+def test_the_bench_reads_the_baselines_phases_as_the_builder_reads_its_own():
+    """bench/ imports nothing of builder, so it parses the baseline's rawjson itself: the same phases."""
+    from bench.project import rawjson_phases
+
+    phases = buildkit.Phases()
+    for event in buildkit._events(io.StringIO(RECORDING.read_text())):
+        for vertex in event.get("vertexes") or []:
+            phases.update(vertex)
+    assert rawjson_phases(RECORDING.read_text()) == phases.seconds()

@@ -1,0 +1,274 @@
+"""The bench's project as a user's script sees it: the ``builder`` CLI (``print``, ``base``, ``lock``,
+``render``, ``build -q --json``, ``gc --dry-run --json``), the files it writes (base.lock.json, the
+hash locks: devtools/locks.py) and docker. bench imports nothing of builder.
+
+Example:
+    >>> load(Path(".")).target("nvidia-cu130").on("linux/arm64").lock
+    'images/nvidia-cu130/requirements.arm64.lock'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import docker
+import requests
+
+from bench import baseline_context, baseline_wheels, run, say, timed
+from devtools import locks
+from devtools.support import REPO, base_pin, copy_project, edit_matrix, host_platform, retarget_base_lock
+
+BASELINE_REPO = "ml-bench-baseline"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target of ``builder print`` seen on one of its platforms (``platform``: the host's when listed)."""
+
+    name: str
+    backend: str
+    dockerfile: str
+    platform: str
+    platforms: list[str]
+    locks: dict[str, str]
+    refs: dict[str, list[str]]  # per platform: the tags its image gets in the local engine
+
+    @property
+    def lock(self) -> str:
+        """This platform's hash lock (relative to the project's root)."""
+        return self.locks[self.platform]
+
+    @property
+    def local_refs(self) -> list[str]:
+        return self.refs[self.platform]
+
+    @property
+    def arch(self) -> str:
+        return self.platform.split("/")[1]
+
+    def on(self, platform: str) -> Target:
+        return dataclasses.replace(self, platform=platform)
+
+    def views(self) -> list[Target]:
+        return [self.on(p) for p in self.platforms]
+
+
+@dataclass(frozen=True)
+class Project:
+    """What ``builder print`` says of a project copy: its root, base per platform and targets."""
+
+    root: Path
+    base: dict[str, str]
+    targets: dict[str, Target]
+
+    def target(self, name: str) -> Target:
+        return self.targets[name]
+
+    def base_for(self, platform: str) -> str:
+        return self.base[platform]
+
+
+def builder(root: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    """A whole ``builder ARGS`` process in *root* (this venv's), run to completion (raises on failure)."""
+    exe = Path(sys.executable).parent / "builder"
+    argv = [str(exe)] if exe.is_file() else [sys.executable, "-m", "builder"]
+    return run([*argv, *args], cwd=root, env=env)
+
+
+def load(root: Path) -> Project:
+    """The project at *root*, from ``builder print``."""
+    data = json.loads(builder(root, "print").stdout)
+    targets = {t["name"]: Target(t["name"], t["backend"], t["dockerfile"], t["platform"], t["platforms"], t["locks"],
+                                 {p: plan["local_refs"] for p, plan in t["plan"].items()}) for t in data["targets"]}
+    return Project(root, data["base"], targets)
+
+
+def builder_build(root: Path, target: str, *flags: str, smoke: bool = False,
+                  env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
+    """Wall seconds of a whole ``builder build -t T [--no-smoke] -q --json [flags]`` process, and its JSON outcome."""
+    args = ["build", "-t", target, *([] if smoke else ["--no-smoke"]), "-q", "--json", *flags]
+    seconds, proc = timed(lambda: builder(root, *args, env=env))
+    return seconds, json.loads(proc.stdout)[0]
+
+
+def stores(root: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """``builder gc --dry-run --json``'s stores by name: what each holds (``held``, bytes) and where."""
+    return {s["store"]: s for s in json.loads(builder(root, "gc", "--dry-run", "--json", env=env).stdout)["stores"]}
+
+
+@functools.cache
+def wheelhouse(root: Path) -> Path:
+    """The wheelhouse the builder uses in *root* (``builder gc``'s store of that name; asked once)."""
+    return Path(stores(root)["wheelhouse"]["where"])
+
+
+def locked_wheels(project: Project, target: Target) -> list[locks.Pin]:
+    """The wheels that end up in the image: common.lock and the target's lock (uv's tools.lock does not)."""
+    return (locks.read(locks.shared_lock(project.root, "common", target.platform))
+            + locks.read(project.root / target.lock))
+
+
+def tools_wheels(project: Project, platform: str) -> list[locks.Pin]:
+    """The build-time installer's wheels (tools.lock)."""
+    return locks.read(locks.shared_lock(project.root, "tools", platform))
+
+
+def lock_and_render(project_root: Path, targets: list[Target]) -> Project:
+    """``builder lock`` the target views (per platform) and ``builder render`` them; the project as it is then."""
+    say(f"locking {', '.join(t.name for t in targets)}")
+    try:
+        for platform in dict.fromkeys(t.platform for t in targets):
+            names = [a for t in targets if t.platform == platform for a in ("-t", t.name)]
+            for line in builder(project_root, "lock", *names, "--platform", platform).stdout.splitlines():
+                say(line)
+        builder(project_root, "render", *(a for t in targets for a in ("-t", t.name)))
+    except RuntimeError as exc:
+        raise SystemExit(f"bench: locking failed: {exc}") from None
+    return load(project_root)
+
+
+def baseline_for(project: Project, target: Target, folder: Path) -> Path:
+    """The baseline's build context for *target* (:func:`bench.baseline_context`), from its locks."""
+    house = wheelhouse(project.root)
+    pins, uv = locked_wheels(project, target), tools_wheels(project, target.platform)
+    return baseline_context(folder, project.root, target.backend, [house / p.filename for p in pins],
+                            [p.requirement() for p in pins], [house / p.filename for p in uv],
+                            [p.requirement() for p in uv])
+
+
+class Made:
+    """Every image the bench tags or builds, removed at the end.
+
+    ``refs`` are the bench's own tags: removing the last tag of an image deletes it with its
+    untagged parents. ``borrowed`` are extra tags on images that existed before (the base):
+    only those tags go. ``ids`` are the images that lost their tags along the way.
+    """
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
+        self.refs: list[str] = []
+        self.borrowed: list[str] = []
+        self.ids: list[str] = []
+
+    def _remove(self, ref: str) -> bool:
+        try:
+            self.client.api.remove_image(ref)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError:
+            return False  # a child still uses it: retried after the others
+        return True
+
+    def close(self) -> None:
+        """Remove what the bench made; an engine that stopped answering is said in one line, so the
+        figures measured so far are still written."""
+        try:
+            self._close()
+        except (docker.errors.DockerException, requests.exceptions.ConnectionError) as exc:
+            say(f"could not remove the bench's images: the engine did not answer ({exc})")
+
+    def _close(self) -> None:
+        for ref in self.borrowed:
+            try:
+                tags = self.client.api.inspect_image(ref).get("RepoTags") or []
+            except docker.errors.ImageNotFound:
+                continue
+            if set(tags) - set(self.borrowed):
+                self._remove(ref)  # other tags keep the image: this only untags
+        left = list(dict.fromkeys([*self.refs, *self.ids]))
+        for _ in range(4):  # leaves first; a parent shared by two leaves goes on a later pass
+            left = [ref for ref in left if not self._remove(ref)]
+        if left:
+            say(f"could not remove {len(left)} images: {', '.join(left)}")
+
+
+def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made, repository: str = "ml-bench",
+                  lock_from: Path = REPO, **changes: Any) -> Path:
+    """Copy the project, point it at the private registry (and *changes* to matrix.yaml), and pin the
+    base there with ``builder base --update``: *lock_from*'s base, moved to it when local (or in its
+    registry), else bootstrapped. Returns the copy's root (lock and render it next)."""
+    copy_project(root)
+    shutil.copy(lock_from / "base.lock.json", root / "base.lock.json")
+    new_registry = f"{host}/{repository}"
+    edit_matrix(root, registry=new_registry, **changes)
+    pinned = builder(root, "base", "--update", "--platform", host_platform())  # the lock named the old registry
+    say(pinned.stdout.strip().splitlines()[-1])
+    reference = base_pin(root)["reference"]
+    # The other platforms' pins keep their digests, named in this registry (the emulated row moves its own).
+    retarget_base_lock(root, root, new_registry, reference.split("@", 1)[1])
+    try:
+        tags = client.api.inspect_image(reference).get("RepoTags") or []
+    except docker.errors.ImageNotFound:
+        tags = []
+    # The bench's registry goes at the end: so do the base's tags in it.
+    made.refs += [*(t for t in tags if t.startswith(f"{new_registry}/base:")), reference]
+    return root
+
+
+def docker_cli_build(context: Path, base: str, backend: str, tag: str, *flags: str) -> tuple[float, str]:
+    """Wall seconds of the baseline's ``docker buildx build`` (as a user runs it) and the image's reference (*tag*)."""
+    seconds, ref, _ = docker_cli_build_phases(context, base, backend, tag, *flags)
+    return seconds, ref
+
+
+#: BuildKit's vertices by name, as the builder's ``--json`` ``phases`` groups its own build's
+#: (builder/oci/buildkit.py's PHASES; bench imports nothing of builder, as a user's script would not).
+PHASES = (
+    ("steps", re.compile(r"^\[[^\]]* \d+/\d+\] (?!FROM )")),
+    ("context", re.compile(r"^\[(internal\] load (build context|\.dockerignore|build definition)|context )")),
+    ("base and cache", re.compile(r"^(\[internal\] load metadata|\[auth\]|\[[^\]]* \d+/\d+\] FROM |importing cache)")),
+    ("export", re.compile(r"^(exporting|writing image|naming to|unpacking to|sending tarball)")),
+)
+
+
+def rawjson_phases(text: str) -> dict[str, float]:
+    """BuildKit's seconds per phase from ``--progress=rawjson`` output (pretty-printed JSON objects)."""
+    spans: dict[str, list[str]] = {}
+    decoder, i = json.JSONDecoder(), 0
+    while (start := text.find("{", i)) != -1:
+        try:
+            event, i = decoder.raw_decode(text, start)
+        except ValueError:
+            i = start + 1
+            continue
+        for v in event.get("vertexes") or []:
+            span = spans.setdefault(v.get("digest") or v.get("name", ""), [v.get("name", ""), "", ""])
+            span[1] = span[1] or v.get("started", "")
+            span[2] = v.get("completed") or span[2]
+
+    def at(stamp: str) -> float:
+        head, _, frac = stamp.rstrip("Z").partition(".")
+        return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
+
+    out: dict[str, float] = {}
+    for name, started, completed in spans.values():
+        if started and completed:
+            phase = next((p for p, pattern in PHASES if pattern.match(name)), "other")
+            out[phase] = out.get(phase, 0.0) + max(0.0, at(completed) - at(started))
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def docker_cli_build_phases(context: Path, base: str, backend: str, tag: str,
+                            *flags: str) -> tuple[float, str, dict[str, float]]:
+    """:func:`docker_cli_build`, and where its time went (:func:`rawjson_phases`)."""
+    argv = [shutil.which("docker") or "docker", "buildx", "build", "--progress=rawjson", "--provenance=false", *flags,
+            "--build-context", f"wheels={baseline_wheels(context)}",
+            "--build-arg", f"BASE={base}", "--build-arg", f"GPU_BACKEND={backend}", "-t", tag, str(context)]
+    seconds, proc = timed(lambda: run(argv, cwd=context))
+    return seconds, tag, rawjson_phases(proc.stderr)
+
+
+def touch_runtime(root: Path) -> None:
+    """A comment appended to the runtime's __init__.py: the smallest change to the in-image code."""
+    with (root / "runtime" / "ml_runtime" / "__init__.py").open("a") as handle:
+        handle.write(f"# bench {time.time_ns()}\n")

@@ -1,0 +1,148 @@
+"""The baseline row: cold, no-op and runtime-change builds, image sizes and layer sharing, ours (whole
+``builder build`` processes) against the one-Dockerfile baseline (whole ``docker buildx build`` processes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from bench import (
+    REPEATS,
+    Layer,
+    below,
+    installed_bytes,
+    layers,
+    median,
+    say,
+    shared_by_all,
+    shared_bytes,
+    shared_fraction,
+    sync_runtime,
+)
+from bench.project import (
+    BASELINE_REPO,
+    Made,
+    Project,
+    Target,
+    baseline_for,
+    builder_build,
+    docker_cli_build,
+    docker_cli_build_phases,
+    locked_wheels,
+    touch_runtime,
+    wheelhouse,
+)
+from devtools.support import host_platform
+
+#: Where target-specific input first enters each stack: the first layer of the plan (ours), the
+#: install of uv and the backend's wheels (baseline).
+MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": "requirements-uv.txt"}
+
+
+def measure(client: docker.DockerClient, project: Project, targets: list[Target], tmp: Path,
+            made: Made) -> dict[str, Any]:
+    """Cold, no-op and runtime-change builds, sizes and sharing, ours against the baseline (bench/__main__.py)."""
+    root = project.root
+    house = wheelhouse(root)
+    pins = {t.name: locked_wheels(project, t) for t in targets}
+    contexts = {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}") for t in targets}
+    base = project.base_for(host_platform())
+    ours: dict[str, Any] = {k: {} for k in ("cold_build_s", "noop_rebuild_s_per_target", "noop_samples_s",
+                                            "runtime_change_rebuild_s", "runtime_change_samples_s",
+                                            "image_bytes", "essential_bytes", "size_ratio_vs_essential")}
+    theirs: dict[str, Any] = {k: {} for k in ours}
+    ours["noop_all_cached"] = {}
+    stacks: dict[str, dict[str, list[Layer]]] = {"ours": {}, "baseline": {}}
+
+    # Cold: whole processes as users run them, no layer cache, REPEATS rounds interleaved (ours, baseline,
+    # baseline, ours, ...) so both see the same load: ours `builder build -t T --rebuild --no-smoke -q --json`
+    # (zstd, the default), the baseline `docker buildx build --no-cache` of its Dockerfile (gzip, Docker's).
+    ours["cold_samples_s"], theirs["cold_samples_s"] = {}, {}
+    for t in targets:
+        mine: list[float] = []
+        their: list[float] = []
+        mine_phases: list[dict[str, float]] = []
+        their_phases: list[dict[str, float]] = []
+        for i in range(REPEATS):
+            for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
+                if who == "ours":
+                    seconds, outcome = builder_build(root, t.name, "--rebuild", "--platform", t.platform)
+                    if outcome.get("error"):
+                        raise SystemExit(f"bench: cold build of {t.name}: {outcome['error']}")
+                    mine.append(seconds)
+                    made.ids.append(outcome["image_id"])
+                    mine_phases.append(outcome.get("phases") or {})
+                else:
+                    tag = f"{BASELINE_REPO}:{t.name}-cold-{os.getpid()}"
+                    made.refs.append(tag)
+                    seconds, _, where = docker_cli_build_phases(contexts[t.name], base, t.backend, tag, "--no-cache")
+                    their.append(seconds)
+                    their_phases.append(where)
+        ours["cold_samples_s"][t.name], theirs["cold_samples_s"][t.name] = mine, their
+        # where the time went (BuildKit's seconds per phase), per phase the median of the samples
+        for record, phase_samples in ((ours, mine_phases), (theirs, their_phases)):
+            record.setdefault("cold_phases_s", {})[t.name] = {
+                k: median([p.get(k, 0.0) for p in phase_samples]) for k in sorted({k for p in phase_samples for k in p})}
+        ours["cold_build_s"][t.name], theirs["cold_build_s"][t.name] = median(mine), median(their)
+        say(f"{t.name}: cold build {mine} s, baseline {their} s")
+
+    # Settle: one ordinary build each, as users run them (cached, tagged). Sizes and sharing are
+    # measured on these: nocache rebuilt the shared stage per target, so its images share nothing.
+    final: dict[str, dict[str, str]] = {"ours": {}, "baseline": {}}
+    tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in targets}
+    for t in targets:
+        made.refs.append(tags[t.name])
+        final["ours"][t.name] = builder_build(root, t.name)[1]["image_id"]
+        final["baseline"][t.name] = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])[1]
+        made.ids += [final["ours"][t.name], final["baseline"][t.name]]
+        essential = client.api.inspect_image(base)["Size"] + sum(
+            installed_bytes(house / p.filename) for p in pins[t.name])
+        for side, name in ((ours, "ours"), (theirs, "baseline")):
+            stacks[name][t.name] = layers(client, final[name][t.name])
+            side["image_bytes"][t.name] = client.api.inspect_image(final[name][t.name])["Size"]
+            side["essential_bytes"][t.name] = essential
+            side["size_ratio_vs_essential"][t.name] = round(side["image_bytes"][t.name] / essential, 4)
+
+    # No-op: the whole CLI process for ours; `docker build` of the same Dockerfile for the baseline.
+    for t in targets:
+        samples, theirs_samples, cached = [], [], []
+        for _ in range(REPEATS):
+            seconds, outcome = builder_build(root, t.name)
+            samples.append(seconds)
+            cached.append(outcome["cached_steps"] == outcome["steps"])
+            made.ids.append(outcome["image_id"])
+            seconds, image_id = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])
+            theirs_samples.append(seconds)
+            made.ids.append(image_id)
+        say(f"{t.name}: no-op {samples} s, baseline {theirs_samples} s")
+        ours["noop_samples_s"][t.name], theirs["noop_samples_s"][t.name] = samples, theirs_samples
+        ours["noop_rebuild_s_per_target"][t.name] = median(samples)
+        theirs["noop_rebuild_s_per_target"][t.name] = median(theirs_samples)
+        ours["noop_all_cached"][t.name] = all(cached)
+
+    # Runtime change: a comment in the in-image runtime, then rebuild (ours: the CLI; baseline: docker build).
+    for t in targets:
+        samples, theirs_samples = [], []
+        for _ in range(REPEATS):
+            touch_runtime(root)
+            seconds, outcome = builder_build(root, t.name)
+            samples.append(seconds)
+            made.ids.append(outcome["image_id"])
+            sync_runtime(root, contexts[t.name])
+            seconds, image_id = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])
+            theirs_samples.append(seconds)
+            made.ids.append(image_id)
+        say(f"{t.name}: runtime change {samples} s, baseline {theirs_samples} s")
+        ours["runtime_change_samples_s"][t.name], theirs["runtime_change_samples_s"][t.name] = samples, theirs_samples
+        ours["runtime_change_rebuild_s"][t.name] = median(samples)
+        theirs["runtime_change_rebuild_s"][t.name] = median(theirs_samples)
+
+    for side, name in ((ours, "ours"), (theirs, "baseline")):
+        images = [stacks[name][t.name] for t in targets]
+        side["shared_bytes_fraction"] = shared_fraction(images)
+        side["shared_bytes"] = shared_bytes(images)
+        side["shared_fraction_below_torch"] = shared_by_all([below(s, MARKERS[name]) for s in images])
+    return {**ours, "baseline": theirs}
