@@ -198,7 +198,7 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
 
     if as_json:
         keys = ("target", "platform", "result", "content_tag", "tags", "image_id", "size_bytes", "seconds", "smoke",
-                "notes", "steps", "cached_steps", "cache_read", "digest", "error")
+                "notes", "steps", "cached_steps", "cache_read", "phases", "digest", "error")
         click.echo(json.dumps([{k: o.as_dict()[k] for k in keys} for o in outcomes], indent=2))
     else:
         print_summary(outcomes)
