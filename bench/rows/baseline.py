@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,42 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
         essential = client.api.inspect_image(base)["Size"] + sum(
             installed_bytes(house / p.filename) for p in pins[t.name])
         for side, name in ((ours, "ours"), (theirs, "baseline")):
+            stacks[name][t.name] = layers(client, final[name][t.name])
+            side["image_bytes"][t.name] = client.api.inspect_image(final[name][t.name])["Size"]
+            side["essential_bytes"][t.name] = essential
+            side["size_ratio_vs_essential"][t.name] = round(side["image_bytes"][t.name] / essential, 4)
+
+    def paired(t: Target, prepare: Callable[[Target], None]) -> tuple[list[float], list[float], list[bool]]:
+        """REPEATS rebuilds of *t*, ours then the baseline's, each after *prepare*: (ours s, theirs s, all cached)."""
+        samples, theirs_samples, cached = [], [], []
+        for _ in range(REPEATS):
+            prepare(t)
+            seconds, outcome = builder_build(root, t.name)
+            samples.append(seconds)
+            cached.append(outcome["cached_steps"] == outcome["steps"])
+            made.ids.append(outcome["image_id"])
+            seconds, image_id = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])
+            theirs_samples.append(seconds)
+            made.ids.append(image_id)
+        return samples, theirs_samples, cached
+
+    # No-op, then a runtime change (a comment in the in-image runtime): whole processes, ours the CLI,
+    # the baseline `docker buildx build`.
+    def changed(t: Target) -> None:  # the same change in both contexts
+        touch_runtime(root)
+        sync_runtime(root, contexts[t.name])
+
+    for key, label, prepare in (("noop", "no-op", lambda t: None), ("runtime_change", "runtime change", changed)):
+        for t in targets:
+            samples, theirs_samples, cached = paired(t, prepare)
+            say(f"{t.name}: {label} {samples} s, baseline {theirs_samples} s")
+            ours[f"{key}_samples_s"][t.name], theirs[f"{key}_samples_s"][t.name] = samples, theirs_samples
+            rebuild = "noop_rebuild_s_per_target" if key == "noop" else "runtime_change_rebuild_s"
+            ours[rebuild][t.name], theirs[rebuild][t.name] = median(samples), median(theirs_samples)
+            if key == "noop":
+                ours["noop_all_cached"][t.name] = all(cached)
+
+    for side, name in ((ours, "ours"), (theirs, "baseline")):
             stacks[name][t.name] = layers(client, final[name][t.name])
             side["image_bytes"][t.name] = client.api.inspect_image(final[name][t.name])["Size"]
             side["essential_bytes"][t.name] = essential
