@@ -121,7 +121,14 @@ def test_no_credential_in_anything_published_or_printed(cpu_project, auth_regist
            "BUILDER_REGISTRY_PASSWORD": password,
            index_env_var(entry): f"https://ci:{TOKEN}@download.pytorch.org/whl/cpu?token={TOKEN}"}
 
-    build = run_builder("build", "-t", "cpu", "--push", "--json", "--sign-key", str(key), cwd=root, env=env)
+    try:
+        build = run_builder("build", "-t", "cpu", "--push", "--json", "--sign-key", str(key), cwd=root, env=env)
+    finally:  # the tags this build gave under the test's registry (its image and the base) go with the test
+        listed = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                                text=True, check=False).stdout.split()
+        mine = [ref for ref in listed if ref.startswith((repo + ":", repo + "/"))]
+        if mine:
+            subprocess.run(["docker", "rmi", *mine], capture_output=True, check=False)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log[-4000:]
     record = json.loads((root / "dist" / "published.json").read_text())["cpu"]
