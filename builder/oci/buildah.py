@@ -6,6 +6,9 @@ build; what buildah lacks is bridged here, never in the templates:
 - per-``RUN`` ``--network=none`` needs buildah 1.30 (podman 4.5): the Dockerfile is passed with
   that flag dropped from its ``RUN`` lines and the whole build runs with ``--network=none``, which
   is what every RUN asked for anyway;
+- ``RUN --mount=type=tmpfs,target=/tmp`` removes /tmp from the layer in buildah 1.28 (the mount point is
+  deleted after the step): the flag is dropped and every RUN gets an empty host folder of the build's at
+  /tmp instead (``--volume``): as with the tmpfs, nothing written there reaches a layer, and /tmp stays;
 - compression is not the build's: podman keeps layers uncompressed and compresses at push
   (``podman push --compression-format``), so ``request.compression`` is the push's;
 - BuildKit's registry caches (``--cache-from/--cache-to type=registry``) have no buildah
@@ -37,34 +40,29 @@ STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (?P<text>(?!FROM ).*)")
 CACHED = re.compile(r"^--> Using cache ")
 #: ``RUN --network=none``: a per-RUN network flag, which buildah reads only from 1.30.
 RUN_NETWORK = re.compile(r"^(RUN\b.*?) --network=none\b", re.MULTILINE)
-
-
-def loopback(host: str | None) -> bool:
-    """Whether *host* (``host:port``) is this machine's: plain http there, as Docker assumes.
-
-    Example:
-        >>> loopback("localhost:5000"), loopback("127.0.0.1:5001"), loopback("ghcr.io")
-        (True, True, False)
-    """
-    name = (host or "").rsplit(":", 1)[0] if (host or "").count(":") == 1 else (host or "")
-    return name in ("localhost", "127.0.0.1", "[::1]", "::1") or name.startswith("127.")
+#: ``RUN --mount=type=tmpfs,target=/tmp``: /tmp comes from the build's --volume instead.
+RUN_TMPFS = re.compile(r"^(RUN\b.*?) --mount=type=tmpfs,target=/tmp(?=\s)", re.MULTILINE)
 
 
 def dockerfile_for(text: str, per_run_network: bool) -> str:
-    """The Dockerfile this buildah reads: without ``RUN --network=none`` where it lacks per-RUN networks.
+    """The Dockerfile this buildah reads: no tmpfs /tmp (the build's --volume is), and no ``RUN --network=none``
+    where it lacks per-RUN networks (the whole build has none).
 
     Example:
         >>> dockerfile_for("RUN --network=none --mount=type=tmpfs,target=/tmp true", False)
-        'RUN --mount=type=tmpfs,target=/tmp true'
+        'RUN true'
+        >>> dockerfile_for("RUN --network=none --mount=type=tmpfs,target=/tmp true", True)
+        'RUN --network=none true'
     """
+    text = RUN_TMPFS.sub(r"\1", text)
     return text if per_run_network else RUN_NETWORK.sub(r"\1", text)
 
 
-def argv(request: BuildRequest, dockerfile: str, *, iidfile: str | None = None, authfile: str | None = None,
-         tls_verify: bool = True) -> list[str]:
-    """The ``podman build`` command line (no shell)."""
+def argv(request: BuildRequest, dockerfile: str, *, scratch: str = "/nonexistent", iidfile: str | None = None,
+         authfile: str | None = None, tls_verify: bool = True) -> list[str]:
+    """The ``podman build`` command line (no shell); *scratch* is the empty folder every RUN gets at /tmp."""
     out = ["podman", "build", "--file", dockerfile, "--platform", request.platform, "--layers",
-           "--network=none", "--pull=missing"]
+           "--network=none", "--pull=missing", "--volume", f"{scratch}:/tmp"]
     if request.stage:
         out += ["--target", request.stage]
     for key, value in request.build_args.items():
@@ -105,8 +103,11 @@ def run(
     with tempfile.TemporaryDirectory(prefix="builder-podman-") as tmp:
         dockerfile = Path(tmp) / "Dockerfile"
         dockerfile.write_text(dockerfile_for((root / request.dockerfile).read_text(), per_run_network))
-        iidfile = Path(tmp) / "iid"
-        command = argv(request, str(dockerfile), iidfile=str(iidfile), authfile=authfile, tls_verify=tls_verify)
+        iidfile, scratch = Path(tmp) / "iid", Path(tmp) / "tmp"
+        scratch.mkdir(mode=0o1777)
+        scratch.chmod(0o1777)  # as /tmp is: the image's user (1001) writes there too
+        command = argv(request, str(dockerfile), scratch=str(scratch), iidfile=str(iidfile), authfile=authfile,
+                       tls_verify=tls_verify)
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
                                 cwd=cwd, start_new_session=True)
         watcher = threading.Thread(target=_cancel_on, args=(proc, cancel), daemon=True) if cancel else None

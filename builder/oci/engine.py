@@ -34,7 +34,7 @@ from docker.errors import DockerException
 from urllib3.exceptions import ReadTimeoutError
 
 from builder.config.errors import TargetFailed, UserError
-from builder.oci import buildah, buildkit, registry
+from builder.oci import artifacts, buildah, buildkit, registry
 from builder.oci.secrets import child_env
 
 #: Builds stream for minutes; the default 60 s read timeout would cut them off.
@@ -555,6 +555,9 @@ class PodmanEngine(DockerEngine):
                  folder: str | None = None) -> None:
         super().__init__(client)
         self.url, self.service, self.folder = url, service, folder
+        #: {image ID: repo@digest pushed}: podman's RepoDigests name the local manifest only, never the one a
+        #: push wrote (it compresses at push), so what its --digestfile said is kept here
+        self.pushed: dict[str, set[str]] = {}
         if service is not None:
             atexit.register(self.close)
 
@@ -619,7 +622,20 @@ class PodmanEngine(DockerEngine):
         reported = registry.manifest_digest(ref, creds)
         if digest is None or reported != digest:
             raise TargetFailed(f"push of {ref}: registry reports {reported}, podman pushed {digest}")
+        if compression == "gzip" and (layers := _zstd_layers(ref, creds)):
+            # podman < 4.7 has no --force-compression: a layer the registry holds as zstd already is reused as is
+            raise TargetFailed(f"push of {ref}: podman reused {layers} zstd layers for this gzip target; pullers "
+                               "before Docker 23 and enroot 4 cannot read them: push with podman >= 4.7, or to a "
+                               "registry that holds no zstd copy of these layers")
+        if (found := self.image(ref)) is not None:
+            self.pushed.setdefault(str(found["Id"]), set()).add(f"{r.name}@{digest}")
         return digest
+
+    def repo_digests(self, ref: str) -> list[str]:
+        found = self.image(ref)
+        if found is None:
+            return []
+        return sorted({*(found.get("RepoDigests") or []), *self.pushed.get(str(found["Id"]), ())})
 
     def prune_build_cache(self, record: str) -> str | None:
         return "podman keeps no build cache apart from its images (builder gc removes those)"
@@ -639,7 +655,7 @@ class PodmanEngine(DockerEngine):
         per_run_network = engine_version(str(self.version().get("Version", ""))) >= (4, 5)
         with _authfile(registry_host, creds) as authfile:
             result = buildah.run(request, per_run_network=per_run_network, on_step=on_step, on_log=on_log,
-                                 cancel=cancel, authfile=authfile, tls_verify=not buildah.loopback(registry_host),
+                                 cancel=cancel, authfile=authfile, tls_verify=not (registry_host and registry.is_local(registry_host)),
                                  cwd=cwd)
         return self.resolve(result.ids), result
 
@@ -659,7 +675,14 @@ class PodmanEngine(DockerEngine):
 
 def _tls(host: str | None) -> list[str]:
     """Plain http for a loopback registry (Docker assumes it; podman must be told)."""
-    return ["--tls-verify=false"] if buildah.loopback(host) else []
+    return ["--tls-verify=false"] if host and registry.is_local(host) else []
+
+
+def _zstd_layers(ref: str, creds: dict[str, str] | None) -> int:
+    """How many layers of the manifest *ref* names are zstd."""
+    found = artifacts.get_manifest(ref, creds)
+    layers = json.loads(found[1]).get("layers", []) if found else []
+    return sum("zstd" in str(layer.get("mediaType", "")) for layer in layers)
 
 
 @contextlib.contextmanager
