@@ -26,8 +26,8 @@ $(VENV)/.installed: pyproject.toml runtime/pyproject.toml
 
 install: $(VENV)/.installed ## Create .venv with the builder, the in-image runtime and test tools
 
-host: ## Install the Debian packages builds and tests need (as root) and start dockerd if no engine answers
-	scripts/setup-host.sh
+host: ## Install the Debian packages builds and tests need (as root) and start dockerd if no engine answers (ENGINE=podman: podman beside it)
+	ENGINE=$(or $(ENGINE),docker) scripts/setup-host.sh
 
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render

@@ -324,24 +324,27 @@ def check_disk(ctx: Context) -> list[Check]:
     """Free space where the engine keeps images (``docker info`` DockerRootDir)."""
     if ctx.info is None:
         return [Check("warn", "docker disk", "not checked: no engine answered", DAEMON_FIX)]
+    podman = ctx.engine is not None and ctx.engine.name() == "podman"
+    item = "podman disk" if podman else "docker disk"
     root = ctx.info.get("DockerRootDir") or "/var/lib/docker"
     try:
         free = shutil.disk_usage(root).free / 2**30
     except OSError:
         return [
-            Check("warn", "docker disk", f"{root} is not visible from here (remote engine?); not checked")
+            Check("warn", item, f"{root} is not visible from here (remote engine?); not checked")
         ]
     found = f"{free:.1f} GiB free at {root}"
     if free < MIN_FREE_GIB:
         return [
             Check(
                 "warn",
-                "docker disk",
+                item,
                 f"{found}; GPU images need >= {MIN_FREE_GIB} GiB",
+                "podman system prune, or move graphroot (storage.conf) to a larger disk" if podman else
                 "docker system prune (or docker builder prune), or move data-root to a larger disk",
             )
         ]
-    return [Check("ok", "docker disk", found)]
+    return [Check("ok", item, found)]
 
 
 def check_registry(ctx: Context) -> list[Check]:

@@ -58,6 +58,22 @@ ENGINE_VAR = "BUILDER_ENGINE"
 MIN_PODMAN = (4, 3)
 
 
+#: The engine :func:`connect` found last, for messages (:func:`engine_label`); Docker's until then.
+_connected: dict[str, str] = {}
+
+
+def engine_label() -> tuple[str, str]:
+    """How a message names the engine in use, and the command that checks it.
+
+    Example:
+        >>> engine_label()[1]
+        'docker info'
+    """
+    if _connected.get("name") == "podman":
+        return f"podman at {_connected['address']}", "podman info"
+    return f"Docker engine at {engine_address()}", "docker info"
+
+
 def chosen_engine() -> str | None:
     """``docker`` or ``podman`` when BUILDER_ENGINE (or ``--engine``) names one; None: whichever answers."""
     value = os.environ.get(ENGINE_VAR, "").strip().lower()
@@ -103,6 +119,7 @@ def connect_docker(timeout: int = TIMEOUT_S) -> DockerEngine:
         raise UserError(f"the engine at {engine_address()} is Docker {version}; builder needs Docker >= "
                         f"{'.'.join(map(str, MIN_ENGINE))} (BuildKit with named contexts, zstd, the containerd "
                         "image store): upgrade it (scripts/setup-host.sh prints how)")
+    _connected.update(name="docker")
     return engine
 
 
@@ -121,6 +138,7 @@ def connect_podman(timeout: int = TIMEOUT_S) -> PodmanEngine:
         engine.close()
         raise UserError(f"podman {version} is too old; builder needs podman >= {'.'.join(map(str, MIN_PODMAN))} "
                         "(--build-context, RUN --mount=type=bind,from=): upgrade it")
+    _connected.update(name="podman", address=engine.address())
     return engine
 
 
