@@ -12,8 +12,8 @@ def test_an_unknown_engine_is_one_line_and_exit_2(project: Path) -> None:
     assert "BUILDER_ENGINE='rocket' names no engine; use one of: docker, podman" in proc.stdout + proc.stderr
     proc = run_builder("build", "-t", "cpu", "--no-smoke", cwd=project, env={"BUILDER_ENGINE": "rocket"})
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == ["error: BUILDER_ENGINE='rocket' names no engine; use one of: docker, "
-                                                "podman"], proc.stderr
+    line = "error: BUILDER_ENGINE='rocket' names no engine; use one of: docker, podman"
+    assert proc.stderr.strip().splitlines() == [line], proc.stderr
 
 
 def test_the_engine_option_refuses_what_is_no_engine(project: Path) -> None:
