@@ -608,7 +608,10 @@ class PodmanEngine(DockerEngine):
 
     def rootless(self) -> bool:
         """Whether this podman runs without root (user namespaces, subuid/subgid)."""
-        return any("rootless" in str(option) for option in self.info().get("SecurityOptions") or [])
+        # podman's own info (the libpod API beside the compatible one): the compatible info does not say it
+        answer = self.client.api._get(self.client.api._url("/libpod/info"))
+        answer.raise_for_status()
+        return bool(answer.json().get("host", {}).get("security", {}).get("rootless"))
 
     def _cli(self, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(["podman", *argv], capture_output=True, text=True, check=False, env=child_env())
