@@ -13,7 +13,10 @@ build; what buildah lacks is bridged here, never in the templates:
   (``podman push --compression-format``), so ``request.compression`` is the push's;
 - BuildKit's registry caches (``--cache-from/--cache-to type=registry``) have no buildah
   equivalent that reads BuildKit's cache manifests: left out (the content tag still reuses images);
-- ``--timestamp`` (SOURCE_DATE_EPOCH) fixes the image's created time and its files' times.
+- ``--timestamp`` fixes the image's created time, and its files' times, to the time the Dockerfile's
+  own RUNs set on what they change (the base's ``source_date_epoch``), never the commit's: that would
+  give every layer other bytes at each commit (BuildKit takes the created time from SOURCE_DATE_EPOCH
+  and leaves the files' times to the RUNs).
 
 Example:
     >>> r = BuildRequest(dockerfile="images/cpu/Dockerfile", context=".", platform="linux/amd64")
@@ -40,6 +43,8 @@ STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (?P<text>(?!FROM ).*)")
 CACHED = re.compile(r"^--> Using cache ")
 #: ``RUN --network=none``: a per-RUN network flag, which buildah reads only from 1.30.
 RUN_NETWORK = re.compile(r"^(RUN\b.*?) --network=none\b", re.MULTILINE)
+#: The fixed time every RUN of the rendered Dockerfile gives what it changed (templates' ``fixed_times``).
+FIXED_TIME = re.compile(r"touch -h -d @(\d+) ")
 #: ``RUN --mount=type=tmpfs,target=/tmp``: /tmp comes from the build's --volume instead.
 RUN_TMPFS = re.compile(r"^(RUN\b.*?) --mount=type=tmpfs,target=/tmp(?=\s)", re.MULTILINE)
 
@@ -58,8 +63,8 @@ def dockerfile_for(text: str, per_run_network: bool) -> str:
     return text if per_run_network else RUN_NETWORK.sub(r"\1", text)
 
 
-def argv(request: BuildRequest, dockerfile: str, *, scratch: str = "/nonexistent", iidfile: str | None = None,
-         authfile: str | None = None, tls_verify: bool = True) -> list[str]:
+def argv(request: BuildRequest, dockerfile: str, *, scratch: str = "/nonexistent", epoch: str | None = None,
+         iidfile: str | None = None, authfile: str | None = None, tls_verify: bool = True) -> list[str]:
     """The ``podman build`` command line (no shell); *scratch* is the empty folder every RUN gets at /tmp."""
     out = ["podman", "build", "--file", dockerfile, "--platform", request.platform, "--layers",
            "--network=none", "--pull=missing", "--volume", f"{scratch}:/tmp"]
@@ -67,7 +72,7 @@ def argv(request: BuildRequest, dockerfile: str, *, scratch: str = "/nonexistent
         out += ["--target", request.stage]
     for key, value in request.build_args.items():
         out += ["--build-arg", f"{key}={value}"]
-    if epoch := request.build_args.get("SOURCE_DATE_EPOCH"):
+    if epoch:
         out += ["--timestamp", epoch]
     for name, path in request.contexts.items():
         out += ["--build-context", f"{name}={path}"]
@@ -101,13 +106,14 @@ def run(
     """Run one build; return its image ID. A failed build raises TargetFailed with podman's error."""
     root = cwd or Path.cwd()
     with tempfile.TemporaryDirectory(prefix="builder-podman-") as tmp:
-        dockerfile = Path(tmp) / "Dockerfile"
-        dockerfile.write_text(dockerfile_for((root / request.dockerfile).read_text(), per_run_network))
+        dockerfile, text = Path(tmp) / "Dockerfile", (root / request.dockerfile).read_text()
+        dockerfile.write_text(dockerfile_for(text, per_run_network))
+        fixed = FIXED_TIME.search(text)
         iidfile, scratch = Path(tmp) / "iid", Path(tmp) / "tmp"
         scratch.mkdir(mode=0o1777)
         scratch.chmod(0o1777)  # as /tmp is: the image's user (1001) writes there too
-        command = argv(request, str(dockerfile), scratch=str(scratch), iidfile=str(iidfile), authfile=authfile,
-                       tls_verify=tls_verify)
+        command = argv(request, str(dockerfile), scratch=str(scratch), epoch=fixed[1] if fixed else None,
+                       iidfile=str(iidfile), authfile=authfile, tls_verify=tls_verify)
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
                                 cwd=cwd, start_new_session=True)
         watcher = threading.Thread(target=_cancel_on, args=(proc, cancel), daemon=True) if cancel else None
