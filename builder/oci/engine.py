@@ -658,6 +658,17 @@ class PodmanEngine(DockerEngine):
             return []
         return sorted({*(found.get("RepoDigests") or []), *self.pushed.get(str(found["Id"]), ())})
 
+    def disk_usage(self) -> dict[str, Any]:
+        usage = super().disk_usage()
+        # podman 4.3's compatible df lists an image once per tag, by the tag alone and without labels; its
+        # images list names them as Docker's df does: that, with df's sizes and container counts
+        found = {str(i.get("Id", "")).removeprefix("sha256:"): i for i in usage.get("Images") or []}
+        images = []
+        for image in self.client.api.images(all=True):
+            sizes = found.get(str(image["Id"]).removeprefix("sha256:"), {})
+            images.append({**image, **{key: int(sizes.get(key) or 0) for key in ("Containers", "Size", "SharedSize")}})
+        return {**usage, "Images": images}
+
     def prune_build_cache(self, record: str) -> str | None:
         return "podman keeps no build cache apart from its images (builder gc removes those)"
 
