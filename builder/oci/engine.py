@@ -320,8 +320,8 @@ def _explanation(exc: docker.errors.DockerException) -> str:
 
 
 class DockerEngine:
-    """:class:`Engine` over the Docker Engine API (docker-py) and BuildKit (``docker buildx``): the only
-    place that holds a ``docker.DockerClient``.
+    """:class:`Engine` over the Docker Engine API (docker-py) and BuildKit (``docker buildx``): with
+    :class:`PodmanEngine`, its subclass, the only place that holds a ``docker.DockerClient``.
 
     Example:
         >>> connect().image("localhost:5000/ml-runtime:cpu")["Id"]  # doctest: +SKIP
