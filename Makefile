@@ -26,8 +26,8 @@ $(VENV)/.installed: pyproject.toml runtime/pyproject.toml
 
 install: $(VENV)/.installed ## Create .venv with the builder, the in-image runtime and test tools
 
-host: ## Install the Debian packages builds and tests need (as root) and start dockerd if no engine answers
-	scripts/setup-host.sh
+host: ## Install the Debian packages builds and tests need (as root) and start dockerd if no engine answers (ENGINE=podman: podman beside it)
+	ENGINE=$(or $(ENGINE),docker) scripts/setup-host.sh
 
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render
@@ -48,7 +48,8 @@ push: install ## Push built targets to the matrix's registry (TARGETS=... for a 
 verify: install ## Check a pushed image's signature, SBOM and provenance (REF=localhost:5000/ml-runtime:cpu KEY=cosign.pub)
 	$(BUILDER) verify $(REF) $(if $(KEY),--key $(KEY))
 
-test: install host ## The whole suite on this engine (containerd store), then the `classic` tests on a classic-store dockerd
+test: install host ## The whole suite on this engine (containerd store; the `podman` tests on podman), then the `classic` tests on a classic-store dockerd
+	-ENGINE=podman scripts/setup-host.sh  # podman beside docker, for the `podman` tests (they say it when it is missing)
 	$(PY) -m pytest -q -m 'not emulated'
 	$(PY) -m devtools.classic -q -m 'classic and not emulated'
 

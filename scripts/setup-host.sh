@@ -12,6 +12,8 @@
 #   scripts/setup-host.sh            install what is missing (root: apt-get; else print the line)
 #                                    and start dockerd when no engine answers (root only)
 #   SETUP_HOST_PIDFILE=F ...         write the PID of a dockerd this script started to F
+#   ENGINE=podman ...                the engine is podman (+ buildah): installed beside whatever is
+#                                    there (Docker's packages stay), and no dockerd is started
 #   CI=true ...                      also upgrade an engine older than 26 in place (CI machines are
 #                                    reused); on a user's machine that is only ever printed
 #
@@ -30,6 +32,17 @@ ENGINE_PACKAGES=(docker.io containerd docker-buildx)
 #                    oras discover)
 #   pigz             the engine unpacks gzip layers with unpigz (faster pulls)
 TOOL_PACKAGES=(cosign oras pigz)
+# With ENGINE=podman, podman and what rootless use needs, from the host's own suite:
+#   podman buildah   the engine and its builder (Debian 12: 4.3.1 and 1.28; Debian 13: 5.4 and 1.39)
+#   uidmap           newuidmap/newgidmap: a rootless user's subordinate IDs (/etc/subuid, /etc/subgid)
+#   slirp4netns      a rootless container's network
+#   fuse-overlayfs   rootless overlay storage where the kernel's overlayfs can't be mounted by a user
+PODMAN_PACKAGES=(podman buildah uidmap slirp4netns fuse-overlayfs)
+ENGINE=${ENGINE:-docker}
+case "$ENGINE" in
+  docker | podman) ;;
+  *) printf 'setup-host: ENGINE=%s is no engine; use ENGINE=docker or ENGINE=podman\n' "$ENGINE" >&2; exit 2 ;;
+esac
 # Another engine's packages: Docker CE (Docker's own repository) and Moby's. With any of them
 # installed, that engine is the one used, and ENGINE_PACKAGES are never installed beside it.
 OTHER_ENGINE=(docker-ce docker-ce-cli containerd.io docker-buildx-plugin moby-engine moby-cli moby-containerd moby-runc
@@ -144,7 +157,7 @@ elif [ -n "$answering" ] && [ -z "$packaged" ]; then
   as_is="Docker $answering, which answers (not Debian's docker.io)"
 fi
 upgrade=
-if [ -n "$packaged" ] && [ "$(major "$packaged")" -lt "$MIN_ENGINE" ]; then
+if [ "$ENGINE" = docker ] && [ -n "$packaged" ] && [ "$(major "$packaged")" -lt "$MIN_ENGINE" ]; then
   if [ "${CI:-}" = true ]; then
     upgrade=1
     say "CI: Docker $packaged is installed (needs >= $MIN_ENGINE): upgrading it in place"
@@ -157,7 +170,9 @@ fi
 
 missing=()
 for package in "${PACKAGES[@]}" "${TOOL_PACKAGES[@]}"; do installed "$package" || missing+=("$package"); done
-if [ -n "$as_is" ]; then
+if [ "$ENGINE" = podman ]; then
+  for package in "${PODMAN_PACKAGES[@]}"; do installed "$package" || missing+=("$package"); done
+elif [ -n "$as_is" ]; then
   not=()
   for package in "${ENGINE_PACKAGES[@]}"; do installed "$package" || not+=("$package"); done
   ((${#not[@]} == 0)) || say "using the engine that is there, $as_is, as it is: not installing ${not[*]} beside it"
@@ -234,6 +249,40 @@ if [ -n "$foreign" ] && [ ! -e "$binfmt/qemu-$foreign" ]; then
       say "could not register qemu-$foreign with binfmt_misc (is $binfmt mountable here?); foreign-platform builds will fail"
     fi
   fi
+fi
+
+# podman: no daemon to start (builder starts `podman system service` for its own run when no socket
+# listens). Where root lacks CAP_SYS_RESOURCE (a container, a sandboxed VM), runc cannot raise a
+# container's open-files and process limits to podman's defaults (1048576 and more) and every
+# container fails ("error setting rlimit type 7"): the defaults become what this host allows.
+podman_ready() {
+  local caps conf=/etc/containers/containers.conf nofile nproc
+  caps=$(awk '/^CapEff/ {print $2}' /proc/self/status)
+  if root && ! (( (0x${caps:-0} >> 24) & 1 )) && ! grep -qs '^default_ulimits' "$conf"; then
+    nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
+    [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ] && nproc=32768  # conmon runs with at most 32768 here
+    if [ -e "$conf" ]; then
+      say "root lacks CAP_SYS_RESOURCE: add to [containers] in $conf: default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"
+      return 1
+    fi
+    mkdir -p /etc/containers
+    printf '# Written by ml-image-builder scripts/setup-host.sh: root lacks CAP_SYS_RESOURCE here, so containers get\n# the limits this host allows instead of podman'"'"'s defaults (which runc cannot set).\n[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+      "$nofile" "$nofile" "$nproc" "$nproc" >"$conf"
+    say "wrote $conf: containers' open files and processes capped at $nofile and $nproc (no CAP_SYS_RESOURCE here)"
+  fi
+  if ! root && ! grep -qs "^$(id -un):" /etc/subuid; then
+    say "rootless podman needs subordinate IDs: sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 $(id -un)"
+    return 1
+  fi
+  if ! podman info >/dev/null 2>&1; then
+    say "podman info fails: $(podman info 2>&1 | tail -n 1)"
+    return 1
+  fi
+  say "podman $(podman version --format '{{.Client.Version}}') is ready ($(root && echo rootful || echo rootless)); builds run with --engine podman or BUILDER_ENGINE=podman"
+}
+if [ "$ENGINE" = podman ]; then
+  podman_ready
+  exit $?
 fi
 
 log=/var/log/ml-image-builder-dockerd.log

@@ -25,6 +25,9 @@ def _unused(request: str) -> AssertionError:
 class NoEngine(Engine):
     """An :class:`Engine` whose every request fails the test that makes it."""
 
+    def name(self) -> str:
+        raise _unused("name")
+
     def address(self) -> str:
         raise _unused("address")
 
@@ -58,7 +61,7 @@ class NoEngine(Engine):
     def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
         raise _unused("pull")
 
-    def push(self, ref: str) -> str:
+    def push(self, ref: str, compression: str = "gzip") -> str:
         raise _unused("push")
 
     def save(self, ref: str) -> Iterator[bytes]:

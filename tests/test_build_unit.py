@@ -197,7 +197,7 @@ class FakeEngine(NoEngine):
     def labels(self, image: str) -> dict[str, str]:
         return {plans.REVISION: "abc"}
 
-    def push(self, ref: str) -> str:
+    def push(self, ref: str, compression: str = "gzip") -> str:
         self._call("push", ref)
         self.pushed.append(ref)
         return "sha256:d"

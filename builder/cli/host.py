@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from builder.cli.options import project_options
+from builder.cli.options import engine_option, project_options
 from builder.config.project import Project
 
 # Where builder.host.hardware looks; other roots are for tests and for running builder inside a container.
@@ -22,6 +22,7 @@ _dev_option = click.option("--dev-root", default="/dev", envvar="BUILDER_DEV_ROO
 
 
 @click.command("doctor")
+@engine_option
 @click.option(
     "--matrix",
     "matrix_path",
@@ -114,6 +115,7 @@ def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, 
     # Everything after the options is the command, with its own options: no '--' needed, but allowed.
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
+@engine_option
 @project_options
 @click.option(
     "--target",

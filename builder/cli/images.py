@@ -18,7 +18,13 @@ from typing import Any
 
 import click
 
-from builder.cli.options import platform_option, project_options, sign_key_option, target_option
+from builder.cli.options import (
+    engine_option,
+    platform_option,
+    project_options,
+    sign_key_option,
+    target_option,
+)
 from builder.config.errors import UserError
 from builder.config.project import Project
 
@@ -133,6 +139,7 @@ def lint_cmd(project: Project, targets: tuple[str, ...]) -> None:
 
 
 @click.command("base")
+@engine_option
 @project_options(pinned=False)
 @click.option("--check", is_flag=True, help="Bootstrap afresh and say whether base.lock.json still matches (exit 1 if not).")
 @click.option("--update", is_flag=True, help="Re-pin when a fresh bootstrap differs from the lock (mirror moved).")
@@ -207,6 +214,7 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
 
 
 @click.command("build")
+@engine_option
 @project_options(pinned=False)
 @target_option
 @click.option("--push", is_flag=True, help="Push every tag after the smoke test passes (aliases last).")
@@ -297,6 +305,7 @@ def _attester(project: Project, signer: Any, say: Any) -> Any:
 
 
 @click.command("smoke")
+@engine_option
 @project_options
 @target_option
 @platform_option
@@ -323,6 +332,7 @@ def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, 
 
 
 @click.command("push")
+@engine_option
 @project_options
 @target_option
 @platform_option
@@ -404,6 +414,7 @@ def bake_cmd(project: Project, targets: tuple[str, ...], output: str | None, to_
 
 
 @click.command("gc")
+@engine_option
 @project_options
 @click.option("--dry-run", is_flag=True, help="List what would go and how much; remove nothing.")
 @click.option("--keep-days", default=7, show_default=True, type=click.FloatRange(0),

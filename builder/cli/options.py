@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -73,4 +74,16 @@ sign_key_option = click.option(
     "(cosign generate-key-pair; password: $COSIGN_PASSWORD) or PEM (ECDSA, Ed25519, RSA; passphrase: "
     "$BUILDER_SIGNING_KEY_PASSWORD). Default: the key text in $BUILDER_SIGNING_KEY. Never printed, never "
     "passed to the engine. Without one, nothing is attached.",
+)
+
+
+def _choose_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        os.environ["BUILDER_ENGINE"] = value  # what connect() reads, for every request of this command
+
+
+engine_option = click.option(
+    "--engine", type=click.Choice(["docker", "podman"]), default=None, expose_value=False, callback=_choose_engine,
+    is_eager=True, help="The container engine: docker or podman (env BUILDER_ENGINE); default: docker if it "
+    "answers, else podman.",
 )

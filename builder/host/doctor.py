@@ -85,7 +85,38 @@ STORE_NOTE = {
 
 
 def check_daemon(ctx: Context) -> list[Check]:
-    """Docker daemon reachable, its version and API version, its image store."""
+    """The engine (``--engine``/BUILDER_ENGINE, else Docker, then podman when Docker does not answer):
+    reachable, its version and API version, its image store (podman: rootful or rootless, what it lacks)."""
+    try:
+        kind = engine.chosen_engine()
+    except UserError as exc:
+        return [Check("fail", "engine", str(exc), "BUILDER_ENGINE=docker or BUILDER_ENGINE=podman")]
+    if kind != "podman":
+        docker = _check_docker(ctx)
+        if kind == "docker" or docker[0].status != "fail" or shutil.which("podman") is None:
+            return docker
+    return _check_podman(ctx)
+
+
+def _check_podman(ctx: Context) -> list[Check]:
+    try:
+        found_engine = engine.connect_podman(timeout=15)
+        version = found_engine.version()
+        ctx.info = found_engine.info()
+    except (UserError, DockerException, RequestException, OSError) as exc:
+        return [Check("fail", "podman", str(exc).splitlines()[0][:300],
+                      "apt-get install podman buildah (make host ENGINE=podman)")]
+    ctx.engine = found_engine
+    mode = "rootless" if found_engine.rootless() else "rootful"
+    found = (f"podman {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}), {mode}, at "
+             f"{found_engine.address()}, {ctx.info.get('Driver', '?')} storage (layers kept uncompressed; "
+             "compression chosen at push)")
+    lacks = engine.podman_lacks(str(version.get("Version", "")))
+    return [Check("ok", "podman", found),
+            Check("warn", "podman lacks", "; ".join(lacks), "podman >= 4.7 (Debian 13 has 5.4) has the first two")]
+
+
+def _check_docker(ctx: Context) -> list[Check]:
     try:
         found_engine = DockerEngine.from_env(timeout=15)
         version = found_engine.version()
@@ -109,7 +140,9 @@ def check_daemon(ctx: Context) -> list[Check]:
 
 
 def check_buildkit(ctx: Context) -> list[Check]:
-    """docker buildx (BuildKit's client): every build goes through it."""
+    """docker buildx (BuildKit's client): every Docker build goes through it (podman builds with its buildah)."""
+    if ctx.engine is not None and ctx.engine.name() == "podman":
+        return [Check("ok", "builds", "podman build (buildah); docker buildx not needed")]
     found = buildkit.version()  # one `docker buildx version`; the reason only when it failed
     if not found:
         problem = buildkit.available() or "docker buildx version failed"
@@ -291,24 +324,27 @@ def check_disk(ctx: Context) -> list[Check]:
     """Free space where the engine keeps images (``docker info`` DockerRootDir)."""
     if ctx.info is None:
         return [Check("warn", "docker disk", "not checked: no engine answered", DAEMON_FIX)]
+    podman = ctx.engine is not None and ctx.engine.name() == "podman"
+    item = "podman disk" if podman else "docker disk"
     root = ctx.info.get("DockerRootDir") or "/var/lib/docker"
     try:
         free = shutil.disk_usage(root).free / 2**30
     except OSError:
         return [
-            Check("warn", "docker disk", f"{root} is not visible from here (remote engine?); not checked")
+            Check("warn", item, f"{root} is not visible from here (remote engine?); not checked")
         ]
     found = f"{free:.1f} GiB free at {root}"
     if free < MIN_FREE_GIB:
         return [
             Check(
                 "warn",
-                "docker disk",
+                item,
                 f"{found}; GPU images need >= {MIN_FREE_GIB} GiB",
+                "podman system prune, or move graphroot (storage.conf) to a larger disk" if podman else
                 "docker system prune (or docker builder prune), or move data-root to a larger disk",
             )
         ]
-    return [Check("ok", "docker disk", found)]
+    return [Check("ok", item, found)]
 
 
 def check_registry(ctx: Context) -> list[Check]:

@@ -24,7 +24,7 @@ from docker.errors import DockerException
 from builder.config.errors import UserError
 from builder.host.runspec import RunSpec
 from builder.oci import registry
-from builder.oci.engine import DockerEngine, Engine, EngineError, connect
+from builder.oci.engine import Engine, EngineError, connect
 
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
 STOP_TIMEOUT_S = 10
@@ -38,12 +38,12 @@ def engine_info() -> dict[str, Any] | None:
         '26.1.5+dfsg1'
     """
     try:
-        engine = DockerEngine.from_env(timeout=15)
+        engine = connect(timeout=15)
         try:
             return engine.info()
         finally:
             engine.close()
-    except (DockerException, OSError):  # requests' errors are OSErrors
+    except (UserError, DockerException, OSError):  # requests' errors are OSErrors
         return None
 
 

@@ -46,7 +46,7 @@ def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Seq
     """
     digests: dict[str, str] = {}
     for ref in refs:
-        digests[ref] = engine.push(ref)
+        digests[ref] = engine.push(ref, target.compression)
     unique = set(digests.values())
     if len(unique) != 1:
         raise TargetFailed(f"{target.name}: tags were pushed with different digests {sorted(unique)}")

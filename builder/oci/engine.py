@@ -1,6 +1,8 @@
 """The container engine behind one interface: :class:`Engine` (a Protocol: every request the builder
-makes of an engine), :class:`DockerEngine` (Docker, through docker-py and ``docker buildx``), and
-:func:`connect`, which finds one or says in one line how to get one.
+makes of an engine), :class:`DockerEngine` (Docker, through docker-py and ``docker buildx``),
+:class:`PodmanEngine` (podman, through docker-py on its Docker-compatible API and the podman CLI), and
+:func:`connect`, which finds one (``--engine``/``BUILDER_ENGINE``, else docker, then podman) or says in
+one line how to get one.
 
 Example:
     >>> engine_version("26.1.5+dfsg1")
@@ -9,10 +11,19 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import base64
+import contextlib
+import ctypes
+import json
 import os
 import re
+import shutil
+import signal
 import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +34,8 @@ from docker.errors import DockerException
 from urllib3.exceptions import ReadTimeoutError
 
 from builder.config.errors import TargetFailed, UserError
-from builder.oci import buildkit, registry
+from builder.oci import artifacts, buildah, buildkit, registry
+from builder.oci.secrets import child_env
 
 #: Builds stream for minutes; the default 60 s read timeout would cut them off.
 TIMEOUT_S = 3600
@@ -37,13 +49,63 @@ def engine_address() -> str:
 MIN_ENGINE = (26, 0)
 
 
-def connect(timeout: int = TIMEOUT_S) -> DockerEngine:
-    """The engine, answering and Docker 26 or newer; else one UserError that says how to get one.
+#: The engines builder drives, in the order it tries them when none is chosen (RamaLama's order, reversed:
+#: docker first, as the existing hosts and CI have it).
+ENGINES = ("docker", "podman")
+#: The environment variable that chooses one (``--engine`` sets it for the command).
+ENGINE_VAR = "BUILDER_ENGINE"
+#: The oldest podman builds are tested on (Debian 12's): ``--build-context``, ``RUN --mount=from=``.
+MIN_PODMAN = (4, 3)
+
+
+#: The engine :func:`connect` found last, for messages (:func:`engine_label`); Docker's until then.
+_connected: dict[str, str] = {}
+
+
+def engine_label() -> tuple[str, str]:
+    """How a message names the engine in use, and the command that checks it.
+
+    Example:
+        >>> engine_label()[1]
+        'docker info'
+    """
+    if _connected.get("name") == "podman":
+        return f"podman at {_connected['address']}", "podman info"
+    return f"Docker engine at {engine_address()}", "docker info"
+
+
+def chosen_engine() -> str | None:
+    """``docker`` or ``podman`` when BUILDER_ENGINE (or ``--engine``) names one; None: whichever answers."""
+    value = os.environ.get(ENGINE_VAR, "").strip().lower()
+    if value and value not in ENGINES:
+        raise UserError(f"{ENGINE_VAR}={value!r} names no engine; use one of: {', '.join(ENGINES)}")
+    return value or None
+
+
+def connect(timeout: int = TIMEOUT_S) -> Engine:
+    """The chosen engine (BUILDER_ENGINE), else Docker if it answers, else podman if installed; checked for its
+    version; else one UserError that says how to get one.
 
     Example:
         >>> connect().version()["Version"]  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
+    kind = chosen_engine()
+    if kind == "podman":
+        return connect_podman(timeout)
+    if kind == "docker" or shutil.which("podman") is None:
+        return connect_docker(timeout)
+    try:
+        return connect_docker(timeout)
+    except UserError as no_docker:
+        try:
+            return connect_podman(timeout)
+        except UserError as no_podman:
+            raise UserError(f"{no_docker}; and podman: {no_podman}") from None
+
+
+def connect_docker(timeout: int = TIMEOUT_S) -> DockerEngine:
+    """Docker at DOCKER_HOST, answering and 26 or newer; else one UserError that says how to get one."""
     try:
         engine = DockerEngine.from_env(timeout)
         version = str(engine.version().get("Version", ""))
@@ -57,6 +119,26 @@ def connect(timeout: int = TIMEOUT_S) -> DockerEngine:
         raise UserError(f"the engine at {engine_address()} is Docker {version}; builder needs Docker >= "
                         f"{'.'.join(map(str, MIN_ENGINE))} (BuildKit with named contexts, zstd, the containerd "
                         "image store): upgrade it (scripts/setup-host.sh prints how)")
+    _connected.update(name="docker")
+    return engine
+
+
+def connect_podman(timeout: int = TIMEOUT_S) -> PodmanEngine:
+    """podman 4.3 or newer, its API at CONTAINER_HOST, its own socket, or a service of ours; else one UserError."""
+    if shutil.which("podman") is None:
+        raise UserError("podman is not installed: apt-get install podman buildah (or: make host ENGINE=podman)")
+    try:
+        engine = PodmanEngine.from_env(timeout)
+        version = str(engine.version().get("Version", ""))
+    except (DockerException, OSError, subprocess.SubprocessError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise UserError(f"podman's API does not answer ({reason}); check 'podman info', or start it: "
+                        "podman system service --time=0 and point CONTAINER_HOST at it") from None
+    if engine_version(version) < MIN_PODMAN:
+        engine.close()
+        raise UserError(f"podman {version} is too old; builder needs podman >= {'.'.join(map(str, MIN_PODMAN))} "
+                        "(--build-context, RUN --mount=type=bind,from=): upgrade it")
+    _connected.update(name="podman", address=engine.address())
     return engine
 
 
@@ -97,6 +179,10 @@ class Engine(Protocol):
     requests the engine refuses raise :class:`EngineError` with its words, and an engine that does
     not answer raises what its client raises (:mod:`builder.oci.faults` says it in one line).
     """
+
+    def name(self) -> str:
+        """Which engine: ``docker`` or ``podman`` (:data:`ENGINES`), for messages and ``builder doctor``."""
+        ...
 
     def address(self) -> str:
         """Where the engine listens (``unix:///var/run/docker.sock``), for messages."""
@@ -143,8 +229,10 @@ class Engine(Protocol):
         """Pull *ref* (``repo:tag`` or ``repo@sha256:...``), of *platform* when given."""
         ...
 
-    def push(self, ref: str) -> str:
-        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's."""
+    def push(self, ref: str, compression: str = "gzip") -> str:
+        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's.
+        *compression* is the target's: an engine that compresses at push (podman) uses it; one whose build
+        compressed the layers already (BuildKit's exporter) pushes them as they are."""
         ...
 
     def save(self, ref: str) -> Iterator[bytes]:
@@ -232,8 +320,8 @@ def _explanation(exc: docker.errors.DockerException) -> str:
 
 
 class DockerEngine:
-    """:class:`Engine` over the Docker Engine API (docker-py) and BuildKit (``docker buildx``): the only
-    place that holds a ``docker.DockerClient``.
+    """:class:`Engine` over the Docker Engine API (docker-py) and BuildKit (``docker buildx``): with
+    :class:`PodmanEngine`, its subclass, the only place that holds a ``docker.DockerClient``.
 
     Example:
         >>> connect().image("localhost:5000/ml-runtime:cpu")["Id"]  # doctest: +SKIP
@@ -247,6 +335,9 @@ class DockerEngine:
     def from_env(cls, timeout: int = TIMEOUT_S) -> DockerEngine:
         """The engine DOCKER_HOST names (else the local socket), unchecked: its first request may fail."""
         return cls(docker.from_env(timeout=timeout))
+
+    def name(self) -> str:
+        return "docker"
 
     def address(self) -> str:
         return engine_address()
@@ -299,7 +390,7 @@ class DockerEngine:
         except docker.errors.APIError as exc:
             raise EngineError(_explanation(exc)) from None
 
-    def push(self, ref: str) -> str:
+    def push(self, ref: str, compression: str = "gzip") -> str:
         r = registry.Ref.parse(ref)
         creds = registry.credentials(r.host)
         digest = None
@@ -428,6 +519,216 @@ class DockerEngine:
 
     def close(self) -> None:
         self.client.close()
+
+
+#: prctl(PR_SET_PDEATHSIG): the podman service we start ends with the process that started it.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def podman_socket() -> str | None:
+    """podman's API where one listens already: CONTAINER_HOST (podman's own variable), else the socket
+    ``podman.socket`` (systemd) serves, root's or the user's; None when none is there."""
+    if host := os.environ.get("CONTAINER_HOST"):
+        return host
+    runtime = "/run" if os.geteuid() == 0 else os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{os.getuid()}")
+    path = Path(runtime) / "podman" / "podman.sock"
+    return f"unix://{path}" if path.is_socket() else None
+
+
+def podman_lacks(version: str) -> list[str]:
+    """What this podman does not do that builds with docker do (``builder doctor`` lists it).
+
+    Example:
+        >>> podman_lacks("4.3.1")[0]
+        'per-RUN --network (podman 4.5): the whole build runs with --network=none'
+    """
+    found = engine_version(version)
+    lacks = []
+    if found < (4, 5):
+        lacks.append("per-RUN --network (podman 4.5): the whole build runs with --network=none")
+    if found < (4, 7):
+        lacks.append("push --force-compression (podman 4.7): a layer the registry holds in another compression "
+                     "is checked after the push, not recompressed")
+    lacks.append("BuildKit's registry cache (--cache-from/--cache-to type=registry): content tags still reuse images")
+    return lacks
+
+
+class PodmanEngine(DockerEngine):
+    """:class:`Engine` over podman: docker-py on podman's Docker-compatible API (``podman system service``)
+    for what that API answers as Docker does (inspect, tag, containers, save/load, df: the Protocol speaks
+    the Docker API's names, so those requests are the same), and the podman CLI for what it does not:
+    builds (buildah, :mod:`builder.oci.buildah`), pushes (compression is chosen at push) and pulls from
+    plain-http loopback registries (``--tls-verify=false``).
+
+    Where no API listens (no systemd socket, no CONTAINER_HOST), it starts ``podman system service`` on
+    a private socket for its own lifetime: stopped by :meth:`close`, at exit, or with this process.
+    """
+
+    def __init__(self, client: docker.DockerClient, url: str, service: subprocess.Popen[bytes] | None = None,
+                 folder: str | None = None) -> None:
+        super().__init__(client)
+        self.url, self.service, self.folder = url, service, folder
+        #: {image ID: repo@digest pushed}: podman's RepoDigests name the local manifest only, never the one a
+        #: push wrote (it compresses at push), so what its --digestfile said is kept here
+        self.pushed: dict[str, set[str]] = {}
+        if service is not None:
+            atexit.register(self.close)
+
+    @classmethod
+    def from_env(cls, timeout: int = TIMEOUT_S) -> PodmanEngine:
+        if (url := podman_socket()) is not None:
+            return cls(docker.DockerClient(base_url=url, timeout=timeout), url)
+        folder = tempfile.mkdtemp(prefix="builder-podman-api-")
+        url = f"unix://{folder}/podman.sock"
+        service = subprocess.Popen(["podman", "system", "service", "--time=0", url], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                                   preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only, no locks taken
+        deadline = time.monotonic() + 30
+        while not Path(folder, "podman.sock").is_socket():
+            if service.poll() is not None or time.monotonic() > deadline:
+                error = (service.stderr.read().decode(errors="replace") if service.poll() is not None
+                         and service.stderr else "no socket after 30 s").strip().splitlines() or ["?"]
+                service.kill()
+                service.wait()
+                shutil.rmtree(folder, ignore_errors=True)
+                raise OSError(f"podman system service: {error[-1][:200]}")
+            time.sleep(0.1)
+        return cls(docker.DockerClient(base_url=url, timeout=timeout), url, service, folder)
+
+    def name(self) -> str:
+        return "podman"
+
+    def address(self) -> str:
+        return self.url
+
+    def rootless(self) -> bool:
+        """Whether this podman runs without root (user namespaces, subuid/subgid)."""
+        # podman's own info (the libpod API beside the compatible one): the compatible info does not say it
+        answer = self.client.api._get(self.client.api._url("/libpod/info"))
+        answer.raise_for_status()
+        return bool(answer.json().get("host", {}).get("security", {}).get("rootless"))
+
+    def _cli(self, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["podman", *argv], capture_output=True, text=True, check=False, env=child_env())
+        if proc.returncode != 0:
+            raise EngineError(f"{what}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
+        return proc
+
+    def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
+        host = registry.Ref.parse(ref).host
+        with _authfile(host, creds) as authfile:
+            self._cli(["pull", "--quiet", *(["--platform", platform] if platform else []),
+                       *(["--authfile", authfile] if authfile else []), *_tls(host), ref], f"pull of {ref}")
+
+    def push(self, ref: str, compression: str = "gzip") -> str:
+        r = registry.Ref.parse(ref)
+        creds = registry.credentials(r.host)
+        with tempfile.TemporaryDirectory(prefix="builder-push-") as tmp, _authfile(r.host, creds) as authfile:
+            digestfile = Path(tmp) / "digest"
+            # zstd needs OCI media types (Docker's has no zstd type); gzip keeps Docker's, as buildx's exporter
+            manifest = "oci" if compression == "zstd" else "v2s2"
+            proc = subprocess.run(
+                ["podman", "push", "--quiet", "--format", manifest, "--compression-format", compression,
+                 "--digestfile", str(digestfile), *(["--authfile", authfile] if authfile else []), *_tls(r.host), ref],
+                capture_output=True, text=True, check=False, env=child_env())
+            if proc.returncode != 0:
+                raise TargetFailed(_explain(r.host, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
+                                            else f"podman push exited {proc.returncode}"))
+            digest = digestfile.read_text().strip() if digestfile.exists() else None
+        reported = registry.manifest_digest(ref, creds)
+        if digest is None or reported != digest:
+            raise TargetFailed(f"push of {ref}: registry reports {reported}, podman pushed {digest}")
+        if compression == "gzip" and (layers := _zstd_layers(ref, creds)):
+            # podman < 4.7 has no --force-compression: a layer the registry holds as zstd already is reused as is
+            raise TargetFailed(f"push of {ref}: podman reused {layers} zstd layers for this gzip target; pullers "
+                               "before Docker 23 and enroot 4 cannot read them: push with podman >= 4.7, or to a "
+                               "registry that holds no zstd copy of these layers")
+        if (found := self.image(ref)) is not None:
+            self.pushed.setdefault(str(found["Id"]), set()).add(f"{r.name}@{digest}")
+        return digest
+
+    def repo_digests(self, ref: str) -> list[str]:
+        found = self.image(ref)
+        if found is None:
+            return []
+        return sorted({*(found.get("RepoDigests") or []), *self.pushed.get(str(found["Id"]), ())})
+
+    def disk_usage(self) -> dict[str, Any]:
+        usage = super().disk_usage()
+        # podman 4.3's compatible df lists an image once per tag, by the tag alone and without labels; its
+        # images list names them as Docker's df does: that, with df's sizes and container counts
+        found = {str(i.get("Id", "")).removeprefix("sha256:"): i for i in usage.get("Images") or []}
+        images = []
+        for image in self.client.api.images(all=True):
+            sizes = found.get(str(image["Id"]).removeprefix("sha256:"), {})
+            images.append({**image, **{key: int(sizes.get(key) or 0) for key in ("Containers", "Size", "SharedSize")}})
+        return {**usage, "Images": images}
+
+    def prune_build_cache(self, record: str) -> str | None:
+        return "podman keeps no build cache apart from its images (builder gc removes those)"
+
+    def build(
+        self,
+        request: buildkit.BuildRequest,
+        *,
+        on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
+        on_log: Callable[[str], None] = lambda line: None,
+        cancel: threading.Event | None = None,
+        registry_host: str | None = None,
+        cwd: Path | None = None,
+    ) -> tuple[str, buildkit.BuildResult]:
+        """buildah pulls the base from *registry_host* itself (when it is not local), with the same credentials."""
+        creds = registry.credentials(registry_host) if registry_host else None
+        per_run_network = engine_version(str(self.version().get("Version", ""))) >= (4, 5)
+        with _authfile(registry_host, creds) as authfile:
+            result = buildah.run(request, per_run_network=per_run_network, on_step=on_step, on_log=on_log,
+                                 cancel=cancel, authfile=authfile, tls_verify=not (registry_host and registry.is_local(registry_host)),
+                                 cwd=cwd)
+        return self.resolve(result.ids), result
+
+    def close(self) -> None:
+        super().close()
+        service, self.service = self.service, None
+        if service is not None:
+            service.terminate()
+            try:
+                service.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                service.kill()
+                service.wait()
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _tls(host: str | None) -> list[str]:
+    """Plain http for a loopback registry (Docker assumes it; podman must be told)."""
+    return ["--tls-verify=false"] if host and registry.is_local(host) else []
+
+
+def _zstd_layers(ref: str, creds: dict[str, str] | None) -> int:
+    """How many layers of the manifest *ref* names are zstd."""
+    found = artifacts.get_manifest(ref, creds)
+    layers = json.loads(found[1]).get("layers", []) if found else []
+    return sum("zstd" in str(layer.get("mediaType", "")) for layer in layers)
+
+
+@contextlib.contextmanager
+def _authfile(host: str | None, creds: dict[str, str] | None) -> Iterator[str | None]:
+    """A private auth file naming *creds* for *host* (never an argument), removed afterwards; None without creds."""
+    if not host or not creds:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="builder-auth-") as tmp:
+        path = Path(tmp) / "auth.json"
+        path.touch(mode=0o600)
+        token = base64.b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
+        path.write_text(json.dumps({"auths": {host: {"auth": token}}}))
+        yield str(path)
 
 
 def _explain(host: str, error: str) -> str:

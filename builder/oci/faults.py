@@ -20,7 +20,7 @@ import docker.errors
 import requests.exceptions
 
 from builder.config.urls import public
-from builder.oci.engine import EngineError, engine_address
+from builder.oci.engine import EngineError, engine_label
 from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.
@@ -67,15 +67,16 @@ def describe(exc: BaseException) -> Fault:
     if isinstance(exc, urllib.error.URLError):
         return Fault(f"registry unreachable ({_first_line(exc)}): start it or fix 'registry' in matrix.yaml",
                      EXIT_REGISTRY)
+    engine, check = engine_label()
     if isinstance(exc, requests.exceptions.Timeout):
-        return Fault(f"Docker engine at {engine_address()} timed out ({exc.__class__.__name__}: "
-                     f"{_first_line(exc)}); check `docker info` and retry", EXIT_ENGINE)
+        return Fault(f"{engine} timed out ({exc.__class__.__name__}: "
+                     f"{_first_line(exc)}); check `{check}` and retry", EXIT_ENGINE)
     if isinstance(exc, EngineError):
-        return Fault(f"the engine at {engine_address()} refused a request ({_first_line(exc)}); "
-                     "check that it runs (`docker info`) and retry", EXIT_ENGINE)
+        return Fault(f"{engine} refused a request ({_first_line(exc)}); "
+                     f"check that it runs (`{check}`) and retry", EXIT_ENGINE)
     if isinstance(exc, requests.exceptions.RequestException | docker.errors.DockerException):
         what = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else _first_line(exc)
-        return Fault(f"Docker engine at {engine_address()} failed ({exc.__class__.__name__}: {str(what)[:200]}); "
-                     "check that it runs (`docker info`) and retry", EXIT_ENGINE)
+        return Fault(f"{engine} failed ({exc.__class__.__name__}: {str(what)[:200]}); "
+                     f"check that it runs (`{check}`) and retry", EXIT_ENGINE)
     return Fault(f"internal error ({exc.__class__.__name__}: {_first_line(exc)}); "
                  "BUILDER_TRACEBACK=1 shows where", EXIT_FAULT)

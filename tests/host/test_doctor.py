@@ -24,6 +24,7 @@ def by_item(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
 def dead_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     address = f"unix://{tmp_path / 'nothing-listens.sock'}"
     monkeypatch.setenv("DOCKER_HOST", address)
+    monkeypatch.setenv("BUILDER_ENGINE", "docker")  # podman, where installed, would answer instead
     return address
 
 

@@ -1,0 +1,106 @@
+"""podman, the second engine: the cpu target built (buildah), smoke-tested, pushed in the matrix's
+compression, signed, verified and run with podman alone. Every builder command here runs with
+DOCKER_HOST pointing nowhere, so none of it reaches Docker; the Docker engine of the session only
+made the base these builds start from (copied into this test's repository byte for byte).
+
+Rootful: the podman of the user the tests run as (root on CI). Rootless is not tested here
+(docs/building.md says why and what a rootless user needs)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from helpers import cosign_passes, publish_base_to, require_peers, run_builder
+
+from builder.oci import artifacts
+from devtools.support import copy_project, fail_or_skip
+
+pytestmark = [pytest.mark.engine, pytest.mark.podman, pytest.mark.slow]
+
+NO_DOCKER = {"BUILDER_ENGINE": "podman", "DOCKER_HOST": "unix:///nonexistent"}
+
+
+def podman(*args: str) -> str:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def podman_project(based_project, engine, tmp_path_factory) -> Iterator[tuple[Path, str]]:
+    """A copy of the project whose registry is the session's under a repository of its own (no tag of the
+    Docker tests' is touched), its base copied there; yields (root, registry). Removes its podman images."""
+    if shutil.which("podman") is None:
+        fail_or_skip("podman is not installed (make host ENGINE=podman)")
+    root = copy_project(tmp_path_factory.mktemp("podman") / "project")
+    doc = yaml.safe_load((based_project / "matrix.yaml").read_text())
+    doc["registry"] = doc["registry"] + "-podman"
+    (root / "matrix.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    publish_base_to(engine, based_project, root, doc["registry"])
+    containers = set(podman("ps", "-aq").split())
+    yield root, doc["registry"]
+    left = set(podman("ps", "-aq").split()) - containers
+    ours = [name for name in podman("images", "--format", "{{.Repository}}:{{.Tag}}").split()
+            if name.startswith(doc["registry"])]
+    if ours:  # our tags only; the layers stay as podman's build cache, as BuildKit's do
+        subprocess.run(["podman", "rmi", "--force", *ours], capture_output=True, check=False)
+    assert not left, f"podman containers left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("podman-signing")
+    private = ec.generate_private_key(ec.SECP256R1())
+    (folder / "cosign.key").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (folder / "cosign.pub").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return {"private": folder / "cosign.key", "public": folder / "cosign.pub"}
+
+
+@pytest.mark.timeout(1500)
+def test_podman_builds_pushes_signs_and_runs_cpu_without_docker(podman_project, key):
+    root, repo = podman_project
+    build = run_builder("build", "-t", "cpu", "--push", "--json", "-q", "--sign-key", str(key["private"]),
+                        cwd=root, env=NO_DOCKER)
+    assert build.returncode == 0, build.stderr[-3000:] + build.stdout
+    (out,) = json.loads(build.stdout)
+    assert (out["result"], out["smoke"]) == ("built", "passed"), out
+    digest = out["digest"]
+    # The matrix's compression (zstd), chosen at podman's push: every layer built here is zstd (the base's
+    # blob, which the registry holds as gzip already, podman < 4.7 may reuse as it is)
+    found = artifacts.get_manifest(f"{repo}@{digest}")
+    assert found is not None
+    layers = json.loads(found[1])["layers"]
+    assert all(layer["mediaType"].endswith("+zstd") for layer in layers[1:]), layers
+
+    verify = run_builder("verify", f"{repo}:cpu", "--key", str(key["public"]), cwd=root, env=NO_DOCKER)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert all(line.endswith(f"names {repo}@{digest}") for line in verify.stdout.splitlines())
+    require_peers()
+    assert cosign_passes(f"{repo}:cpu", key["public"]) == [True, True, True]
+
+    again = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root, env=NO_DOCKER)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout)[0]["result"] == "reused-local", "the content tag names the image: no rebuild"
+
+    run = run_builder("run", "--engine", "podman", "--", "python", "-c", "import torch; print(torch.__version__)",
+                      cwd=root, env={"DOCKER_HOST": "unix:///nonexistent"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1].startswith("2.13.0"), run.stdout
+
+
+def test_doctor_names_podman_its_version_mode_and_what_it_lacks(podman_project):
+    root, _ = podman_project
+    proc = run_builder("doctor", "--json", "--engine", "podman", cwd=root, env={"DOCKER_HOST": "unix:///nonexistent"})
+    checks = {c["item"]: c for c in json.loads(proc.stdout)["checks"]}
+    assert checks["podman"]["status"] == "ok", checks["podman"]
+    version = podman("version", "--format", "{{.Client.Version}}").strip()
+    assert f"podman {version} " in checks["podman"]["found"] and "rootful" in checks["podman"]["found"]
+    assert "registry cache" in checks["podman lacks"]["found"]
