@@ -37,7 +37,8 @@ TOOL_PACKAGES=(cosign oras pigz)
 #   uidmap           newuidmap/newgidmap: a rootless user's subordinate IDs (/etc/subuid, /etc/subgid)
 #   slirp4netns      a rootless container's network
 #   fuse-overlayfs   rootless overlay storage where the kernel's overlayfs can't be mounted by a user
-PODMAN_PACKAGES=(podman buildah uidmap slirp4netns fuse-overlayfs)
+#   zstd             recompresses a layer podman < 4.7 reused in another compression (the base's)
+PODMAN_PACKAGES=(podman buildah uidmap slirp4netns fuse-overlayfs zstd)
 ENGINE=${ENGINE:-docker}
 case "$ENGINE" in
   docker | podman) ;;

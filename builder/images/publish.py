@@ -27,16 +27,6 @@ from builder.oci import registry
 from builder.oci.engine import Engine
 
 
-def push_ref(engine: Engine, ref: str) -> str:
-    """Push one tag; return the manifest digest the registry reports for it (:meth:`Engine.push`).
-
-    Example:
-        >>> push_ref(connect(), "localhost:5000/ml-runtime:cpu")  # doctest: +SKIP
-        'sha256:...'
-    """
-    return engine.push(ref)
-
-
 def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
     """Push the image of a built target view under *refs*, in order; return its published record.
 

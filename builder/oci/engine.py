@@ -15,6 +15,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import gzip
 import json
 import os
 import re
@@ -553,7 +554,7 @@ def podman_lacks(version: str) -> list[str]:
         lacks.append("per-RUN --network (podman 4.5): the whole build runs with --network=none")
     if found < (4, 7):
         lacks.append("push --force-compression (podman 4.7): a layer the registry holds in another compression "
-                     "is checked after the push, not recompressed")
+                     "(the base's) is recompressed by builder after the push")
     lacks.append("BuildKit's registry cache (--cache-from/--cache-to type=registry): content tags still reuse images")
     return lacks
 
@@ -606,6 +607,10 @@ class PodmanEngine(DockerEngine):
     def address(self) -> str:
         return self.url
 
+    def forces_compression(self) -> bool:
+        """Whether this podman's push takes ``--force-compression`` (4.7): every layer in the asked one."""
+        return engine_version(str(self.version().get("Version", ""))) >= (4, 7)
+
     def rootless(self) -> bool:
         """Whether this podman runs without root (user namespaces, subuid/subgid)."""
         # podman's own info (the libpod API beside the compatible one): the compatible info does not say it
@@ -634,7 +639,7 @@ class PodmanEngine(DockerEngine):
             manifest = "oci" if compression == "zstd" else "v2s2"
             proc = subprocess.run(
                 ["podman", "push", "--quiet", "--format", manifest, "--compression-format", compression,
-                 "--digestfile", str(digestfile), *(["--authfile", authfile] if authfile else []), *_tls(r.host), ref],
+                 *(["--force-compression"] if self.forces_compression() else []), "--digestfile", str(digestfile), *(["--authfile", authfile] if authfile else []), *_tls(r.host), ref],
                 capture_output=True, text=True, check=False, env=child_env())
             if proc.returncode != 0:
                 raise TargetFailed(_explain(r.host, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
@@ -643,11 +648,10 @@ class PodmanEngine(DockerEngine):
         reported = registry.manifest_digest(ref, creds)
         if digest is None or reported != digest:
             raise TargetFailed(f"push of {ref}: registry reports {reported}, podman pushed {digest}")
-        if compression == "gzip" and (layers := _zstd_layers(ref, creds)):
-            # podman < 4.7 has no --force-compression: a layer the registry holds as zstd already is reused as is
-            raise TargetFailed(f"push of {ref}: podman reused {layers} zstd layers for this gzip target; pullers "
-                               "before Docker 23 and enroot 4 cannot read them: push with podman >= 4.7, or to a "
-                               "registry that holds no zstd copy of these layers")
+        # podman < 4.7 has no --force-compression: a layer the registry holds already (the base's, pushed as
+        # gzip) is reused in its compression. A mixed image breaks enroot 4.0-4.1.2 (the first layer's type
+        # applies to all) and a zstd layer every puller before Docker 23: recompress those layers here.
+        digest = recompress(ref, compression, creds) or digest
         if (found := self.image(ref)) is not None:
             self.pushed.setdefault(str(found["Id"]), set()).add(f"{r.name}@{digest}")
         return digest
@@ -710,11 +714,58 @@ def _tls(host: str | None) -> list[str]:
     return ["--tls-verify=false"] if host and registry.is_local(host) else []
 
 
-def _zstd_layers(ref: str, creds: dict[str, str] | None) -> int:
-    """How many layers of the manifest *ref* names are zstd."""
+#: A layer's media type by (the manifest's kind, its compression).
+_LAYER_TYPES = {("oci", "zstd"): "application/vnd.oci.image.layer.v1.tar+zstd",
+                ("oci", "gzip"): "application/vnd.oci.image.layer.v1.tar+gzip",
+                ("docker", "gzip"): "application/vnd.docker.image.rootfs.diff.tar.gzip"}
+
+
+def _compressed(data: bytes, compression: str) -> bytes:
+    """The layer *data* (gzip, zstd or plain tar) in *compression*; gzip as the base's is (level 6, no time)."""
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    elif data[:4] == b"\x28\xb5\x2f\xfd":
+        data = subprocess.run(["zstd", "-q", "-d", "-c"], input=data, capture_output=True, check=True).stdout
+    if compression == "gzip":
+        return gzip.compress(data, compresslevel=6, mtime=0)
+    # one thread: zstd's multi-threaded frames differ from its single-threaded ones, and a digest must not
+    # depend on the cores of the machine that pushed
+    return subprocess.run(["zstd", "-q", "-3", "-c"], input=data, capture_output=True, check=True).stdout
+
+
+def recompress(ref: str, compression: str, creds: dict[str, str] | None) -> str | None:
+    """Every layer of the manifest *ref* in *compression*: the layers that are not are recompressed (the
+    uncompressed bytes, so the config's diff IDs, stay), uploaded, and the manifest put under the same tag;
+    return its new digest, or None when every layer was in *compression* already.
+
+    Example:
+        >>> recompress("localhost:5000/ml-runtime:cpu", "zstd", None)  # doctest: +SKIP
+        'sha256:...'
+    """
     found = artifacts.get_manifest(ref, creds)
-    layers = json.loads(found[1]).get("layers", []) if found else []
-    return sum("zstd" in str(layer.get("mediaType", "")) for layer in layers)
+    if found is None:
+        return None
+    media, body, _ = found
+    doc = json.loads(body)
+    kind = "oci" if "oci" in media else "docker"
+    want = _LAYER_TYPES.get((kind, compression))
+    if want is None:
+        raise TargetFailed(f"push of {ref}: a {kind} manifest cannot carry {compression} layers")
+    r = registry.Ref.parse(ref)
+    changed = False
+    for layer in doc.get("layers", []):
+        if layer.get("mediaType") == want:
+            continue
+        data = artifacts.get_blob(r.name, layer["digest"], creds)
+        if data is None:
+            raise TargetFailed(f"push of {ref}: the registry lost layer {layer['digest']} just pushed")
+        blob = _compressed(data, compression)
+        layer.update(mediaType=want, digest=artifacts.push_blob(r.name, blob, creds), size=len(blob))
+        changed = True
+    if not changed:
+        return None
+    return artifacts.put_manifest(r.name, r.tag or "latest", json.dumps(doc, separators=(",", ":")).encode(), media,
+                                  creds)
 
 
 @contextlib.contextmanager

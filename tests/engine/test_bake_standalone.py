@@ -15,7 +15,6 @@ import subprocess
 import pytest
 from helpers import run_builder
 
-from builder.images.publish import push_ref
 from devtools.support import base_pin, copy_project, edit_matrix, retarget_base_lock
 
 pytestmark = [pytest.mark.engine, pytest.mark.classic]
@@ -29,7 +28,7 @@ def test_plain_buildx_bake_builds_the_emitted_file(cpu_project, registry, engine
     # BuildKit resolves FROM in the registry: the pinned base goes there first (same image, same digest).
     pinned = base_pin(cpu_project)["reference"]
     engine.client.api.tag(pinned, f"{repo}/base", "bake")
-    digest = push_ref(engine, f"{repo}/base:bake")
+    digest = engine.push(f"{repo}/base:bake")
     retarget_base_lock(cpu_project, root, repo, digest)
     written = run_builder("bake", "-t", "cpu", "-o", str(root / "docker-bake.json"), cwd=root)
     assert written.returncode == 0, written.stderr

@@ -18,7 +18,6 @@ import pytest
 import yaml
 from helpers import run_builder
 
-from builder.images.publish import push_ref
 from devtools.support import REPO, copy_project, edit_matrix, host_platform, retarget_base_lock
 
 pytestmark = [pytest.mark.engine, pytest.mark.heavy]
@@ -69,7 +68,7 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
             except docker.errors.ImageNotFound:
                 continue  # not local: the build bootstraps it (reproducible: the same pin)
             made.append(f"{repo}/base:{platform.split('/')[1]}")
-            push_ref(engine, made[-1])
+            engine.push(made[-1])
         outs = {}
         for platform in (foreign, host):
             proc = run_builder("build", "-t", "nvidia-cu130", "--platform", platform, "--push", "--update-base",

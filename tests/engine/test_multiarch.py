@@ -20,7 +20,6 @@ import docker
 import pytest
 from helpers import load_one_file_image
 
-from builder.images.publish import push_ref
 from builder.oci import registry as oci
 
 pytestmark = [pytest.mark.engine, pytest.mark.classic]
@@ -61,7 +60,7 @@ def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, regist
             image_id = load_one_file_image(engine, tmp_path / arch, arch, ref)
             assert engine.client.api.inspect_image(ref)["Architecture"] == arch
             made += [ref, image_id]
-            digests[platform] = push_ref(engine, ref)
+            digests[platform] = engine.push(ref)
         index = oci.put_index(f"{repo}:app", list(digests.items()))
         again = oci.put_index(f"{repo}:app", list(digests.items()))
         assert again == index, "the same images must give the same index digest"
