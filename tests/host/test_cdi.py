@@ -11,10 +11,10 @@ import shlex
 from pathlib import Path
 
 import pytest
-from host.hostlayouts import H200, MI300X, make_dev, make_sysfs
+from host.hostlayouts import H200, MAX1550, MI300X, make_dev, make_sysfs
 
 from builder.config.project import Project
-from builder.host import devices, doctor, hardware
+from builder.host import cdi, devices, doctor, hardware
 from builder.host.runspec import run_spec
 
 #: What ``nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`` writes (abridged: one GPU).
@@ -149,6 +149,64 @@ def test_doctor_amd_without_spec_and_no_gpu_host(tmp_path: Path) -> None:
         ("builder run uses --device /dev/kfd --device /dev/dri: no CDI spec for amd.com/gpu in /etc/cdi or "
         "/var/run/cdi; the classic flags")]
     assert doctor.check_cdi(doctor.Context(hardware.HostGpus(), info=CDI_ENGINE, cdi_dirs=dirs)) == []
+
+
+#: A spec that declares each card and no ``all`` device.
+CARDS_SPEC = {"cdiVersion": "0.6.0", "kind": "intel.com/gpu", "devices": [
+    {"name": "card0", "containerEdits": {"deviceNodes": [{"path": "/dev/dri/card0"}, {"path": "/dev/dri/renderD128"}]}},
+    {"name": "card1", "containerEdits": {"deviceNodes": [{"path": "/dev/dri/card1"}, {"path": "/dev/dri/renderD129"}]}},
+]}
+
+
+def intel_host(tmp_path: Path) -> hardware.HostGpus:
+    return hardware.detect(make_sysfs(tmp_path / "sys", MAX1550), make_dev(tmp_path / "dev", "dri/card0",
+                                                                            "dri/renderD128"))
+
+
+def test_a_spec_without_all_names_each_device(project: Project, tmp_path: Path) -> None:
+    """Where no spec declares ``all``, ``kind=all`` would be refused (unresolvable CDI device): each
+    declared device is asked for instead, here Intel's, whose CDI kind is ``intel.com/gpu``."""
+    etc, run = cdi_tree(tmp_path)
+    (Path(run) / "intel.json").write_text(json.dumps(CARDS_SPEC))
+    host = intel_host(tmp_path)
+    plan = run_spec(project, ["true"], target="intel-oneapi", host=host, environ={}, cwd="/tmp",
+                    engine_info=lambda: CDI_ENGINE, cdi_dirs=(etc, run))
+    assert plan.cdi_devices == ("intel.com/gpu=card0", "intel.com/gpu=card1") and plan.devices == ()
+    assert "--device intel.com/gpu=card0 --device intel.com/gpu=card1" in shlex.join(plan.docker_argv())
+    ctx = doctor.Context(host, info=CDI_ENGINE, cdi_dirs=(etc, run))
+    assert doctor.check_cdi(ctx)[0].found.startswith(
+        "builder run uses --device intel.com/gpu=card0 --device intel.com/gpu=card1: CDI spec")
+
+
+@pytest.mark.parametrize("text", [
+    "cdiVersion: 0.5.0\nkind: nvidia.com\ndevices: [{name: '0'}]\n",  # a kind without its class
+    "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: [{name: 'gpu 0'}]\n",  # a space in a device name
+    "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: [{name: '-0'}]\n",
+    "kind: nvidia.com/gpu\ndevices: [{name: '0'}]\n",  # no cdiVersion
+    "- a list\n",
+    "kind: [unclosed\n",
+])
+def test_a_spec_against_the_rules_is_skipped_as_the_engines_skip_it(tmp_path: Path, text: str) -> None:
+    (tmp_path / "bad.yaml").write_text(text)
+    (tmp_path / "good.yaml").write_text(NVIDIA_SPEC)
+    assert [s.path for s in cdi.specs([tmp_path])] == [str(tmp_path / "good.yaml")]
+    assert cdi.read(tmp_path / "bad.yaml") is None
+
+
+def test_a_spec_that_declares_no_device_keeps_the_classic_flags(tmp_path: Path) -> None:
+    (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
+    choice = devices.host_cdi("nvidia", lambda: CDI_ENGINE, [tmp_path])
+    assert not choice.use and choice.why == f"CDI spec {tmp_path}/nvidia.yaml for nvidia.com/gpu declares no " \
+                                            "device; the classic flags"
+
+
+def test_podman_reads_cdi_specs_without_a_setting(project: Project, tmp_path: Path) -> None:
+    """Podman's Docker-compatible ``info`` (as ``podman system service`` 4.3.1 answers it) lists no
+    ``CDISpecDirs``: podman reads ``/etc/cdi`` and ``/var/run/cdi`` always."""
+    podman = {"ServerVersion": "4.3.1", "BuildahVersion": "1.28.2", "Rootless": False}
+    assert devices.engine_cdi(podman) == (True, "podman 4.3.1 reads CDI specs from /etc/cdi, /var/run/cdi")
+    argv = plan_argv(project, "nvidia-cu130", nvidia_host(tmp_path), cdi_tree(tmp_path, nvidia=True), podman)
+    assert "--device nvidia.com/gpu=all" in shlex.join(argv)
 
 
 def test_doctor_run_checks_reports_cdi_for_a_laid_out_host(tmp_path: Path, project_dir: Path) -> None:
