@@ -234,7 +234,7 @@ cdi_by_default() {
   mi=$(printf '%s' "$1" | cut -d. -f2 | tr -cd 0-9)
   [ "${ma:-0}" -gt 28 ] || { [ "${ma:-0}" -eq 28 ] && [ "${mi:-0}" -ge 2 ]; }
 }
-# Sets features.cdi in the daemon.json $1, keeping the rest: exit 3 when it has a "cdi" already, 1 when
+# Sets features.cdi in the daemon.json $1, keeping the rest: exit 3 when it has a "cdi" already, 4 when
 # it is not a JSON object.
 cdi_on() {
   python3 - "$1" <<'PY'
@@ -250,9 +250,9 @@ except FileNotFoundError:
 try:
     conf = json.loads(text) if text.strip() else {}
 except ValueError:
-    sys.exit(1)
+    sys.exit(4)
 if not isinstance(conf, dict) or not isinstance(conf.setdefault("features", {}), dict):
-    sys.exit(1)
+    sys.exit(4)
 if "cdi" in conf["features"]:
     sys.exit(3)
 conf["features"]["cdi"] = True
@@ -271,7 +271,8 @@ if [ -n "$engine_version" ] && ! cdi_by_default "$engine_version"; then
     case $cdi in
       0) say "turned on Docker's CDI ($cdi_line) in $daemon_json: CDI device names work from dockerd's next start" ;;
       3) ;;
-      *) say "$daemon_json is not a JSON object: add $cdi_line to it yourself (CDI device names), then restart dockerd" ;;
+      4) say "$daemon_json is not a JSON object: add $cdi_line to it yourself (CDI device names), then restart dockerd" ;;
+      *) say "python3 could not merge $cdi_line into $daemon_json (its error above): add it yourself, then restart dockerd" ;;
     esac
   fi
 fi

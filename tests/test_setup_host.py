@@ -128,7 +128,7 @@ def chroot(tmp_path_factory) -> Iterator[Chroot]:
         fail_or_skip("needs root, mmdebstrap and dpkg-deb (scripts/setup-host.sh installs mmdebstrap; .ci/run is root)")
     folder = tmp_path_factory.mktemp("setup-host")
     root = folder / "root"
-    made = subprocess.run(["mmdebstrap", "--variant=apt", "--mode=root", "--include=python3-minimal", "-q",
+    made = subprocess.run(["mmdebstrap", "--variant=apt", "--mode=root", "--include=python3", "-q",
                            "bookworm", str(root)],
                           capture_output=True, text=True, check=False, timeout=1200)
     if made.returncode != 0:
@@ -250,7 +250,7 @@ def test_docker_before_28_2_gets_cdi_merged_into_its_daemon_json(chroot):
         out = chroot.setup_host()
         assert out.returncode == 0, out.stdout + out.stderr
         assert json.loads(daemon.read_text()) == {"features": {"containerd-snapshotter": True, "cdi": True},
-                                                  "log-level": "warn"}
+                                                  "log-level": "warn"}, out.stderr
         assert ("setup-host: turned on Docker's CDI (\"features\": {\"cdi\": true}) in /etc/docker/daemon.json: "
                 "CDI device names work from dockerd's next start") in out.stderr
         merged = daemon.read_text()
