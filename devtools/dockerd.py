@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import docker
@@ -59,11 +59,14 @@ def _answers(host: str) -> bool:
 
 
 @contextlib.contextmanager
-def extra_dockerd(folder: Path, label: str, store: str = "classic") -> Iterator[str]:
+def extra_dockerd(folder: Path, label: str, store: str = "classic",
+                  cdi_spec_dirs: Sequence[Path] = ()) -> Iterator[str]:
     """Start an empty dockerd (data under *folder*); yield its DOCKER_HOST; remove every trace after.
 
     *label* (a few letters) tells concurrent ones apart in names that have length limits;
-    *store* is its image store: ``classic`` (overlay2) or ``containerd`` (the snapshotter).
+    *store* is its image store: ``classic`` (overlay2) or ``containerd`` (the snapshotter);
+    *cdi_spec_dirs*: turn CDI on (``"features": {"cdi": true}``, which Docker before 28.2 needs)
+    and read CDI specs from these folders instead of ``/etc/cdi`` and ``/var/run/cdi``.
     """
     binary = shutil.which("dockerd") or next(
         (p for p in ("/usr/sbin/dockerd", "/usr/bin/dockerd") if Path(p).is_file()), None)
@@ -75,7 +78,11 @@ def extra_dockerd(folder: Path, label: str, store: str = "classic") -> Iterator[
     short = Path(tempfile.mkdtemp(prefix=f"mlb-{label}-", dir="/tmp"))  # socket paths: at most 108 bytes
     sock, pidfile = short / "docker.sock", short / "docker.pid"
     features = {"containerd-snapshotter": store == "containerd"}
-    (short / "daemon.json").write_text(json.dumps({"features": features}) + "\n")  # not the host's daemon.json
+    config: dict[str, object] = {"features": features}
+    if cdi_spec_dirs:
+        features["cdi"] = True
+        config["cdi-spec-dirs"] = [str(d) for d in cdi_spec_dirs]
+    (short / "daemon.json").write_text(json.dumps(config) + "\n")  # not the host's daemon.json
     bridge = f"mlb{label}{os.getpid() % 100000}"[:15]  # interface names: at most 15 bytes
     namespace = f"mlb-{label}-{os.getpid()}"  # never containerd's "moby" namespace of the main engine
     subprocess.run([*sudo, "ip", "link", "add", bridge, "type", "bridge"], check=True)

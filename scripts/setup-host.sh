@@ -229,6 +229,70 @@ elif [ -s /etc/docker/daemon.json ] && ! grep -q '"defaultKeepStorage"' /etc/doc
   say "BuildKit's cache is unbounded here: add $gc_policy to /etc/docker/daemon.json, then restart dockerd"
 fi
 
+# CDI device names (--device vendor.com/gpu=all: builder run and the Slurm script use them where the
+# host has a CDI spec): Docker reads CDI specs only with "features": {"cdi": true} in daemon.json, until
+# 28.2 turned it on by default. Below 28.2 it is merged into daemon.json (made if absent; every other key
+# stays as it is, a "cdi" already there too); it holds from dockerd's next start. python3 merges it (the
+# builder needs it anyway).
+daemon_json=/etc/docker/daemon.json
+cdi_line='"features": {"cdi": true}'
+engine_version=$answering
+if [ -z "$engine_version" ]; then
+  for package in docker.io docker-ce moby-engine; do
+    if installed "$package"; then engine_version=$(dpkg-query -W -f='${Version}' "$package"); break; fi
+  done
+fi
+engine_version=${engine_version#*:} # dpkg's epoch: 5:28.5.1-1~debian.12~bookworm
+# 0 when Docker $1 reads CDI specs without the setting (28.2 and later).
+cdi_by_default() {
+  local ma mi
+  ma=$(major "$1")
+  mi=$(printf '%s' "$1" | cut -d. -f2 | tr -cd 0-9)
+  [ "${ma:-0}" -gt 28 ] || { [ "${ma:-0}" -eq 28 ] && [ "${mi:-0}" -ge 2 ]; }
+}
+# Sets features.cdi in the daemon.json $1, keeping the rest: exit 3 when it has a "cdi" already, 4 when
+# it is not a JSON object.
+cdi_on() {
+  python3 - "$1" <<'PY'
+import json
+import sys
+
+path = sys.argv[1]
+try:
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+except FileNotFoundError:
+    text = ""
+try:
+    conf = json.loads(text) if text.strip() else {}
+except ValueError:
+    sys.exit(4)
+if not isinstance(conf, dict) or not isinstance(conf.setdefault("features", {}), dict):
+    sys.exit(4)
+if "cdi" in conf["features"]:
+    sys.exit(3)
+conf["features"]["cdi"] = True
+with open(path, "w", encoding="utf-8") as handle:
+    handle.write(json.dumps(conf, indent=2) + "\n")
+PY
+}
+if [ -n "$engine_version" ] && ! cdi_by_default "$engine_version"; then
+  if ! root || ! command -v python3 >/dev/null 2>&1; then
+    grep -qs '"cdi"' "$daemon_json" ||
+      say "Docker $engine_version reads CDI specs only with $cdi_line in $daemon_json: add it (sudo $0 does), then restart dockerd"
+  else
+    mkdir -p "$(dirname "$daemon_json")"
+    cdi=0
+    cdi_on "$daemon_json" || cdi=$?
+    case $cdi in
+      0) say "turned on Docker's CDI ($cdi_line) in $daemon_json: CDI device names work from dockerd's next start" ;;
+      3) ;;
+      4) say "$daemon_json is not a JSON object: add $cdi_line to it yourself (CDI device names), then restart dockerd" ;;
+      *) say "python3 could not merge $cdi_line into $daemon_json (its error above): add it yourself, then restart dockerd" ;;
+    esac
+  fi
+fi
+
 # Emulation of the other architecture: qemu's handler registered with binfmt_misc, with the F
 # flag (the interpreter is opened now, so it also works inside containers). Without systemd
 # nothing registers it on install; `builder doctor` reports what is missing.

@@ -51,9 +51,10 @@ CONTAINERD_IO = {"Provides": "containerd, runc", "Conflicts": "containerd, runc"
 PRESENT = ["mmdebstrap", "arch-test", "busybox-static", "qemu-user-static", "skopeo", "slurm-wlm", "munge",
            "cosign", "oras"]
 DOCKER = """#!/bin/sh
-# Stand-in (ml-image-builder tests): Docker CE 28.5.1's client, its engine answering, buildx there.
+# Stand-in (ml-image-builder tests): Docker CE 28.5.1's client (or the version in /etc/standin-docker-version),
+# its engine answering, buildx there.
 case "$*" in
-  "version --format {{.Server.Version}}") echo 28.5.1 ;;
+  "version --format {{.Server.Version}}") cat /etc/standin-docker-version 2>/dev/null || echo 28.5.1 ;;
   "buildx version") echo "github.com/docker/buildx v0.29.1 stand-in" ;;
   *) echo "stand-in docker: $*" >&2; exit 1 ;;
 esac
@@ -127,7 +128,8 @@ def chroot(tmp_path_factory) -> Iterator[Chroot]:
         fail_or_skip("needs root, mmdebstrap and dpkg-deb (scripts/setup-host.sh installs mmdebstrap; .ci/run is root)")
     folder = tmp_path_factory.mktemp("setup-host")
     root = folder / "root"
-    made = subprocess.run(["mmdebstrap", "--variant=apt", "--mode=root", "-q", "bookworm", str(root)],
+    made = subprocess.run(["mmdebstrap", "--variant=apt", "--mode=root", "--include=python3", "-q",
+                           "bookworm", str(root)],
                           capture_output=True, text=True, check=False, timeout=1200)
     if made.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
@@ -231,3 +233,39 @@ def test_the_daemon_json_an_earlier_setup_host_wrote_gets_the_cache_bound_and_a_
     out = chroot.setup_host()
     assert daemon.read_text() == users
     assert "BuildKit's cache is unbounded here: add" in out.stdout + out.stderr
+
+
+def test_docker_before_28_2_gets_cdi_merged_into_its_daemon_json(chroot):
+    """Docker 26.1 reads CDI specs only with ``"features": {"cdi": true}``: the script merges it into
+    the daemon.json that is there (the user's keys and features stay), makes one where there is none,
+    leaves a ``"cdi"`` the file sets (false too) and a file that is not JSON as they are (with the line
+    to add), and says it holds from dockerd's next start. From 28.2 (the stand-in's default, 28.5.1)
+    CDI is on by default and the file is not touched (the tests above)."""
+    daemon = chroot.root / "etc" / "docker" / "daemon.json"
+    daemon.parent.mkdir(parents=True, exist_ok=True)
+    version = chroot.root / "etc" / "standin-docker-version"
+    version.write_text("26.1.5\n")
+    try:
+        daemon.write_text('{"features": {"containerd-snapshotter": true}, "log-level": "warn"}\n')
+        out = chroot.setup_host()
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert json.loads(daemon.read_text()) == {"features": {"containerd-snapshotter": True, "cdi": True},
+                                                  "log-level": "warn"}, out.stderr
+        assert ("setup-host: turned on Docker's CDI (\"features\": {\"cdi\": true}) in /etc/docker/daemon.json: "
+                "CDI device names work from dockerd's next start") in out.stderr
+        merged = daemon.read_text()
+        again = chroot.setup_host()
+        assert daemon.read_text() == merged and "CDI" not in again.stderr, again.stderr
+        daemon.write_text('{"features": {"cdi": false}}\n')
+        chroot.setup_host()
+        assert daemon.read_text() == '{"features": {"cdi": false}}\n'
+        daemon.write_text("{not json\n")
+        out = chroot.setup_host()
+        assert daemon.read_text() == "{not json\n"
+        assert "/etc/docker/daemon.json is not a JSON object: add \"features\": {\"cdi\": true} to it" in out.stderr
+        daemon.unlink()
+        chroot.setup_host()
+        assert json.loads(daemon.read_text()) == {"features": {"cdi": True}}
+    finally:
+        version.unlink()
+        daemon.unlink(missing_ok=True)

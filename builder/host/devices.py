@@ -5,11 +5,12 @@ The flags come from wheel-mapping.json (``run``): NVIDIA all GPUs (a ``DeviceReq
 of the nodes' owning groups, ``--ipc host``; Intel ``/dev/dri`` and groups. Also ``--shm-size``.
 A new backend's flags go into wheel-mapping.json; how they map to this host goes here.
 
-**CDI.** Where the host has a CDI spec for the vendor (``/etc/cdi``, ``/var/run/cdi``, e.g. from
-``nvidia-ctk cdi generate`` or AMD's container toolkit) and the engine supports CDI (Docker 25+
-with CDI enabled lists ``CDISpecDirs`` in ``docker info``), the container gets
-``--device nvidia.com/gpu=all`` / ``--device amd.com/gpu=all`` instead of ``--gpus all`` / the
-``/dev`` nodes: :func:`choose_cdi` decides and says why (``builder doctor`` prints it).
+**CDI.** Where the host has a CDI spec for the vendor's kind (``/etc/cdi``, ``/var/run/cdi``, e.g.
+from ``nvidia-ctk cdi generate``, AMD's or Intel's container toolkit; read by :mod:`.cdi`) and the
+engine reads CDI specs (Docker 25+ with CDI on lists ``CDISpecDirs`` in ``docker info``; podman
+always), the container gets ``--device <kind>=all`` (or each device the spec declares, where it
+declares no ``all``) instead of ``--gpus all`` / the ``/dev`` nodes: :func:`choose_cdi` decides
+and says why (``builder doctor`` prints it).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any
 import docker.types
 
 from builder.config.project import ResolvedTarget
-from builder.host import hardware
+from builder.host import cdi, hardware
 
-#: The CDI device kind of each vendor whose container toolkit writes CDI specs.
-CDI_KINDS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+#: The CDI device kind of each vendor's GPUs, as its container toolkit writes the spec.
+CDI_KINDS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "intel.com/gpu"}
 #: The first Docker release that can hand out CDI devices (``--device vendor.com/class=name``).
 CDI_DOCKER = "25.0"
 
@@ -37,23 +38,29 @@ class CdiChoice:
 
     use: bool
     why: str
-    device: str | None = None  # e.g. nvidia.com/gpu=all
+    devices: tuple[str, ...] = ()  # e.g. ('nvidia.com/gpu=all',)
 
 
 def engine_cdi(info: Mapping[str, Any] | None) -> tuple[bool, str]:
     """Whether the engine behind ``docker info`` *info* hands out CDI devices, and why.
 
     Docker lists ``CDISpecDirs`` once CDI is enabled (``"features": {"cdi": true}`` in
-    daemon.json before Docker 28, on by default since); older engines lack the key.
+    daemon.json before Docker 28.2, on by default since); older engines lack the key. Podman
+    (its Docker-compatible ``info`` has ``BuildahVersion``) always reads ``/etc/cdi`` and
+    ``/var/run/cdi``.
 
     Example:
         >>> engine_cdi({"ServerVersion": "20.10.24"})
         (False, 'Docker 20.10.24 predates CDI (25.0)')
+        >>> engine_cdi({"ServerVersion": "4.3.1", "BuildahVersion": "1.28.2"})
+        (True, 'podman 4.3.1 reads CDI specs from /etc/cdi, /var/run/cdi')
     """
     if info is None:
         return False, "no engine answered"
     dirs = info.get("CDISpecDirs") or []
     version = str(info.get("ServerVersion") or "?")
+    if "BuildahVersion" in info:
+        return True, f"podman {version} reads CDI specs from {', '.join(cdi.CDI_DIRS)}"
     if dirs:
         return True, f"Docker {version} reads CDI specs from {', '.join(dirs)}"
     try:
@@ -65,25 +72,31 @@ def engine_cdi(info: Mapping[str, Any] | None) -> tuple[bool, str]:
     return False, f'Docker {version} has CDI off (set "features": {{"cdi": true}} in daemon.json)'
 
 
-def choose_cdi(vendor: str, specs: Sequence[str], engine: tuple[bool, str]) -> CdiChoice:
+def choose_cdi(vendor: str, specs: Sequence[cdi.Spec], engine: tuple[bool, str]) -> CdiChoice:
     """CDI names when the host has a spec for *vendor* and the engine supports CDI; else the classic flags.
 
-    *specs*: the spec files declaring the vendor's kind (:func:`builder.host.hardware.cdi_specs`);
-    *engine*: :func:`engine_cdi`'s answer.
+    *specs*: the specs declaring the vendor's kind (:func:`builder.host.cdi.specs`);
+    *engine*: :func:`engine_cdi`'s answer. The names: :func:`builder.host.cdi.qualified`.
 
     Example:
-        >>> choose_cdi("nvidia", ["/etc/cdi/nvidia.yaml"], (True, "Docker 28.0.1 reads ...")).device
-        'nvidia.com/gpu=all'
+        >>> spec = cdi.Spec("/etc/cdi/nvidia.yaml", "nvidia.com/gpu", ("0", "all"))
+        >>> choose_cdi("nvidia", [spec], (True, "Docker 28.0.1 reads ...")).devices
+        ('nvidia.com/gpu=all',)
     """
     kind = CDI_KINDS.get(vendor)
     if kind is None:
         return CdiChoice(False, f"{vendor}: no CDI kind; the classic flags")
+    specs = [s for s in specs if s.kind == kind]
     if not specs:
         return CdiChoice(False, f"no CDI spec for {kind} in {' or '.join(hardware.CDI_DIRS)}; the classic flags")
+    paths = ", ".join(s.path for s in specs)
     ok, why = engine
     if not ok:
-        return CdiChoice(False, f"CDI spec {', '.join(specs)} for {kind}, but {why}; the classic flags")
-    return CdiChoice(True, f"CDI spec {', '.join(specs)} for {kind} and {why}", f"{kind}=all")
+        return CdiChoice(False, f"CDI spec {paths} for {kind}, but {why}; the classic flags")
+    names = cdi.qualified(kind, specs)
+    if not names:
+        return CdiChoice(False, f"CDI spec {paths} for {kind} declares no device; the classic flags")
+    return CdiChoice(True, f"CDI spec {paths} for {kind} and {why}", names)
 
 
 def host_cdi(
@@ -98,10 +111,10 @@ def host_cdi(
         False
     """
     kind = CDI_KINDS.get(vendor)
-    specs = hardware.cdi_specs(cdi_dirs, kind) if kind else []
+    specs = cdi.specs(cdi_dirs, kind) if kind else []
     if kind and specs and engine_info is None:
-        return CdiChoice(False, f"CDI spec {', '.join(specs)} for {kind}, but the engine was not asked; "
-                                "the classic flags")
+        return CdiChoice(False, f"CDI spec {', '.join(s.path for s in specs)} for {kind}, but the engine was "
+                                "not asked; the classic flags")
     return choose_cdi(vendor, specs, engine_cdi(engine_info() if specs and engine_info else None))
 
 
@@ -175,13 +188,13 @@ def device_flags(
         )
         return DeviceFlags(shm_size=flags.shm_size, notes=without)
     notes: list[str] = [f"devices by CDI name: {cdi.why}"] if cdi is not None and cdi.use else []
-    use_cdi = cdi is not None and cdi.use and cdi.device is not None
+    use_cdi = cdi is not None and cdi.use and bool(cdi.devices)
     problems = _host_problems(target, host, environ, () if use_cdi else flags.devices)
     gids, missing_groups = _group_ids(flags.group_add, host)
     return DeviceFlags(
         gpus=flags.gpus and not use_cdi,
         devices=() if use_cdi else tuple(flags.devices),
-        cdi_devices=(cdi.device,) if use_cdi and cdi is not None and cdi.device else (),
+        cdi_devices=cdi.devices if use_cdi and cdi is not None else (),
         group_add=gids,
         # With host IPC the host's /dev/shm is used and --shm-size has no effect; kept as the guides give it.
         ipc_mode="host" if flags.ipc_host else None,

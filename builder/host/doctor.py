@@ -28,7 +28,7 @@ from requests.exceptions import RequestException
 from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
-from builder.host import devices, hardware
+from builder.host import cdi, devices, hardware
 from builder.oci import buildkit, engine, registry
 from builder.oci.engine import DockerEngine, Engine, engine_address
 
@@ -251,14 +251,13 @@ def check_nvidia(ctx: Context) -> list[Check]:
 def check_cdi(ctx: Context) -> list[Check]:
     """How ``builder run`` and the Slurm script hand over each present vendor's GPUs: CDI name or classic flags."""
     checks = []
-    classic = {"nvidia": "--gpus all", "amd": "--device /dev/kfd --device /dev/dri"}
+    classic = {"nvidia": "--gpus all", "amd": "--device /dev/kfd --device /dev/dri", "intel": "--device /dev/dri"}
     for vendor in ctx.host.present():
         kind = devices.CDI_KINDS.get(vendor)
         if kind is None:
             continue
-        specs = hardware.cdi_specs(ctx.cdi_dirs, kind)
-        choice = devices.choose_cdi(vendor, specs, devices.engine_cdi(ctx.info))
-        flag = f"--device {choice.device}" if choice.use else classic[vendor]
+        choice = devices.choose_cdi(vendor, cdi.specs(ctx.cdi_dirs, kind), devices.engine_cdi(ctx.info))
+        flag = " ".join(f"--device {d}" for d in choice.devices) if choice.use else classic[vendor]
         checks.append(Check("ok", f"{vendor} devices", f"builder run uses {flag}: {choice.why}"))
     return checks
 

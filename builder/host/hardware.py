@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import grp
-import json
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -28,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from builder.config.errors import UserError
+from builder.host import cdi
 
 GpuVendor = Literal["nvidia", "amd", "intel"]
 
@@ -41,7 +39,7 @@ GPU_CLASSES = {0x0300: "vga", 0x0302: "3d", 0x0380: "display", 0x1200: "accelera
 #: Preference when a host has several vendors: discrete accelerators before an Intel iGPU.
 VENDOR_ORDER: tuple[GpuVendor, ...] = ("nvidia", "amd", "intel")
 VENDOR_ENV = "BUILDER_VENDOR"
-CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_DIRS = cdi.CDI_DIRS
 
 
 @dataclass(frozen=True)
@@ -171,25 +169,13 @@ def has_nvidia_gpu_node(nodes: DeviceNodes) -> bool:
 
 
 def cdi_specs(dirs: Iterable[Path | str] = CDI_DIRS, kind: str = "nvidia.com/gpu") -> list[str]:
-    """CDI spec files (YAML or JSON) declaring *kind*, e.g. from ``nvidia-ctk cdi generate``.
+    """CDI spec files (YAML or JSON) declaring *kind*, e.g. from ``nvidia-ctk cdi generate`` (:mod:`.cdi`).
 
     Example:
         >>> cdi_specs()  # doctest: +SKIP
         ['/var/run/cdi/nvidia.yaml']
     """
-    found = []
-    for folder in dirs:
-        for path in sorted(Path(folder).glob("*")):
-            if path.suffix not in (".yaml", ".yml", ".json") or not path.is_file():
-                continue
-            try:
-                text = path.read_text(encoding="utf-8")
-                doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-            except (OSError, ValueError, yaml.YAMLError):
-                continue  # a broken spec is the CDI tooling's to report
-            if isinstance(doc, dict) and doc.get("kind") == kind:
-                found.append(str(path))
-    return found
+    return [spec.path for spec in cdi.specs(dirs, kind)]
 
 
 def detect(

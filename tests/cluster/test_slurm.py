@@ -82,13 +82,18 @@ def test_nvidia_devices_cdi_or_gpus_all(cluster_project) -> None:
 
 
 def test_cdi_ready_reads_spec_trees(cluster_project, tmp_path: Path) -> None:
-    """The script's CDI check against spec files as nvidia-ctk and AMD's toolkit write them."""
+    """The script's CDI check against spec files as nvidia-ctk and AMD's toolkit write them (each
+    declares the device ``all``, which the script asks for); a spec without ``all`` keeps the classic flags."""
     text = script(cluster_project, "nvidia-cu130", ["train.py"], nodes=2)
-    function = text[text.index("cdi_ready() {"):text.index("}\n", text.index("cdi_ready() {")) + 2]
+    function = text[text.index("cdi_ready() {"):text.index("\n}\n", text.index("cdi_ready() {")) + 3]
     etc = tmp_path / "etc" / "cdi"
     etc.mkdir(parents=True)
-    (etc / "nvidia.yaml").write_text("---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n")
-    (etc / "amd.json").write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "amd.com/gpu", "devices": []}))
+    (etc / "nvidia.yaml").write_text("---\ncdiVersion: 0.5.0\ndevices:\n- containerEdits:\n    deviceNodes:\n"
+                                     "    - path: /dev/nvidia0\n  name: \"0\"\n- containerEdits: {}\n  name: all\n"
+                                     "kind: nvidia.com/gpu\n")
+    (etc / "amd.json").write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "amd.com/gpu",
+                                              "devices": [{"name": "all", "containerEdits": {}}]}))
+    (etc / "intel.yaml").write_text("cdiVersion: 0.6.0\nkind: intel.com/gpu\ndevices:\n- name: card0\n")
     fake_docker = tmp_path / "bin" / "docker"
     fake_docker.parent.mkdir()
 
@@ -102,6 +107,7 @@ def test_cdi_ready_reads_spec_trees(cluster_project, tmp_path: Path) -> None:
 
     assert ready("nvidia.com/gpu", "/etc/cdi/var/run/cdi")
     assert ready("amd.com/gpu", "/etc/cdi/var/run/cdi")
+    assert not ready("intel.com/gpu", "/etc/cdi/var/run/cdi")  # no "all": intel.com/gpu=all would be refused
     assert not ready("nvidia.com/gpu", "")  # an engine without CDI (Docker 20.10 prints nothing)
     (etc / "nvidia.yaml").unlink()
     assert not ready("nvidia.com/gpu", "/etc/cdi/var/run/cdi")
