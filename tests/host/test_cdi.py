@@ -13,10 +13,12 @@ import dataclasses
 import io
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -320,25 +322,43 @@ def build_busybox(client: docker.DockerClient, tmp_path: Path, ref: str) -> None
     client.images.build(path=str(context), tag=ref, rm=True, forcerm=True)
 
 
+#: What the podman test runs in its namespace: ``builder run``'s plan (pickled) through PodmanEngine.
+RUN_WITH_PODMAN = """
+import pickle, sys
+from builder.host.launch import run_streamed
+from builder.oci.engine import connect_podman
+with open(sys.argv[1], "rb") as handle:
+    plan = pickle.load(handle)
+engine = connect_podman()
+try:
+    sys.exit(run_streamed(engine, plan))
+finally:
+    engine.close()
+"""
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_podman_injects_the_device_builder_run_names(project: Project, tmp_path: Path, test_spec: Path) -> None:
-    """Podman 4.3 (Debian 12's): ``builder run``'s flags (:meth:`RunSpec.docker_argv`) given to the
-    podman CLI, which reads CDI specs from ``/etc/cdi`` and ``/var/run/cdi`` only (``--cdi-spec-dir``
-    came later): the test's spec folder is bind-mounted on ``/var/run/cdi`` in a mount namespace of
-    the test's own (``unshare``), so no other process on the machine sees it. ``builder run``'s
-    choice comes from what podman's Docker-compatible API answers to ``info``. Not through a
-    ``PodmanEngine`` (none on this branch): the podman 4.3 API drops a device request of driver
-    ``cdi`` without a word (the container starts without the node), so the CLI is what injects it.
-    Storage, run state and temporary files are the test's own (``--root``, ``--runroot``,
-    ``--tmpdir``), removed after; ``--network none`` and lower rlimits (this machine's runc may not
-    set podman's default nofile/nproc limits) are the test's additions to the flags."""
+    """Podman 4.3 (Debian 12's) through ``PodmanEngine``, as ``builder run --engine podman`` drives it:
+    podman reads CDI specs from ``/etc/cdi`` and ``/var/run/cdi`` only (``--cdi-spec-dir`` came later),
+    so the test's spec folder is bind-mounted on ``/var/run/cdi`` in a mount namespace of the test's
+    own (``unshare``) and no other process on the machine sees it; the plan runs there in a child
+    Python (``run_streamed`` on ``connect_podman()``). ``builder run``'s choice comes from what podman's
+    Docker-compatible API answers to ``info``. That API drops a device request of driver ``cdi``
+    without a word (the container starts without the node), so PodmanEngine creates such a container
+    with the CLI; this test fails if it goes back to the API. Storage and run state are the test's own
+    (``CONTAINERS_STORAGE_CONF``), removed after."""
     binary = shutil.which("podman")
     unshare = shutil.which("unshare")
     if binary is None or unshare is None or os.geteuid() != 0:
         fail_or_skip("needs root, podman (apt-get install podman) and unshare")
     state = Path(tempfile.mkdtemp(prefix="mlb-cdi-podman-", dir="/var/tmp"))
-    podman = [binary, "--root", str(state / "root"), "--runroot", str(state / "run"), "--tmpdir", str(state / "tmp")]
+    (state / "storage.conf").write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{state / "root"}"\n'
+                                        f'runroot = "{state / "run"}"\n')
+    env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(state / "storage.conf"), "TMPDIR": str(state)}
+    env.pop("CONTAINER_HOST", None)
+    podman = [binary]
     made = not MOUNT_POINT.exists()
     try:
         MOUNT_POINT.mkdir(exist_ok=True)  # empty outside the test's namespace
@@ -346,35 +366,40 @@ def test_podman_injects_the_device_builder_run_names(project: Project, tmp_path:
         def in_namespace(*argv: str) -> subprocess.CompletedProcess[str]:
             script = f'mount --bind "$0" {MOUNT_POINT} && exec "$@"'
             return subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", script, str(test_spec),
-                                   *podman, *argv], capture_output=True, text=True, check=False, timeout=300)
+                                   *argv], capture_output=True, text=True, check=False, timeout=300, env=env)
 
-        info = podman_info(podman, state)
+        info = podman_info(podman, state, env)
         plan = cdi_plan(project, tmp_path, test_spec, info)
         tar = tmp_path / "busybox.tar"
         with tarfile.open(tar, "w") as archive:
             archive.add(busybox_binary(), arcname="bin/busybox")
-        imported = in_namespace("import", "--change", 'ENTRYPOINT ["/bin/busybox"]', str(tar), plan.image)
+        imported = in_namespace(*podman, "import", "--change", 'ENTRYPOINT ["/bin/busybox"]', str(tar), plan.image)
         assert imported.returncode == 0, imported.stderr
-        argv = plan.docker_argv()
-        assert argv[:2] == ["docker", "run"]
-        extra = ["--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
-        ran = in_namespace("run", *extra, *argv[2:])
+
+        def run(spec: RunSpec) -> subprocess.CompletedProcess[str]:
+            pickled = tmp_path / "plan.pickle"
+            pickled.write_bytes(pickle.dumps(spec))
+            return in_namespace(sys.executable, "-c", RUN_WITH_PODMAN, str(pickled))
+
+        ran = run(plan)
         assert ran.returncode == 0 and NODE.search(ran.stdout), ran.stdout + ran.stderr
-        without = in_namespace("run", *extra, *dataclasses.replace(plan, cdi_devices=()).docker_argv()[2:])
+        without = run(dataclasses.replace(plan, cdi_devices=()))
         assert without.returncode != 0 and "/dev/accel-test0: No such file or directory" in without.stderr
+        left = subprocess.run([*podman, "ps", "-aq"], capture_output=True, text=True, check=False, env=env).stdout
+        assert not left.split(), f"containers left behind: {left}"
     finally:
-        subprocess.run([*podman, "rmi", "--all", "--force"], capture_output=True, check=False, timeout=120)
+        subprocess.run([*podman, "rmi", "--all", "--force"], capture_output=True, check=False, timeout=120, env=env)
         shutil.rmtree(state, ignore_errors=True)
         if made:
             with contextlib.suppress(OSError):
                 MOUNT_POINT.rmdir()
 
 
-def podman_info(podman: list[str], state: Path) -> dict:
+def podman_info(podman: list[str], state: Path, env: dict[str, str]) -> dict:
     """``info`` from podman's Docker-compatible API (what docker-py gets from ``podman system service``)."""
     sock = state / "api.sock"
     service = subprocess.Popen([*podman, "system", "service", "--time", "0", f"unix://{sock}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():
