@@ -24,7 +24,7 @@ from builder.config import platforms
 from builder.config.baselock import LOCK_NAME, read_base_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
-from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix, Target
+from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix, TargetSpec
 from builder.config.urls import public
 from builder.config.validation import format_errors
 from builder.config.wheelmap import (
@@ -276,7 +276,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
     return targets
 
 
-def _entry(mapping: WheelMapping, t: Target, where: str) -> tuple[str, Entry] | str:
+def _entry(mapping: WheelMapping, t: TargetSpec, where: str) -> tuple[str, Entry] | str:
     """The wheel mapping's (key, entry) for the target, or the problem why there is none."""
     found = mapping.find(t.backend, t.version)
     if found is None:
@@ -290,7 +290,7 @@ def _entry(mapping: WheelMapping, t: Target, where: str) -> tuple[str, Entry] | 
     return found
 
 
-def _tags(t: Target, vendor: str, latest: bool, where: str) -> tuple[list[str], list[str]]:
+def _tags(t: TargetSpec, vendor: str, latest: bool, where: str) -> tuple[list[str], list[str]]:
     """The target's tags (the generated ones, then its own), and the problems of its own: one generated
     anyway (the entry would be ignored)."""
     tags = [t.name, f"{t.name}-torch{t.torch}", *([f"latest-{vendor}"] if latest else [])]
@@ -299,7 +299,7 @@ def _tags(t: Target, vendor: str, latest: bool, where: str) -> tuple[list[str], 
     return tags + [x for x in t.tags if x not in tags], problems
 
 
-def _label_problems(t: Target, where: str) -> list[str]:
+def _label_problems(t: TargetSpec, where: str) -> list[str]:
     """The target's labels that are the builder's own."""
     return [f"{where}.labels.{label}: the builder sets this label itself (it would be "
             f"overridden or would falsify the image's record); use a key of your own"
@@ -318,7 +318,7 @@ def _claim_tags(tags: list[str], name: str, owner_of_tag: dict[str, str], where:
     return problems
 
 
-def _resolved(matrix: Matrix, mapping: WheelMapping, t: Target, key: str, entry: Entry, tags: list[str],
+def _resolved(matrix: Matrix, mapping: WheelMapping, t: TargetSpec, key: str, entry: Entry, tags: list[str],
               index: str, host: str) -> ResolvedTarget:
     """The target with every value worked out."""
     vendor = BACKEND_VENDOR[t.backend]
