@@ -22,11 +22,11 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images import layers, locks, wheelhouse
 from builder.images.plan import ViewPlan, make_plan
 
@@ -44,7 +44,7 @@ def bake_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)
 
 
-def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | None = None) -> dict[str, Any]:
+def bake_target(project: Project, target: TargetView, planned: ViewPlan | None = None) -> dict[str, Any]:
     """One bake target for a target view: the build ``builder build`` runs (its plan's request,
     :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the published image."""
     view = planned or make_plan(project, [target]).views[0]
@@ -64,7 +64,7 @@ def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | No
     }
 
 
-def bake_definition(project: Project, targets: list[ResolvedTarget]) -> dict[str, Any]:
+def bake_definition(project: Project, targets: Sequence[Target]) -> dict[str, Any]:
     """A docker-bake.json document for *targets*: ``group`` (default, all, the matrix's) and ``target``.
 
     Groups keep only members among *targets*; a matrix group left empty is dropped
@@ -82,7 +82,7 @@ def bake_definition(project: Project, targets: list[ResolvedTarget]) -> dict[str
                                         for vs in views.values() for v in vs}}
 
 
-def view_name(target: ResolvedTarget) -> str:
+def view_name(target: TargetView) -> str:
     """The bake name of a target view: the target's, with ``-<arch>`` when it has several platforms.
 
     Example:
@@ -92,7 +92,7 @@ def view_name(target: ResolvedTarget) -> str:
     return bake_name(target.name + (f"-{target.arch}" if len(target.platforms) > 1 else ""))
 
 
-def stage_contexts(project: Project, targets: list[ResolvedTarget], say: Callable[[str], object]) -> dict[str, str]:
+def stage_contexts(project: Project, targets: Sequence[Target], say: Callable[[str], object]) -> dict[str, str]:
     """Fetch (by hash) and stage every view's wheels where its bake target's ``contexts`` points;
     return {view's unit: why not} for those whose wheels could not be had."""
     views = [v for t in targets for v in t.views()]

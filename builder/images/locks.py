@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
@@ -141,16 +141,16 @@ def common_lock(project: Project, platform: str, fetch: bool = True, say: Say = 
                    lambda: _relock(project, platform, path, list(m.common_packages), read_lock(path)[1], say),
                    fetch=fetch)
 
-def _requirements(target: ResolvedTarget) -> list[str]:
+def _requirements(target: Target) -> list[str]:
     return [f"torch=={target.torch_pin}", *target.packages]
 
-def _target_fingerprint(project: Project, target: ResolvedTarget, common: list[Pin]) -> str:
+def _target_fingerprint(project: Project, target: TargetView, common: list[Pin]) -> str:
     # In lock order: just resolved (pip's order) or read back, the same common pins give the same hash.
     common_hash = _fingerprint([p.line() for p in ordered(common)])
     return _fingerprint("target", target.entry, _requirements(target), project.matrix.python, project.glibc,
                         platforms.machine(target.platform), common_hash)
 
-def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) -> list[Pin]:
+def sibling_pins(project: Project, target: TargetView, common: list[Pin]) -> list[Pin]:
     """The pins of the other targets' current locks for this view's platform, torch and index: the
     versions a new lock prefers, so that a target added later (cpu plus one package) gets the torch
     layers' wheels its siblings locked, and shares those layers, even after the index has moved on.
@@ -179,7 +179,7 @@ def first_by_name(pins: list[Pin]) -> list[Pin]:
     return list(kept.values())
 
 
-def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
+def previous_pins(project: Project, target: TargetView) -> list[Pin]:
     """The pins of this view's own lock as it stands, stale or not: what a relock prefers, so that a
     package added to a target keeps the accelerate (and every other) wheel it had, and re-pushes its
     layer alone, even after the index has moved on. A preference only: a version the target's new
@@ -188,7 +188,7 @@ def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
     return read_lock(project.root / target.lock)[1]
 
 
-def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True,
+def target_lock(project: Project, target: TargetView, common: list[Pin], fetch: bool = True,
                 say: Say = lambda _line: None) -> list[Pin]:
     """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer.
 
@@ -231,7 +231,7 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
     check_torch_flavour(target, pins)  # a reused lock, too
     return pins
 
-def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
+def check_torch_flavour(target: TargetView, pins: list[Pin]) -> None:
     """The locked torch must be the target's build: ``==2.13.0`` also matches ``2.13.0+cpu``, which
     PEP 440 ranks above the bare version, so a +cpu wheel among pip's sources wins on a cuda target."""
     expected = Version(target.torch_pin)
@@ -252,24 +252,24 @@ def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
     )
 
 def lock_all(
-    project: Project, targets: list[ResolvedTarget], say: Callable[[str], object], fetch: bool = True
+    project: Project, views: Sequence[TargetView], say: Callable[[str], object], fetch: bool = True
 ) -> dict[str, str]:
     """Lock tools, common and every target view, per platform; return {view's unit: error} for those that failed.
 
     ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
     """
     common: dict[str, list[Pin]] = {}
-    for platform in dict.fromkeys(t.platform for t in targets):
+    for platform in dict.fromkeys(v.platform for v in views):
         try:
             tools_lock(project, platform, fetch, say)
             common[platform] = common_lock(project, platform, fetch, say)
         except TargetFailed as exc:
             raise UserError(f"resolving the shared packages for {platform} failed: {exc}") from None
     failed = {}
-    for target in targets:
+    for view in views:
         try:
-            pins = target_lock(project, target, common[target.platform], fetch, say)
-            say(f"{target.unit}: {len(pins)} wheels locked in {target.lock}")
+            pins = target_lock(project, view, common[view.platform], fetch, say)
+            say(f"{view.unit}: {len(pins)} wheels locked in {view.lock}")
         except TargetFailed as exc:
-            failed[target.unit] = str(exc)
+            failed[view.unit] = str(exc)
     return failed

@@ -20,7 +20,7 @@ from typing import Any
 
 from builder.config.errors import TargetFailed
 from builder.config.files import atomic_write, locked, published_path
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images.content import content_tags
 from builder.images.plan import push_order
 from builder.oci import registry
@@ -37,7 +37,7 @@ def push_ref(engine: Engine, ref: str) -> str:
     return engine.push(ref)
 
 
-def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
+def push_target(engine: Engine, target: TargetView, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
     """Push the image of a built target view under *refs*, in order; return its published record.
 
     Example:
@@ -58,7 +58,7 @@ def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Seq
     return published(target, image_id, digest, list(digests))
 
 
-def published(target: ResolvedTarget, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
+def published(target: TargetView, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
     """The dist/published.json record of a target whose *tags* now point at *digest*."""
     repo = registry.Ref.parse(target.primary_ref).name
     return {
@@ -72,7 +72,7 @@ def published(target: ResolvedTarget, image_id: str | None, digest: str, tags: l
     }
 
 
-def push_index(project: Project, target: ResolvedTarget, revision: str) -> tuple[str, dict[str, Any]]:
+def push_index(project: Project, target: Target, revision: str) -> tuple[str, dict[str, Any]]:
     """Write one OCI image index under every tag of a multi-platform target; return what was done,
     in a line, and its dist/published.json record (the caller records it, with its attachments).
 

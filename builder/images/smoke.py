@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.config.state import owner
 from builder.host.devices import device_options
 from builder.oci.engine import ContainerTimeout, Engine
@@ -103,7 +103,7 @@ def public_version(version: object) -> str | None:
 def smoke_test(
     engine: Engine,
     project: Project,
-    target: ResolvedTarget,
+    target: TargetView,
     image: str,
     *,
     train: bool = True,
@@ -141,7 +141,7 @@ def smoke_test(
     return result
 
 
-def _probe_checks(probe: dict[str, Any], target: ResolvedTarget) -> list[tuple[str, bool, str]]:
+def _probe_checks(probe: dict[str, Any], target: Target) -> list[tuple[str, bool, str]]:
     """The checks of the probe's report: torch (import, version, flavour), the process, a tensor op on the
     CPU, torch.distributed."""
     torch_info = probe.get("torch", {})

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.errors import TargetFailed, UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.oci import artifacts, registry
 from builder.supply import cosign, provenance, sbom
 from builder.supply.signing import ENVELOPE_TYPE
@@ -52,7 +52,7 @@ def _descriptor(image: str, creds: dict[str, str] | None) -> dict[str, Any]:
     return {"mediaType": media, "digest": digest, "size": len(body)}
 
 
-def attest(project: Project, target: ResolvedTarget, image: str, content_tag: str | None, key: cosign.SigningKey,
+def attest(project: Project, target: TargetView, image: str, content_tag: str | None, key: cosign.SigningKey,
            creds: dict[str, str] | None = None) -> dict[str, str]:
     """Sign *target*'s pushed *image* (``host/repo@sha256:...``) and attest its SBOM and provenance
     with cosign, then list the three as its referrers; return {kind: referrer manifest digest}."""
@@ -129,7 +129,7 @@ class Attach:
     def __init__(self, project: Project, signer: cosign.SigningKey, say: Callable[[str], object]) -> None:
         self.project, self.signer, self.say = project, signer, say
 
-    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]:
+    def image(self, target: TargetView, digest: str, content_tag: str | None) -> dict[str, str]:
         """Attach to the pushed image of a target view: what it carries already, else sign and attest it."""
         image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
         creds = registry.credentials(registry.Ref.parse(image).host)
@@ -144,7 +144,7 @@ class Attach:
             raise TargetFailed(f"attaching the SBOM, provenance and signature failed: {exc}") from None
         return done
 
-    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]:
+    def index(self, target: Target, digest: str) -> dict[str, str]:
         """Sign the index *digest* of a multi-platform target."""
         image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
         try:

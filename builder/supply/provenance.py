@@ -8,7 +8,7 @@ commit (with whether the tree was dirty), the base by digest, each lock the imag
 Dockerfile, each with its SHA-256; ``runDetails.builder`` the builder and its version.
 
 Example:
-    >>> st = statement(project, project.target("cpu"), "localhost:5000/ml-runtime@sha256:ab...", None)
+    >>> st = statement(project, project.target("cpu").default_view, "localhost:5000/ml-runtime@sha256:ab...", None)
     >>> st["predicateType"], st["subject"][0]["digest"]
     ('https://slsa.dev/provenance/v1', {'sha256': 'ab...'})
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.errors import UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, TargetView
 from builder.config.urls import public
 from builder.oci.registry import Ref
 from builder.supply.sbom import builder_version, contents
@@ -102,7 +102,7 @@ def _file(root: Path, rel: str) -> dict[str, Any]:
     return {"name": rel, "uri": f"file:{rel}", "digest": {"sha256": digest}}
 
 
-def statement(project: Project, target: ResolvedTarget, image: str, content_tag: str | None,
+def statement(project: Project, target: TargetView, image: str, content_tag: str | None,
               started: str | None = None) -> dict[str, Any]:
     """The provenance statement of *target*'s image *image* (``host/repo@sha256:<hex>``).
 

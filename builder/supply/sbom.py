@@ -13,7 +13,7 @@ schema before it is returned.
 
 Example:
     >>> image = "localhost:5000/ml-runtime@sha256:" + "ab" * 32
-    >>> doc = json.loads(sbom_json(project, project.target("cpu"), image))
+    >>> doc = json.loads(sbom_json(project, project.target("cpu").default_view, image))
     >>> doc["specVersion"], doc["metadata"]["component"]["version"]
     ('1.6', 'sha256:abab...')
 """
@@ -36,7 +36,7 @@ from packageurl import PackageURL
 
 from builder.config.baselock import read_base_lock
 from builder.config.errors import UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images.lockfile import Pin, read_lock
 from builder.images.locks import shared_lock_path
 from builder.oci.registry import Ref
@@ -73,11 +73,11 @@ class Contents:
         return [p for _, pins in self.locks for p in pins]
 
 
-def contents(project: Project, target: ResolvedTarget) -> Contents:
+def contents(project: Project, target: TargetView) -> Contents:
     """The inputs installed into *target*'s image (its platform's view), read from the committed locks.
 
     Example:
-        >>> [path for path, _ in contents(project, project.target("cpu")).locks]
+        >>> [path for path, _ in contents(project, project.target("cpu").default_view).locks]
         ['images/common.amd64.lock', 'images/cpu/requirements.amd64.lock']
     """
     locks = []
@@ -111,11 +111,11 @@ def _oci_purl(ref: str, digest: str) -> PackageURL:
                       qualifiers={"repository_url": r.name})
 
 
-def make_bom(project: Project, target: ResolvedTarget, image: str | None = None) -> Bom:
+def make_bom(project: Project, target: TargetView, image: str | None = None) -> Bom:
     """The CycloneDX BOM of *target*'s image; *image* (``host/repo@sha256:...``) names the pushed image.
 
     Example:
-        >>> len(make_bom(project, project.target("cpu")).components) > 100
+        >>> len(make_bom(project, project.target("cpu").default_view).components) > 100
         True
     """
     c = contents(project, target)
@@ -165,7 +165,7 @@ def make_bom(project: Project, target: ResolvedTarget, image: str | None = None)
     return bom
 
 
-def _image_component(target: ResolvedTarget, image: str | None) -> Component:
+def _image_component(target: Target, image: str | None) -> Component:
     if image is None:
         return Component(type=ComponentType.CONTAINER, name=Ref.parse(target.primary_ref).name,
                          version=target.primary_ref.rsplit(":", 1)[-1], bom_ref="image")
@@ -191,7 +191,7 @@ def validate(text: str) -> str | None:
     return None if error is None else str(error).splitlines()[0][:300]
 
 
-def sbom_json(project: Project, target: ResolvedTarget, image: str | None = None) -> str:
+def sbom_json(project: Project, target: TargetView, image: str | None = None) -> str:
     """The validated CycloneDX 1.6 JSON of *target*'s image (see :func:`make_bom`)."""
     return to_json(make_bom(project, target, image))
 
@@ -200,7 +200,7 @@ def packages(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
     """{"pypi": {name: version}, "deb": {name: version}} of a CycloneDX document, by PURL type.
 
     Example:
-        >>> packages(json.loads(sbom_json(project, project.target("cpu"))))["pypi"]["torch"]
+        >>> packages(json.loads(sbom_json(project, project.target("cpu").default_view)))["pypi"]["torch"]
         '2.13.0+cpu'
     """
     out: dict[str, dict[str, str]] = {"pypi": {}, "deb": {}}
