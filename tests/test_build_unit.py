@@ -233,7 +233,7 @@ class Said(Silent):
 
 
 def _smoke(status: str = "passed") -> SmokeTest:
-    def smoke(engine: Engine, project: Project, target: TargetView, image: str, *,
+    def smoke(engine: Engine, project: Project, view: TargetView, image: str, *,
               log: Callable[[str], None]) -> SimpleNamespace:
         assert isinstance(engine, FakeEngine)
         engine._call("smoke", image)
@@ -248,7 +248,7 @@ class Attest(Attester):
         self.root, self.fail = root, fail
         self.seen: list[dict[str, Any]] = []
 
-    def image(self, target: TargetView, digest: str, content_tag: str | None) -> dict[str, str]:
+    def image(self, view: TargetView, digest: str, content_tag: str | None) -> dict[str, str]:
         path = root_published(self.root)
         self.seen.append(json.loads(path.read_text()) if path.exists() else {})
         if self.fail:

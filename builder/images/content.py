@@ -60,7 +60,7 @@ def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[st
     return sources
 
 
-def build_args(project: Project, target: TargetView) -> dict[str, str]:
+def build_args(project: Project, view: TargetView) -> dict[str, str]:
     """The build arguments of a target view: its platform's base pin and each layer's wheels
     from the platform's locks (:mod:`builder.images.layers`).
 
@@ -69,7 +69,7 @@ def build_args(project: Project, target: TargetView) -> dict[str, str]:
         'torch==2.13.0+cpu --hash=sha256:...'
     """
 
-    return {"BASE": project.base_for(target.platform), **layers.build_args(project, target)}
+    return {"BASE": project.base_for(view.platform), **layers.build_args(project, view)}
 
 
 def context_paths(root: Path) -> set[str]:

@@ -67,14 +67,14 @@ class Attester(Protocol):
     """The ``attest`` stage: sign and attach to a pushed image, or sign an index; return
     {kind: referrer digest}. A failure raises TargetFailed (its message is the view's error)."""
 
-    def image(self, target: TargetView, digest: str, content_tag: str | None) -> dict[str, str]: ...
+    def image(self, view: TargetView, digest: str, content_tag: str | None) -> dict[str, str]: ...
     def index(self, target: Target, digest: str) -> dict[str, str]: ...
 
 
 class SmokeTest(Protocol):
     """The smoke test (:func:`builder.images.smoke.smoke_test`): a result with ``status``, ``skipped``, ``summary()``."""
 
-    def __call__(self, engine: Engine, project: Project, target: TargetView, image: str, *,
+    def __call__(self, engine: Engine, project: Project, view: TargetView, image: str, *,
                  log: Callable[[str], None]) -> Any: ...
 
 

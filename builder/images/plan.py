@@ -159,19 +159,19 @@ class Decision:
     error: str | None = None
 
 
-def cache_ref(target: TargetView) -> str:
+def cache_ref(view: TargetView) -> str:
     """Where ``--push`` keeps a target view's BuildKit cache: a tag beside its images.
 
     Example:
         >>> cache_ref(project.target("nvidia-cu130").on("linux/arm64"))
         'localhost:5000/ml-runtime:buildcache-nvidia-cu130-arm64'
     """
-    return f"{target.primary_ref.rsplit(':', 1)[0]}:buildcache-{target.name}-{target.arch}"
+    return f"{view.primary_ref.rsplit(':', 1)[0]}:buildcache-{view.name}-{view.arch}"
 
 
-def registry_cache_sink(target: TargetView) -> str:
+def registry_cache_sink(view: TargetView) -> str:
     """``--cache-to`` for :func:`cache_ref`: every step (mode=max), in the target's compression."""
-    return f"type=registry,ref={cache_ref(target)},mode=max,{buildkit.compression_options(target.compression)}"
+    return f"type=registry,ref={cache_ref(view)},mode=max,{buildkit.compression_options(view.compression)}"
 
 
 def push_order(target: Target) -> list[str]:
@@ -184,10 +184,10 @@ def push_order(target: Target) -> list[str]:
     return [r for r in target.refs if r not in target.alias_refs] + target.alias_refs
 
 
-def image_refs(target: TargetView) -> list[str]:
+def image_refs(view: TargetView) -> list[str]:
     """The tags a target view's own image is pushed under: the target's (aliases last) when it has
     one platform; its platform tags when it has several (the target's tags become an index)."""
-    return target.platform_refs or push_order(target)
+    return view.platform_refs or push_order(view)
 
 
 def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
@@ -212,7 +212,7 @@ def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
 
 
 def request(
-    project: Project, target: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
+    project: Project, view: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
     cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
     wheels: Mapping[str, Sequence[Pin]] | None = None,
 ) -> buildkit.BuildRequest:
@@ -225,19 +225,19 @@ def request(
 
     epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
     return buildkit.BuildRequest(
-        dockerfile=target.dockerfile,
+        dockerfile=view.dockerfile,
         context=".",
-        platform=target.platform,
-        build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"}),
+        platform=view.platform,
+        build_args={**content.build_args(project, view), **({} if view.native else {"EMULATED": "1"}),
                     "SOURCE_DATE_EPOCH": str(epoch)},
-        contexts=wheel_contexts(layers.context_layers(project, target) if wheels is None else wheels),  # staged by the build
+        contexts=wheel_contexts(layers.context_layers(project, view) if wheels is None else wheels),  # staged by the build
         labels={} if stage else dict(labels),
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
-        cache_to=("type=inline", *([registry_cache_sink(target)] if registry_cache else [])),
+        cache_to=("type=inline", *([registry_cache_sink(view)] if registry_cache else [])),
         no_cache=nocache,
         builder=os.environ.get("BUILDX_BUILDER") or None,
-        compression=target.compression,
+        compression=view.compression,
     )
 
 

@@ -37,7 +37,7 @@ def push_ref(engine: Engine, ref: str) -> str:
     return engine.push(ref)
 
 
-def push_target(engine: Engine, target: TargetView, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
+def push_target(engine: Engine, view: TargetView, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
     """Push the image of a built target view under *refs*, in order; return its published record.
 
     Example:
@@ -49,21 +49,21 @@ def push_target(engine: Engine, target: TargetView, image_id: str, refs: Sequenc
         digests[ref] = engine.push(ref)
     unique = set(digests.values())
     if len(unique) != 1:
-        raise TargetFailed(f"{target.name}: tags were pushed with different digests {sorted(unique)}")
+        raise TargetFailed(f"{view.name}: tags were pushed with different digests {sorted(unique)}")
     digest = unique.pop()
     local = engine.repo_digests(image_id)
-    repo = registry.Ref.parse(target.primary_ref).name
+    repo = registry.Ref.parse(view.primary_ref).name
     if f"{repo}@{digest}" not in local:
-        raise TargetFailed(f"{target.name}: local RepoDigests {local} lack the pushed digest {digest}")
-    return published(target, image_id, digest, list(digests))
+        raise TargetFailed(f"{view.name}: local RepoDigests {local} lack the pushed digest {digest}")
+    return published(view, image_id, digest, list(digests))
 
 
-def published(target: TargetView, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
+def published(view: TargetView, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
     """The dist/published.json record of a target whose *tags* now point at *digest*."""
-    repo = registry.Ref.parse(target.primary_ref).name
+    repo = registry.Ref.parse(view.primary_ref).name
     return {
-        "target": target.unit,
-        "platform": target.platform,
+        "target": view.unit,
+        "platform": view.platform,
         "image_id": image_id,
         "digest": digest,
         "reference": f"{repo}@{digest}",
