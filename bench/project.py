@@ -126,10 +126,10 @@ def wheelhouse(root: Path) -> Path:
     return Path(stores(root)["wheelhouse"]["where"])
 
 
-def locked_wheels(project: Project, target: TargetView) -> list[locks.Pin]:
-    """The wheels that end up in the image: common.lock and the target's lock (uv's tools.lock does not)."""
-    return (locks.read(locks.shared_lock(project.root, "common", target.platform))
-            + locks.read(project.root / target.lock))
+def locked_wheels(project: Project, view: TargetView) -> list[locks.Pin]:
+    """The wheels that end up in the image: common.lock and the view's lock (uv's tools.lock does not)."""
+    return (locks.read(locks.shared_lock(project.root, "common", view.platform))
+            + locks.read(project.root / view.lock))
 
 
 def tools_wheels(project: Project, platform: str) -> list[locks.Pin]:
@@ -151,11 +151,11 @@ def lock_and_render(project_root: Path, views: list[TargetView]) -> Project:
     return load(project_root)
 
 
-def baseline_for(project: Project, target: TargetView, folder: Path) -> Path:
-    """The baseline's build context for *target* (:func:`bench.baseline_context`), from its locks."""
+def baseline_for(project: Project, view: TargetView, folder: Path) -> Path:
+    """The baseline's build context for *view* (:func:`bench.baseline_context`), from its locks."""
     house = wheelhouse(project.root)
-    pins, uv = locked_wheels(project, target), tools_wheels(project, target.platform)
-    return baseline_context(folder, project.root, target.backend, [house / p.filename for p in pins],
+    pins, uv = locked_wheels(project, view), tools_wheels(project, view.platform)
+    return baseline_context(folder, project.root, view.backend, [house / p.filename for p in pins],
                             [p.requirement() for p in pins], [house / p.filename for p in uv],
                             [p.requirement() for p in uv])
 
