@@ -80,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
                 if unknown := [n for n in names if n not in project.targets]:
                     parser.error(f"--targets: no target {', '.join(unknown)} in matrix.yaml; choose from "
                                  f"{', '.join(project.targets)}")
-                project = lock_and_render(root, [project.target(n) for n in names])
+                project = lock_and_render(root, [project.target(n).default_view for n in names])
                 targets = [project.target(n) for n in names]
                 made.refs += [ref for t in targets for view in t.views() for ref in view.local_refs]
-                results = measure(client, project, targets, tmp, made) if "baseline" in rows else {}
+                views = [t.default_view for t in targets]  # each on its default platform: what was locked
+                results = measure(client, project, views, tmp, made) if "baseline" in rows else {}
                 if "avoidance" in rows:
                     results["avoidance"] = avoidance(project, targets, tmp, made)
                 if "emulated" in rows:

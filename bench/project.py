@@ -33,15 +33,34 @@ BASELINE_REPO = "ml-bench-baseline"
 
 @dataclass(frozen=True)
 class Target:
-    """A target of ``builder print`` seen on one of its platforms (``platform``: the host's when listed)."""
+    """A target of ``builder print``: what holds on each of its platforms."""
 
     name: str
     backend: str
     dockerfile: str
-    platform: str
     platforms: list[str]
     locks: dict[str, str]
     refs: dict[str, list[str]]  # per platform: the tags its image gets in the local engine
+    #: The platform of ``builder print``'s ``platform``: the host's when listed, else the first.
+    default_platform: str
+
+    def on(self, platform: str) -> TargetView:
+        """This target on one of its platforms."""
+        return TargetView(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Target)}, platform=platform)
+
+    def views(self) -> list[TargetView]:
+        return [self.on(p) for p in self.platforms]
+
+    @property
+    def default_view(self) -> TargetView:
+        return self.on(self.default_platform)
+
+
+@dataclass(frozen=True)
+class TargetView(Target):
+    """A target of ``builder print`` on one of its platforms."""
+
+    platform: str = dataclasses.field(kw_only=True)
 
     @property
     def lock(self) -> str:
@@ -55,12 +74,6 @@ class Target:
     @property
     def arch(self) -> str:
         return self.platform.split("/")[1]
-
-    def on(self, platform: str) -> Target:
-        return dataclasses.replace(self, platform=platform)
-
-    def views(self) -> list[Target]:
-        return [self.on(p) for p in self.platforms]
 
 
 @dataclass(frozen=True)
@@ -88,8 +101,9 @@ def builder(root: Path, *args: str, env: dict[str, str] | None = None) -> Any:
 def load(root: Path) -> Project:
     """The project at *root*, from ``builder print``."""
     data = json.loads(builder(root, "print").stdout)
-    targets = {t["name"]: Target(t["name"], t["backend"], t["dockerfile"], t["platform"], t["platforms"], t["locks"],
-                                 {p: plan["local_refs"] for p, plan in t["plan"].items()}) for t in data["targets"]}
+    targets = {t["name"]: Target(t["name"], t["backend"], t["dockerfile"], t["platforms"], t["locks"],
+                                 {p: plan["local_refs"] for p, plan in t["plan"].items()}, t["platform"])
+               for t in data["targets"]}
     return Project(root, data["base"], targets)
 
 
@@ -112,10 +126,10 @@ def wheelhouse(root: Path) -> Path:
     return Path(stores(root)["wheelhouse"]["where"])
 
 
-def locked_wheels(project: Project, target: Target) -> list[locks.Pin]:
-    """The wheels that end up in the image: common.lock and the target's lock (uv's tools.lock does not)."""
-    return (locks.read(locks.shared_lock(project.root, "common", target.platform))
-            + locks.read(project.root / target.lock))
+def locked_wheels(project: Project, view: TargetView) -> list[locks.Pin]:
+    """The wheels that end up in the image: common.lock and the view's lock (uv's tools.lock does not)."""
+    return (locks.read(locks.shared_lock(project.root, "common", view.platform))
+            + locks.read(project.root / view.lock))
 
 
 def tools_wheels(project: Project, platform: str) -> list[locks.Pin]:
@@ -123,25 +137,25 @@ def tools_wheels(project: Project, platform: str) -> list[locks.Pin]:
     return locks.read(locks.shared_lock(project.root, "tools", platform))
 
 
-def lock_and_render(project_root: Path, targets: list[Target]) -> Project:
+def lock_and_render(project_root: Path, views: list[TargetView]) -> Project:
     """``builder lock`` the target views (per platform) and ``builder render`` them; the project as it is then."""
-    say(f"locking {', '.join(t.name for t in targets)}")
+    say(f"locking {', '.join(v.name for v in views)}")
     try:
-        for platform in dict.fromkeys(t.platform for t in targets):
-            names = [a for t in targets if t.platform == platform for a in ("-t", t.name)]
+        for platform in dict.fromkeys(v.platform for v in views):
+            names = [a for v in views if v.platform == platform for a in ("-t", v.name)]
             for line in builder(project_root, "lock", *names, "--platform", platform).stdout.splitlines():
                 say(line)
-        builder(project_root, "render", *(a for t in targets for a in ("-t", t.name)))
+        builder(project_root, "render", *(a for v in views for a in ("-t", v.name)))
     except RuntimeError as exc:
         raise SystemExit(f"bench: locking failed: {exc}") from None
     return load(project_root)
 
 
-def baseline_for(project: Project, target: Target, folder: Path) -> Path:
-    """The baseline's build context for *target* (:func:`bench.baseline_context`), from its locks."""
+def baseline_for(project: Project, view: TargetView, folder: Path) -> Path:
+    """The baseline's build context for *view* (:func:`bench.baseline_context`), from its locks."""
     house = wheelhouse(project.root)
-    pins, uv = locked_wheels(project, target), tools_wheels(project, target.platform)
-    return baseline_context(folder, project.root, target.backend, [house / p.filename for p in pins],
+    pins, uv = locked_wheels(project, view), tools_wheels(project, view.platform)
+    return baseline_context(folder, project.root, view.backend, [house / p.filename for p in pins],
                             [p.requirement() for p in pins], [house / p.filename for p in uv],
                             [p.requirement() for p in uv])
 

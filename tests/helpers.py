@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from devtools.support import base_pin, host_platform, retarget_base_lock
 
 if TYPE_CHECKING:
-    from builder.config.project import Project, ResolvedTarget
+    from builder.config.project import Project, TargetView
 
 
 def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: int = 1800):
@@ -51,7 +51,7 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> Project:
     monkeypatch.setattr(build, "ensure_base_present", lambda engine, project, platform, *a, **k: "base@sha256:0")
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
     monkeypatch.setattr(content, "content_tags",
-                        lambda project, targets, *a: {t.unit: f"127.0.0.1:1/fake:{t.unit}-0" for t in targets})
+                        lambda project, views, *a: {v.unit: f"127.0.0.1:1/fake:{v.unit}-0" for v in views})
     monkeypatch.setattr(content, "build_args", lambda project, target: {})  # no locks: no layer arguments
     monkeypatch.setattr(layers, "context_layers", lambda project, target: {})  # nor wheels
     monkeypatch.setattr(wheelhouse, "location", lambda: folder)
@@ -62,12 +62,12 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> Project:
                                            base_for=lambda platform: "base@sha256:0"))
 
 
-def fake_target(name: str, platform: str | None = None, **fields: Any) -> ResolvedTarget:
+def fake_view(name: str, platform: str | None = None, **fields: Any) -> TargetView:
     """The least target view ``build_all`` needs for a test Dockerfile (a stand-in): one platform (default:
     this host's), tagged ``primary_ref`` (default: ``127.0.0.1:1/fake:<name>``, where no registry answers)."""
     platform = platform or host_platform()
     primary = fields.pop("primary_ref", f"127.0.0.1:1/fake:{name}")
-    return cast("ResolvedTarget", SimpleNamespace(
+    return cast("TargetView", SimpleNamespace(
         name=name, unit=name, platform=platform, platforms=[platform], local_refs=[primary], primary_ref=primary,
         refs=[primary], platform_refs=[], alias_refs=[], labels={}, arch=platform.split("/")[1],
         native=platform == host_platform(), compression="gzip", **fields))

@@ -88,7 +88,7 @@ def test_bake_command_prints_and_writes(tmp_path):
     assert written.exit_code == 0, written.output
     assert json.loads(out.read_text()) == bake.bake_definition(_project(), _project().select(["cpu"]))
     # The wheels the file points at are staged, one folder per layer, exactly the locked files (and the marker).
-    cpu = _project().target("cpu")
+    cpu = _project().target("cpu").default_view
     contexts = json.loads(out.read_text())["target"]["cpu"]["contexts"]
     for layer, pins in layers.context_layers(_project(), cpu).items():
         folder = Path(contexts[layers.context_name(layer)])

@@ -18,10 +18,10 @@ import docker
 import pytest
 from click.testing import CliRunner
 from doubles import NoEngine, Silent
-from helpers import bare_build_project, fake_target
+from helpers import bare_build_project, fake_view
 
 from builder.config.errors import TargetFailed
-from builder.config.project import Project, ResolvedTarget, load_project
+from builder.config.project import Project, Target, TargetView, load_project
 from builder.images import build, publish
 from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
@@ -81,7 +81,7 @@ LABELS = {plans.REVISION: "abc", plans.CREATED: "2025-01-02T03:04:05+00:00"}
 
 
 def test_the_plan_of_a_view_has_its_refs_build_arguments_and_stages(project):
-    cpu = project.target("cpu")
+    cpu = project.target("cpu").default_view
     (view,) = plans.make_plan(project, [cpu], plans.Options(push=True, sign=True), labels=LABELS).views
     assert view.stages == ("build", "smoke", "tag", "push", "attest", "record")
     assert view.content_tag.startswith("localhost:5000/ml-runtime:cpu-")
@@ -120,7 +120,7 @@ def test_a_multi_platform_target_gets_an_index_plan_with_push_only(project):
 
 def _plan(name: str = "t0", options: plans.Options | None = None, **fields: Any) -> plans.ViewPlan:
     """A hand-made plan of a fake view (no project behind it)."""
-    view = fake_target(name, dockerfile=f"images/{name}/Dockerfile", **fields)
+    view = fake_view(name, dockerfile=f"images/{name}/Dockerfile", **fields)
     return plans.ViewPlan(view=view, content_tag=f"127.0.0.1:1/fake:{name}-0", local_refs=tuple(view.local_refs),
                           push_refs=tuple(view.refs), cache_sources=(), registry_host="127.0.0.1:1", wheels={},
                           request=BuildRequest(dockerfile=view.dockerfile, context=".", platform=view.platform),
@@ -233,7 +233,7 @@ class Said(Silent):
 
 
 def _smoke(status: str = "passed") -> SmokeTest:
-    def smoke(engine: Engine, project: Project, target: ResolvedTarget, image: str, *,
+    def smoke(engine: Engine, project: Project, view: TargetView, image: str, *,
               log: Callable[[str], None]) -> SimpleNamespace:
         assert isinstance(engine, FakeEngine)
         engine._call("smoke", image)
@@ -248,14 +248,14 @@ class Attest(Attester):
         self.root, self.fail = root, fail
         self.seen: list[dict[str, Any]] = []
 
-    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]:
+    def image(self, view: TargetView, digest: str, content_tag: str | None) -> dict[str, str]:
         path = root_published(self.root)
         self.seen.append(json.loads(path.read_text()) if path.exists() else {})
         if self.fail:
             raise TargetFailed("attaching the SBOM, provenance and signature failed: no cosign")
         return {"sig": "sha256:s"}
 
-    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]:
+    def index(self, target: Target, digest: str) -> dict[str, str]:
         return {"sig": "sha256:i"}
 
 
@@ -423,8 +423,8 @@ def test_a_foreign_platform_without_emulation_fails_with_the_fix(monkeypatch, tm
     project = bare_build_project(monkeypatch, tmp_path)
     monkeypatch.setattr(build.platforms, "emulation_problem",  # stands in for a host without qemu's handler
                         lambda platform: None if platform == "linux/native" else f"{platform} needs emulation: FIX")
-    native = fake_target("native", dockerfile="images/native/Dockerfile", platform="linux/native")
-    foreign = fake_target("foreign", dockerfile="images/foreign/Dockerfile", platform="linux/other")
+    native = fake_view("native", dockerfile="images/native/Dockerfile", platform="linux/native")
+    foreign = fake_view("foreign", dockerfile="images/foreign/Dockerfile", platform="linux/other")
     engine = FakeEngine()
     outcomes = build.build_all(engine, project, [foreign, native], Silent(), keep_going=keep_going, smoke=False)
     failed = next(o for o in outcomes if o.target == "foreign")

@@ -46,7 +46,7 @@ def test_docstring_examples(name, project_copy, monkeypatch):
     targets = {t.vendor: t for t in reversed(project.targets)}  # the first target of each vendor
     names = {
         "project": project,
-        "cpu": project.target("cpu"),
+        "cpu": project.target("cpu").default_view,  # a view: what a build, a lock or a push takes
         "cpu_target": project.target("cpu"),
         "amd_target": targets["amd"],
         "json": json,

@@ -78,7 +78,7 @@ def test_provenance_holds_no_index_credential_and_names_the_remote_not_the_path(
     entry = load_project(git_project / "matrix.yaml").target("cpu").entry
     project = load_project(git_project / "matrix.yaml",
                            index_overrides={entry: f"https://ci:{TOKEN}@mirror.example/whl/cpu?token={TOKEN}"})
-    st = provenance.statement(project, project.target("cpu"), f"localhost:5000/ml-runtime@{DIGEST}", None)
+    st = provenance.statement(project, project.target("cpu").default_view, f"localhost:5000/ml-runtime@{DIGEST}", None)
     text = json.dumps(st)
     assert TOKEN not in text
     assert str(git_project) not in text, "a local path is not published"
@@ -95,7 +95,7 @@ def test_provenance_without_a_remote_names_no_path(tmp_path):
     root = copy_project(tmp_path / "project")
     _git(root, "init", "-q")
     project = load_project(root / "matrix.yaml")
-    st = provenance.statement(project, project.target("cpu"), f"localhost:5000/ml-runtime@{DIGEST}", None)
+    st = provenance.statement(project, project.target("cpu").default_view, f"localhost:5000/ml-runtime@{DIGEST}", None)
     source = next(d for d in st["predicate"]["buildDefinition"]["resolvedDependencies"] if d["name"] == "source")
     assert "uri" not in source and str(root) not in json.dumps(st)
 

@@ -85,7 +85,7 @@ def test_rendered_dockerfile_has_one_step_per_layer_in_plan_order(project):
 def test_content_tag_follows_one_layers_wheels(project):
     """A changed pin in the lock changes the content tag (the wheels reach the build as arguments)."""
     proj = load_project(project / "matrix.yaml")
-    cpu = proj.target("cpu")
+    cpu = proj.target("cpu").default_view
     before = content.content_tags(proj, [cpu])["cpu"]
     lock = project / cpu.lock
     lock.write_text(lock.read_text().replace("accelerate==1.15.0 --hash=sha256:9", "accelerate==1.15.0 --hash=sha256:8"))

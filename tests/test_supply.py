@@ -87,7 +87,7 @@ def repo_project() -> Project:
 
 
 def test_sbom_from_the_real_locks_is_valid_cyclonedx_and_exact(repo_project):
-    cpu = repo_project.target("cpu")
+    cpu = repo_project.target("cpu").default_view
     text = sbom.sbom_json(repo_project, cpu, f"localhost:5000/ml-runtime@{DIGEST}")
     assert sbom.validate(text) is None
     doc = json.loads(text)
@@ -131,14 +131,14 @@ def test_sbom_names_the_missing_lock(tmp_path):
     project = load_project(root / "matrix.yaml")
     with pytest.raises(UserError, match=r"images/cpu/requirements.amd64.lock is missing or empty: run 'builder "
                                         r"lock -t cpu --platform linux/amd64'"):
-        sbom.sbom_json(project, project.target("cpu"))
+        sbom.sbom_json(project, project.target("cpu").default_view)
 
 
 # --- the provenance --------------------------------------------------------------------------------------
 
 
 def test_provenance_names_the_build(repo_project):
-    cpu = repo_project.target("cpu")
+    cpu = repo_project.target("cpu").default_view
     image = f"localhost:5000/ml-runtime@{DIGEST}"
     st = provenance.statement(repo_project, cpu, image, "localhost:5000/ml-runtime:cpu-0123456789ab")
     assert st["_type"] == "https://in-toto.io/Statement/v1"
@@ -282,7 +282,7 @@ def published(deleting_registry, keys, tmp_path_factory) -> dict[str, Any]:
     digest = push_tiny_image(name, "cpu", "the cpu image")
     signer = signing.load_signer(str(keys["private"]))
     assert signer is not None
-    done = attach.attest(project, project.target("cpu"), f"{name}@{digest}", f"{name}:cpu-0123456789ab", signer)
+    done = attach.attest(project, project.target("cpu").default_view, f"{name}@{digest}", f"{name}:cpu-0123456789ab", signer)
     return {"root": root, "project": project, "name": name, "digest": digest, "attachments": done, "signer": signer}
 
 
@@ -310,7 +310,7 @@ def test_cosign_verifies_the_signature_and_both_attestations(published, keys):
         assert statement["predicateType"] == predicate_type
         assert statement["subject"][0]["digest"] == {"sha256": _hex(published["digest"])}
         if kind == "sbom":  # the SBOM exactly as the builder made it
-            made = json.loads(sbom.sbom_json(published["project"], published["project"].target("cpu"), ref))
+            made = json.loads(sbom.sbom_json(published["project"], published["project"].target("cpu").default_view, ref))
             assert {k: v for k, v in statement["predicate"].items() if k != "serialNumber"} == \
                 {k: v for k, v in made.items() if k != "serialNumber"} | {"metadata": statement["predicate"]["metadata"]}
             assert [c["bom-ref"] for c in statement["predicate"]["components"]] == \
@@ -366,7 +366,7 @@ def test_verify_passes_on_the_signed_image(published, keys):
     lines = run.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["PASS sig", "PASS sbom", "PASS att"]
     assert all(line.endswith(f"names {name}@{digest}") for line in lines)
-    count = len(json.loads(sbom.sbom_json(published["project"], published["project"].target("cpu")))["components"])
+    count = len(json.loads(sbom.sbom_json(published["project"], published["project"].target("cpu").default_view))["components"])
     assert f"CycloneDX 1.6, {count} components" in lines[1]
     assert "SLSA provenance v1: target cpu (linux/amd64)" in lines[2]
     by_digest = _verify(f"{name}@{digest}", keys["public"], published["root"])
@@ -422,7 +422,7 @@ def test_verify_fails_on_a_deleted_attachment(published, keys):
     """The attestations deleted (cosign keeps both in one manifest): the signature still verifies, for both."""
     name, project = published["name"], published["project"]
     digest = push_tiny_image(name, "cpu-partial", "a fourth image")
-    attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
+    attach.attest(project, project.target("cpu").default_view, f"{name}@{digest}", None, published["signer"])
     assert cosign_passes(f"{name}:cpu-partial", keys["public"]) == [True, True, True]
     delete_manifest(f"{name}:sha256-{_hex(digest)}.att")
     run = _verify(f"{name}:cpu-partial", keys["public"], published["root"])
@@ -437,7 +437,7 @@ def test_verify_fails_on_a_deleted_attachment(published, keys):
 def test_verify_fails_on_a_deleted_signature(published, keys):
     name, project = published["name"], published["project"]
     digest = push_tiny_image(name, "cpu-unsigned", "a fifth image")
-    attach.attest(project, project.target("cpu"), f"{name}@{digest}", None, published["signer"])
+    attach.attest(project, project.target("cpu").default_view, f"{name}@{digest}", None, published["signer"])
     delete_manifest(f"{name}:sha256-{_hex(digest)}.sig")
     run = _verify(f"{name}:cpu-unsigned", keys["public"], published["root"])
     assert run.returncode == 1
@@ -499,7 +499,7 @@ def test_pushing_a_signed_image_again_keeps_its_attachments(published):
     project, name, digest = published["project"], published["name"], published["digest"]
     said: list[str] = []
     stage = attach.Attach(project, published["signer"], said.append)  # the executor's attest stage
-    assert stage.image(project.target("cpu"), digest, None) == published["attachments"]
+    assert stage.image(project.target("cpu").default_view, digest, None) == published["attachments"]
     assert said == [f"cpu: {name}@{digest} already carries sig, sbom, att signed by this key"]
     assert attach.already_attested(f"{name}@{digest}", published["signer"]) == published["attachments"]
     (published["root"] / "stranger.pem").write_bytes(_pem_pair(ec.generate_private_key(ec.SECP256R1()))[0])
@@ -513,8 +513,8 @@ def test_signing_again_does_not_pile_up(published, keys):
     name, project = published["name"], published["project"]
     digest = push_tiny_image(name, "cpu-again", "a sixth image")
     image = f"{name}@{digest}"
-    first = attach.attest(project, project.target("cpu"), image, None, published["signer"])
-    again = attach.attest(project, project.target("cpu"), image, None, published["signer"])
+    first = attach.attest(project, project.target("cpu").default_view, image, None, published["signer"])
+    again = attach.attest(project, project.target("cpu").default_view, image, None, published["signer"])
     assert again["sig"] == first["sig"]  # cosign added no second signature: the same referrer
     assert len(_manifest(f"{name}:sha256-{_hex(digest)}.sig")["layers"]) == 1
     layers = _manifest(f"{name}:sha256-{_hex(digest)}.att")["layers"]
@@ -531,7 +531,7 @@ def test_the_attest_stage_attaches_to_a_pushed_image_and_fails_in_one_line_where
 
     project, name, signer = published["project"], published["name"], published["signer"]
     digest = push_tiny_image(name, "cpu-built", "a freshly built image")
-    cpu = project.target("cpu")
+    cpu = project.target("cpu").default_view
     said: list[str] = []
     stage = attach.Attach(project, signer, said.append)
     done = stage.image(cpu, digest, f"{name}:cpu-0123456789ab")

@@ -110,8 +110,8 @@ def test_target_fingerprint_ignores_the_order_of_the_common_pins(proj, monkeypat
     monkeypatch.setattr(locks, "_ensure", ensure)
     monkeypatch.setattr(locks, "check_torch_flavour", lambda *_a: None)
     common = [lockfile.Pin("PyYAML", "6.0.4", "a" * 64, "y.whl"), lockfile.Pin("numpy", "1.2", "b" * 64, "n.whl")]
-    locks.target_lock(proj, proj.target("cpu"), common)
-    locks.target_lock(proj, proj.target("cpu"), common[::-1])
+    locks.target_lock(proj, proj.target("cpu").default_view, common)
+    locks.target_lock(proj, proj.target("cpu").default_view, common[::-1])
     assert seen[0] == seen[1]
 
 
@@ -184,7 +184,7 @@ def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
 )
 def test_torch_of_another_flavour_fails_the_lock(proj, monkeypatch, target, resolved):
     """``torch==X`` also matches ``X+cpu`` (ranked above bare X): the lock must refuse the wrong build."""
-    t = proj.target(target)
+    t = proj.target(target).default_view
     torch = lockfile.Pin("torch", resolved, "e" * 64, f"torch-{resolved}-cp311-cp311-manylinux_2_28_x86_64.whl")
     monkeypatch.setattr(locks, "index_reachable", lambda url, timeout=8.0: None)
     monkeypatch.setattr(locks, "resolve", lambda *a, **k: [torch])
@@ -207,7 +207,7 @@ def test_torch_of_the_target_flavour_is_locked(proj, monkeypatch, target, resolv
     monkeypatch.setattr(locks, "read_lock", lambda path: (None, []))
     written = []
     monkeypatch.setattr(locks, "write_lock", lambda *a: written.append(a))
-    assert locks.target_lock(proj, proj.target(target), []) == [torch]
+    assert locks.target_lock(proj, proj.target(target).default_view, []) == [torch]
     assert written
 
 
@@ -219,7 +219,7 @@ def test_index_reachable_reports_why(tmp_path):
 
 
 def test_unreachable_index_message_names_index_and_mirror(proj, monkeypatch):
-    target = proj.target("amd-rocm5.7")
+    target = proj.target("amd-rocm5.7").default_view
     monkeypatch.setattr(locks, "index_reachable", lambda url, timeout=8.0: "Name or service not known")
     monkeypatch.setattr(locks, "resolve", lambda *a, **k: (_ for _ in ()).throw(TargetFailed("no match")))
     monkeypatch.setattr(locks, "read_lock", lambda path: (None, []))

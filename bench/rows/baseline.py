@@ -28,6 +28,7 @@ from bench.project import (
     Made,
     Project,
     Target,
+    TargetView,
     baseline_for,
     builder_build,
     docker_cli_build,
@@ -43,13 +44,13 @@ from devtools.support import host_platform
 MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": "requirements-uv.txt"}
 
 
-def measure(client: docker.DockerClient, project: Project, targets: list[Target], tmp: Path,
+def measure(client: docker.DockerClient, project: Project, views: list[TargetView], tmp: Path,
             made: Made) -> dict[str, Any]:
     """Cold, no-op and runtime-change builds, sizes and sharing, ours against the baseline (bench/__main__.py)."""
     root = project.root
     house = wheelhouse(root)
-    pins = {t.name: locked_wheels(project, t) for t in targets}
-    contexts = {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}") for t in targets}
+    pins = {t.name: locked_wheels(project, t) for t in views}
+    contexts = {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}") for t in views}
     base = project.base_for(host_platform())
     ours: dict[str, Any] = {k: {} for k in ("cold_build_s", "noop_rebuild_s_per_target", "noop_samples_s",
                                             "runtime_change_rebuild_s", "runtime_change_samples_s",
@@ -62,7 +63,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
     # baseline, ours, ...) so both see the same load: ours `builder build -t T --rebuild --no-smoke -q --json`
     # (zstd, the default), the baseline `docker buildx build --no-cache` of its Dockerfile (gzip, Docker's).
     ours["cold_samples_s"], theirs["cold_samples_s"] = {}, {}
-    for t in targets:
+    for t in views:
         mine: list[float] = []
         their: list[float] = []
         mine_phases: list[dict[str, float]] = []
@@ -93,8 +94,8 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
     # Settle: one ordinary build each, as users run them (cached, tagged). Sizes and sharing are
     # measured on these: nocache rebuilt the shared stage per target, so its images share nothing.
     final: dict[str, dict[str, str]] = {"ours": {}, "baseline": {}}
-    tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in targets}
-    for t in targets:
+    tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in views}
+    for t in views:
         made.refs.append(tags[t.name])
         final["ours"][t.name] = builder_build(root, t.name)[1]["image_id"]
         final["baseline"][t.name] = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])[1]
@@ -128,7 +129,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
         sync_runtime(root, contexts[t.name])
 
     for key, label, prepare in (("noop", "no-op", lambda t: None), ("runtime_change", "runtime change", changed)):
-        for t in targets:
+        for t in views:
             samples, theirs_samples, cached = paired(t, prepare)
             say(f"{t.name}: {label} {samples} s, baseline {theirs_samples} s")
             ours[f"{key}_samples_s"][t.name], theirs[f"{key}_samples_s"][t.name] = samples, theirs_samples
@@ -144,7 +145,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
             side["size_ratio_vs_essential"][t.name] = round(side["image_bytes"][t.name] / essential, 4)
 
     # No-op: the whole CLI process for ours; `docker build` of the same Dockerfile for the baseline.
-    for t in targets:
+    for t in views:
         samples, theirs_samples, cached = [], [], []
         for _ in range(REPEATS):
             seconds, outcome = builder_build(root, t.name)
@@ -161,7 +162,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
         ours["noop_all_cached"][t.name] = all(cached)
 
     # Runtime change: a comment in the in-image runtime, then rebuild (ours: the CLI; baseline: docker build).
-    for t in targets:
+    for t in views:
         samples, theirs_samples = [], []
         for _ in range(REPEATS):
             touch_runtime(root)
@@ -178,7 +179,7 @@ def measure(client: docker.DockerClient, project: Project, targets: list[Target]
         theirs["runtime_change_rebuild_s"][t.name] = median(theirs_samples)
 
     for side, name in ((ours, "ours"), (theirs, "baseline")):
-        images = [stacks[name][t.name] for t in targets]
+        images = [stacks[name][t.name] for t in views]
         side["shared_bytes_fraction"] = shared_fraction(images)
         side["shared_bytes"] = shared_bytes(images)
         side["shared_fraction_below_torch"] = shared_by_all([below(s, MARKERS[name]) for s in images])

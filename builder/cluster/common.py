@@ -21,7 +21,7 @@ from typing import Literal
 
 from builder.config.errors import UserError
 from builder.config.files import published_path
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target
 
 Launcher = Literal["accelerate", "torchrun"]
 LAUNCHERS: tuple[Launcher, ...] = ("accelerate", "torchrun")
@@ -115,7 +115,7 @@ def check_env(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def target_env(target: ResolvedTarget, extra: Mapping[str, str]) -> dict[str, str]:
+def target_env(target: Target, extra: Mapping[str, str]) -> dict[str, str]:
     """The containers' variables: CPU targets run the multi-process launcher on gloo, then ``--env``.
 
     Example:
@@ -126,7 +126,7 @@ def target_env(target: ResolvedTarget, extra: Mapping[str, str]) -> dict[str, st
     return {**env, **extra}
 
 
-def image_reference(project: Project, target: ResolvedTarget) -> tuple[str, str]:
+def image_reference(project: Project, target: Target) -> tuple[str, str]:
     """The target's image, by digest when ``dist/published.json`` records it, and where it came from.
 
     A multi-platform target's record is its index: each node pulls its own platform.

@@ -40,7 +40,7 @@ from builder.cluster.common import (
     target_env,
 )
 from builder.config.errors import UserError
-from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
+from builder.config.project import LABEL_PREFIX, Project, Target
 
 #: The Kubernetes release whose schemas the tests validate every manifest against.
 K8S_VERSION = "1.33.0"
@@ -56,7 +56,7 @@ NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?")
 DEFAULT_COMMAND = ("/opt/examples/train.py",)
 
 
-def gpu_resource(target: ResolvedTarget, override: str | None = None) -> str | None:
+def gpu_resource(target: Target, override: str | None = None) -> str | None:
     """The resource name to put in limits: *override*, the matrix's ``k8s_resource``, the vendor's default.
 
     Example:
@@ -150,7 +150,7 @@ def manifests(
     return [service, job_doc]
 
 
-def _gpu_request(chosen: ResolvedTarget, target: str, gpus: int | None,
+def _gpu_request(chosen: Target, target: str, gpus: int | None,
                  gpu_resource_name: str | None) -> tuple[str | None, int]:
     """The GPU resource and how many of it a pod asks for (None, 0 for a cpu target)."""
     resource = gpu_resource(chosen, gpu_resource_name)
@@ -162,7 +162,7 @@ def _gpu_request(chosen: ResolvedTarget, target: str, gpus: int | None,
     return resource, count
 
 
-def _checked(chosen: ResolvedTarget, *, nodes: int, grace: int, launcher: str, name: str | None,
+def _checked(chosen: Target, *, nodes: int, grace: int, launcher: str, name: str | None,
              namespace: str | None) -> tuple[str, Launcher]:
     """The Job's name and the launcher, once the options are checked."""
     if not 1 <= nodes <= 1000:
@@ -180,7 +180,7 @@ def _checked(chosen: ResolvedTarget, *, nodes: int, grace: int, launcher: str, n
     return job, launcher
 
 
-def _env(chosen: ResolvedTarget, job: str, *, nodes: int, procs: int,
+def _env(chosen: Target, job: str, *, nodes: int, procs: int,
          env: Sequence[str]) -> list[dict[str, Any]]:
     """The rendezvous (pod 0 of the Job; each pod's rank, its completion index), then the target's and
     --env's variables."""
@@ -200,7 +200,7 @@ def _env(chosen: ResolvedTarget, job: str, *, nodes: int, procs: int,
     ]
 
 
-def _pod(chosen: ResolvedTarget, job: str, container: dict[str, Any], *, grace: int,
+def _pod(chosen: Target, job: str, container: dict[str, Any], *, grace: int,
          multi: bool) -> dict[str, Any]:
     """The pod spec: the image's user, the grace period, a memory-backed /dev/shm of the target's size."""
     shm = chosen.run_flags.shm_size

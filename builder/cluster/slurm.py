@@ -42,7 +42,7 @@ from builder.cluster.common import (
 )
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
-from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
+from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host.devices import NodeDevices, node_devices
 from builder.oci import registry
 
@@ -64,7 +64,7 @@ SLURM_LABEL = f"{LABEL_PREFIX}.slurm.job"
 class SlurmJob:
     """Everything the sbatch script says, checked."""
 
-    target: ResolvedTarget
+    target: Target
     image: str
     image_source: str
     command: tuple[str, ...]

@@ -5,8 +5,9 @@
   ``grammar.py``: the names, versions and URLs both accept.
 - ``loaders.py`` (YAML/JSON with file:line errors), ``validation.py`` (one line per problem),
   ``errors.py`` (``UserError``: exit 2 with a fix; ``TargetFailed``: one target failed).
-- ``project.py``: the resolution: matrix + wheel mapping + base pin -> ``ResolvedTarget``\\ s
-  (tags, labels, torch pin, index, device flags); ``baselock.py``: ``base.lock.json``.
+- ``project.py``: the resolution: matrix + wheel mapping + base pin -> ``Target``\\ s (tags, labels,
+  torch pin, index, device flags), and their ``TargetView``\\ s, one per platform (lock, arch, local tags);
+  ``baselock.py``: ``base.lock.json``.
 - ``files.py``: atomic writes, lock files; ``state.py``: the user's state folder (wheelhouse, local
   registry) and this process as the owner of what it leaves on an engine (its smoke containers).
 

@@ -158,8 +158,8 @@ PACKAGES_LAYER = "packages"
 Compression = Literal["gzip", "zstd"]
 
 
-class Target(_Strict):
-    """One image of the matrix."""
+class TargetSpec(_Strict):
+    """One image of the matrix, as matrix.yaml's ``targets`` list states it (``project.Target``: resolved)."""
 
     name: Annotated[str, _grammar(g.TARGET_NAME, "a target name (lowercase letters, digits, '_', '.', '-')")] = (
         Field(description="Primary tag and folder under images/, e.g. nvidia-cu118.")
@@ -198,7 +198,7 @@ class Target(_Strict):
     )
 
     @model_validator(mode="after")
-    def _torch_plain(self) -> Target:
+    def _torch_plain(self) -> TargetSpec:
         if "+" in self.torch:
             raise ValueError("torch: give the release without a local suffix; the wheel mapping adds it")
         vendor = {"cuda": "nvidia.com/", "rocm": "amd.com/", "xpu": "gpu.intel.com/"}.get(self.backend)
@@ -252,7 +252,7 @@ class Matrix(_Strict):
         description="Platforms every target is built for unless it names its own; default: this host's "
         "(linux/amd64 on x86_64, linux/arm64 on aarch64). A foreign one builds under qemu emulation.",
     )
-    targets: list[Target] = Field(min_length=1, description="The images to build.")
+    targets: list[TargetSpec] = Field(min_length=1, description="The images to build.")
     groups: dict[Annotated[str, _grammar(g.TARGET_NAME, "a group name")], list[str]] = Field(
         default_factory=dict, description="Named sets of targets (default, all, ...), like bake groups."
     )

@@ -24,7 +24,7 @@ from builder.config import platforms
 from builder.config.baselock import LOCK_NAME, read_base_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
-from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix, Target
+from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix, TargetSpec
 from builder.config.urls import public
 from builder.config.validation import format_errors
 from builder.config.wheelmap import (
@@ -43,8 +43,11 @@ BUILDER_LABELS = frozenset(f"org.opencontainers.image.{k}" for k in ("title", "v
 
 
 @dataclass(frozen=True)
-class ResolvedTarget:
-    """One target with every value worked out."""
+class Target:
+    """One target with every value worked out: what holds on each of its platforms.
+
+    What depends on the platform (lock, arch, the local tags) is a :class:`TargetView`'s.
+    """
 
     name: str
     backend: str
@@ -64,8 +67,6 @@ class ResolvedTarget:
     visible_devices_env: str | None
     dockerfile: str
     platforms: list[str]
-    #: The platform this view of the target builds: the host's when listed, else the first.
-    platform: str
     #: The layer plan's layers this target has (its backend's, then ``packages``), in install order.
     layers: list[str] = field(default_factory=lambda: [PACKAGES_LAYER])
     #: The Kubernetes resource ``builder k8s`` asks for (matrix key k8s_resource; None: the vendor's default).
@@ -76,6 +77,57 @@ class ResolvedTarget:
     @property
     def primary_ref(self) -> str:
         return self.refs[0]
+
+    def on(self, platform: str) -> TargetView:
+        """This target on one of its platforms."""
+        if platform not in self.platforms:
+            raise UserError(f"--platform: target {self.name} is built for {', '.join(self.platforms)}, not "
+                            f"{platform}; add it to the target's platforms in matrix.yaml")
+        return TargetView(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Target)}, platform=platform)
+
+    def views(self, only: Sequence[str] = ()) -> list[TargetView]:
+        """One view per platform of the target (those in *only*, when given, that it has)."""
+        return [self.on(p) for p in self.platforms if not only or p in only]
+
+    @property
+    def default_view(self) -> TargetView:
+        """The target on its default platform: the host's when listed, else the first.
+
+        Example:
+            >>> project.target("cpu").default_view.platform == platforms.host_platform()
+            True
+        """
+        host = platforms.host_platform()
+        return self.on(host if host in self.platforms else self.platforms[0])
+
+    @property
+    def flavour(self) -> str:
+        """The build flavour torch reports in the image, as the runtime's probe names it.
+
+        Example:
+            >>> project.target("nvidia-cu130").flavour, project.target("cpu").flavour
+            ('cuda 13.0', 'cpu')
+        """
+        if self.backend in ("cuda", "rocm"):
+            return f"{self.backend} {self.accelerator_version}"
+        return self.backend  # xpu or cpu
+
+    @property
+    def alias_refs(self) -> list[str]:
+        """Moving aliases (latest-<vendor>): pushed only after the versioned tags."""
+        return [r for r in self.refs if r.rsplit(":", 1)[1].startswith("latest-")]
+
+    @property
+    def run_flags(self) -> RunFlags:
+        return RunFlags.model_validate(self.run)
+
+
+@dataclass(frozen=True)
+class TargetView(Target):
+    """A target on one of its platforms (:meth:`Target.on`): what a build, a lock or a run needs."""
+
+    #: The platform this view builds, one of ``platforms``.
+    platform: str = field(kw_only=True)
 
     @property
     def arch(self) -> str:
@@ -120,38 +172,6 @@ class ResolvedTarget:
         own = self.refs if self.native or len(self.platforms) == 1 else []
         return own + self.platform_refs
 
-    def on(self, platform: str) -> ResolvedTarget:
-        """This target seen on one of its platforms."""
-        if platform not in self.platforms:
-            raise UserError(f"--platform: target {self.name} is built for {', '.join(self.platforms)}, not "
-                            f"{platform}; add it to the target's platforms in matrix.yaml")
-        return dataclasses.replace(self, platform=platform)
-
-    def views(self, only: Sequence[str] = ()) -> list[ResolvedTarget]:
-        """One view per platform of the target (those in *only*, when given, that it has)."""
-        return [self.on(p) for p in self.platforms if not only or p in only]
-
-    @property
-    def flavour(self) -> str:
-        """The build flavour torch reports in the image, as the runtime's probe names it.
-
-        Example:
-            >>> project.target("nvidia-cu130").flavour, project.target("cpu").flavour
-            ('cuda 13.0', 'cpu')
-        """
-        if self.backend in ("cuda", "rocm"):
-            return f"{self.backend} {self.accelerator_version}"
-        return self.backend  # xpu or cpu
-
-    @property
-    def alias_refs(self) -> list[str]:
-        """Moving aliases (latest-<vendor>): pushed only after the versioned tags."""
-        return [r for r in self.refs if r.rsplit(":", 1)[1].startswith("latest-")]
-
-    @property
-    def run_flags(self) -> RunFlags:
-        return RunFlags.model_validate(self.run)
-
 
 @dataclass(frozen=True)
 class Project:
@@ -164,7 +184,7 @@ class Project:
     mapping: WheelMapping
     #: Platform -> the base reference its builds start FROM (pinned by digest unless --allow-unpinned).
     base_refs: dict[str, str]
-    targets: list[ResolvedTarget] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
 
     def base_for(self, platform: str) -> str:
         """The base reference *platform*'s builds start FROM."""
@@ -186,17 +206,17 @@ class Project:
     def glibc(self) -> tuple[int, int]:
         return SUITE_GLIBC[self.matrix.base.debian_suite]
 
-    def target(self, name: str) -> ResolvedTarget:
+    def target(self, name: str) -> Target:
         for t in self.targets:
             if t.name == name:
                 return t
         raise UserError(f"--target: unknown target {name!r} (known: {', '.join(t.name for t in self.targets)})")
 
-    def select(self, names: tuple[str, ...] | list[str], group: str = "default") -> list[ResolvedTarget]:
+    def select(self, names: tuple[str, ...] | list[str], group: str = "default") -> list[Target]:
         """Targets named on the command line (a group name expands), else the group's."""
         if not names:
             names = self.matrix.group(group)
-        picked: list[ResolvedTarget] = []
+        picked: list[Target] = []
         for name in names:
             members = self.matrix.group(name) if name in self.matrix.groups else [name]
             for member in members:
@@ -206,7 +226,7 @@ class Project:
         return picked
 
     def views(self, names: tuple[str, ...] | list[str], only: Sequence[str] = (),
-              group: str = "default") -> list[ResolvedTarget]:
+              group: str = "default") -> list[TargetView]:
         """The selected targets (see :meth:`select`), one view per platform (those in *only*, when given).
 
         Example:
@@ -232,8 +252,19 @@ class Project:
             "installer": self.matrix.installer,
             "common_packages": list(self.matrix.common_packages),
             "groups": {name: self.matrix.group(name) for name in dict.fromkeys(["default", "all", *self.matrix.groups])},
-            "targets": [{**asdict(t), "locks": {p: t.on(p).lock for p in t.platforms}} for t in self.targets],
+            "targets": [_plain(t) for t in self.targets],
         }
+
+
+def _plain(target: Target) -> dict[str, Any]:
+    """A target as ``builder print`` shows it: its fields, its default view's ``platform`` after
+    ``platforms`` (the plan's shape since views came in), and the lock of each platform."""
+    out: dict[str, Any] = {}
+    for key, value in asdict(target).items():
+        out[key] = value
+        if key == "platforms":
+            out["platform"] = target.default_view.platform
+    return {**out, "locks": {p: target.on(p).lock for p in target.platforms}}
 
 
 def _alias_owner(matrix: Matrix) -> dict[str, str]:
@@ -248,12 +279,12 @@ def _alias_owner(matrix: Matrix) -> dict[str, str]:
     return {vendor: name for vendor, (_, name) in best.items()}
 
 
-def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[str, str]) -> list[ResolvedTarget]:
+def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[str, str]) -> list[Target]:
     """Every target resolved, or a UserError with the problems of all of them."""
     problems: list[str] = []
     alias = _alias_owner(matrix)
     host = platforms.host_platform()
-    targets: list[ResolvedTarget] = []
+    targets: list[Target] = []
     owner_of_tag: dict[str, str] = {}
     for i, t in enumerate(matrix.targets):
         where = f"{mfile}: targets[{i}]"
@@ -276,7 +307,7 @@ def _resolve(matrix: Matrix, mapping: WheelMapping, mfile: str, overrides: dict[
     return targets
 
 
-def _entry(mapping: WheelMapping, t: Target, where: str) -> tuple[str, Entry] | str:
+def _entry(mapping: WheelMapping, t: TargetSpec, where: str) -> tuple[str, Entry] | str:
     """The wheel mapping's (key, entry) for the target, or the problem why there is none."""
     found = mapping.find(t.backend, t.version)
     if found is None:
@@ -290,7 +321,7 @@ def _entry(mapping: WheelMapping, t: Target, where: str) -> tuple[str, Entry] | 
     return found
 
 
-def _tags(t: Target, vendor: str, latest: bool, where: str) -> tuple[list[str], list[str]]:
+def _tags(t: TargetSpec, vendor: str, latest: bool, where: str) -> tuple[list[str], list[str]]:
     """The target's tags (the generated ones, then its own), and the problems of its own: one generated
     anyway (the entry would be ignored)."""
     tags = [t.name, f"{t.name}-torch{t.torch}", *([f"latest-{vendor}"] if latest else [])]
@@ -299,7 +330,7 @@ def _tags(t: Target, vendor: str, latest: bool, where: str) -> tuple[list[str], 
     return tags + [x for x in t.tags if x not in tags], problems
 
 
-def _label_problems(t: Target, where: str) -> list[str]:
+def _label_problems(t: TargetSpec, where: str) -> list[str]:
     """The target's labels that are the builder's own."""
     return [f"{where}.labels.{label}: the builder sets this label itself (it would be "
             f"overridden or would falsify the image's record); use a key of your own"
@@ -318,8 +349,8 @@ def _claim_tags(tags: list[str], name: str, owner_of_tag: dict[str, str], where:
     return problems
 
 
-def _resolved(matrix: Matrix, mapping: WheelMapping, t: Target, key: str, entry: Entry, tags: list[str],
-              index: str, host: str) -> ResolvedTarget:
+def _resolved(matrix: Matrix, mapping: WheelMapping, t: TargetSpec, key: str, entry: Entry, tags: list[str],
+              index: str, host: str) -> Target:
     """The target with every value worked out."""
     vendor = BACKEND_VENDOR[t.backend]
     facts = mapping.vendors[vendor]
@@ -338,7 +369,7 @@ def _resolved(matrix: Matrix, mapping: WheelMapping, t: Target, key: str, entry:
         f"{LABEL_PREFIX}.distributed": dist,
         **t.labels,
     }
-    return ResolvedTarget(
+    return Target(
         name=t.name,
         backend=t.backend,
         vendor=vendor,
@@ -357,7 +388,6 @@ def _resolved(matrix: Matrix, mapping: WheelMapping, t: Target, key: str, entry:
         visible_devices_env=facts.visible_devices_env,
         dockerfile=f"images/{t.name}/Dockerfile",
         platforms=list(listed),
-        platform=host if host in listed else listed[0],
         layers=[*(layer.name for layer in matrix.layers if layer.applies_to(t.backend)), PACKAGES_LAYER],
         k8s_resource=t.k8s_resource,
         compression=t.compression or matrix.compression,

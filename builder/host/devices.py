@@ -23,7 +23,7 @@ from typing import Any
 
 import docker.types
 
-from builder.config.project import ResolvedTarget
+from builder.config.project import Target
 from builder.host import cdi, hardware
 
 #: The CDI device kind of each vendor's GPUs, as its container toolkit writes the spec.
@@ -161,7 +161,7 @@ class DeviceFlags:
         return device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size, self.cdi_devices)
 
 def device_flags(
-    target: ResolvedTarget,
+    target: Target,
     host: hardware.HostGpus,
     *,
     gpus: bool = True,
@@ -204,7 +204,7 @@ def device_flags(
     )
 
 
-def _host_problems(target: ResolvedTarget, host: hardware.HostGpus, environ: Mapping[str, str],
+def _host_problems(target: Target, host: hardware.HostGpus, environ: Mapping[str, str],
                    devices: Sequence[str]) -> list[str]:
     """Why the engine would refuse the container: no usable GPU of the vendor (unless the vendor is
     forced), a device node missing."""
@@ -236,7 +236,7 @@ def _group_ids(names: Sequence[str], host: hardware.HostGpus) -> tuple[tuple[int
     return tuple(hardware.container_gids(names, host.nodes)), notes
 
 
-def device_options(target: ResolvedTarget) -> tuple[dict[str, Any], str | None]:
+def device_options(target: Target) -> tuple[dict[str, Any], str | None]:
     """docker-py options giving a test container this target's GPUs, or ({}, why not) (the smoke test).
 
     Example:
@@ -277,7 +277,7 @@ class NodeDevices:
     gid_nodes: tuple[str, ...] = ()
 
 
-def node_devices(target: ResolvedTarget, *, gpus: bool = True) -> NodeDevices:
+def node_devices(target: Target, *, gpus: bool = True) -> NodeDevices:
     """The target vendor's ``docker run`` flags for a node (see :class:`NodeDevices`).
 
     Example:

@@ -29,7 +29,7 @@ from typing import Any
 import docker.types
 
 from builder.config.errors import UserError
-from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
+from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host import hardware
 from builder.host.devices import device_flags, device_kwargs, host_cdi
 from builder.host.targets import choose_target
@@ -51,7 +51,7 @@ RUN_LABEL = f"{LABEL_PREFIX}.run"
 class RunSpec:
     """Everything ``builder run`` will do, before it talks to the engine."""
 
-    target: ResolvedTarget
+    target: Target
     reason: str
     image: str
     command: tuple[str, ...]
@@ -125,7 +125,7 @@ def parse_env(pairs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str
         out[key] = value
     return out
 
-def container_env(target: ResolvedTarget, pairs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+def container_env(target: Target, pairs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """Distributed defaults (host values win), the host's device selection variable, then ``--env``.
 
     Example:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from builder.config.errors import UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target
 from builder.host import hardware
 
 
@@ -21,12 +21,12 @@ def choose_target(
     *,
     gpus: bool = True,
     environ: Mapping[str, str] | None = None,
-) -> tuple[ResolvedTarget, str]:
+) -> tuple[Target, str]:
     """The target to run and why (see the module docstring for the rule).
 
     Example:
         >>> choose_target(project, "auto", hardware.HostGpus())
-        (ResolvedTarget(name='cpu', ...), 'no usable GPU on this host')
+        (Target(name='cpu', ...), 'no usable GPU on this host')
     """
     if requested != "auto":
         return project.target(requested), f"--target {requested}"

@@ -22,11 +22,11 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images import layers, locks, wheelhouse
 from builder.images.plan import ViewPlan, make_plan
 
@@ -44,11 +44,11 @@ def bake_name(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", name)
 
 
-def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | None = None) -> dict[str, Any]:
+def bake_target(project: Project, view: TargetView, planned: ViewPlan | None = None) -> dict[str, Any]:
     """One bake target for a target view: the build ``builder build`` runs (its plan's request,
     :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the published image."""
-    view = planned or make_plan(project, [target]).views[0]
-    request = replace(view.request, cache_from=(f"type=registry,ref={target.primary_ref}",))
+    plan = planned or make_plan(project, [view]).views[0]
+    request = replace(plan.request, cache_from=(f"type=registry,ref={view.primary_ref}",))
     return {
         "context": request.context,
         "dockerfile": request.dockerfile,
@@ -56,15 +56,15 @@ def bake_target(project: Project, target: ResolvedTarget, planned: ViewPlan | No
         # bake's host may differ (EMULATED); SOURCE_DATE_EPOCH follows the commit, not the matrix
         "args": {k: v for k, v in request.build_args.items() if k not in ("EMULATED", "SOURCE_DATE_EPOCH")},
         "contexts": request.contexts,  # the wheels, one folder per layer (`builder bake` stages them)
-        "tags": target.platform_refs or list(target.refs),
-        "labels": dict(target.labels),
+        "tags": view.platform_refs or list(view.refs),
+        "labels": dict(view.labels),
         "cache-from": list(request.cache_from),
         "cache-to": list(request.cache_to),
         "output": [request.output()],  # in the target's compression
     }
 
 
-def bake_definition(project: Project, targets: list[ResolvedTarget]) -> dict[str, Any]:
+def bake_definition(project: Project, targets: Sequence[Target]) -> dict[str, Any]:
     """A docker-bake.json document for *targets*: ``group`` (default, all, the matrix's) and ``target``.
 
     Groups keep only members among *targets*; a matrix group left empty is dropped
@@ -82,17 +82,17 @@ def bake_definition(project: Project, targets: list[ResolvedTarget]) -> dict[str
                                         for vs in views.values() for v in vs}}
 
 
-def view_name(target: ResolvedTarget) -> str:
+def view_name(view: TargetView) -> str:
     """The bake name of a target view: the target's, with ``-<arch>`` when it has several platforms.
 
     Example:
         >>> view_name(project.target("nvidia-cu130").on("linux/arm64"))
         'nvidia-cu130-arm64'
     """
-    return bake_name(target.name + (f"-{target.arch}" if len(target.platforms) > 1 else ""))
+    return bake_name(view.name + (f"-{view.arch}" if len(view.platforms) > 1 else ""))
 
 
-def stage_contexts(project: Project, targets: list[ResolvedTarget], say: Callable[[str], object]) -> dict[str, str]:
+def stage_contexts(project: Project, targets: Sequence[Target], say: Callable[[str], object]) -> dict[str, str]:
     """Fetch (by hash) and stage every view's wheels where its bake target's ``contexts`` points;
     return {view's unit: why not} for those whose wheels could not be had."""
     views = [v for t in targets for v in t.views()]

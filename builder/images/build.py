@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from builder.config import files, platforms
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, TargetView
 from builder.images import base, gc, locks, render
 from builder.images import plan as plans
 from builder.images.execute import UI, Attester, Executor, presence, push_decisions
@@ -53,7 +53,7 @@ def ensure_base_present(
 def build_all(
     engine: Engine,
     project: Project,
-    targets: list[ResolvedTarget],
+    views: Sequence[TargetView],
     ui: UI,
     *,
     push: bool = False,
@@ -75,18 +75,18 @@ def build_all(
     with *attest* (the cli's, from a signing key), every pushed image and index its attachments.
     """
     options = plans.Options(push=push, smoke=smoke, rebuild=rebuild, pull=pull, sign=attest is not None)
-    return run(engine, project, targets, ui, options, keep_going=keep_going, jobs=jobs, update_base=update_base,
+    return run(engine, project, views, ui, options, keep_going=keep_going, jobs=jobs, update_base=update_base,
                attest=attest)
 
 
-def push_all(engine: Engine, project: Project, targets: list[ResolvedTarget], ui: UI, *,
+def push_all(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, *,
              attest: Attester | None = None) -> list[Outcome]:
     """``builder push``: the pipeline without its build stages; every view is tried (keep going)."""
     options = plans.Options(push=True, sign=attest is not None)
-    return run(engine, project, targets, ui, options, keep_going=True, attest=attest, build=False)
+    return run(engine, project, views, ui, options, keep_going=True, attest=attest, build=False)
 
 
-def run(engine: Engine, project: Project, views: list[ResolvedTarget], ui: UI, options: plans.Options, *,
+def run(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, options: plans.Options, *,
         keep_going: bool, jobs: int = 1, update_base: bool = False, attest: Attester | None = None,
         build: bool = True) -> list[Outcome]:
     """The pipeline (module docstring): its outcomes, one per view, index errors merged in."""
@@ -114,7 +114,7 @@ def run(engine: Engine, project: Project, views: list[ResolvedTarget], ui: UI, o
     return outcomes
 
 
-def _failed(ui: UI, views: Sequence[ResolvedTarget], errors: dict[str, str]) -> list[Outcome]:
+def _failed(ui: UI, views: Sequence[TargetView], errors: dict[str, str]) -> list[Outcome]:
     """The outcomes of the views among *views* that failed before building (locks, fetch, emulation)."""
     out = []
     for t in views:
@@ -124,7 +124,7 @@ def _failed(ui: UI, views: Sequence[ResolvedTarget], errors: dict[str, str]) -> 
     return out
 
 
-def _build(engine: Engine, project: Project, views: list[ResolvedTarget], ui: UI, options: plans.Options,
+def _build(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, options: plans.Options,
            executor: Executor, labels: dict[str, str], *, keep_going: bool, jobs: int,
            update_base: bool) -> list[Outcome]:
     """Plan once, decide, run the reused views' stages, then fetch, bring the bases and build the rest."""
@@ -176,7 +176,7 @@ def _ready(engine: Engine, project: Project, ui: UI, buildable: list[plans.ViewP
     return buildable, outcomes
 
 
-def fetch(project: Project, views: Sequence[ResolvedTarget]) -> dict[str, str]:
+def fetch(project: Project, views: Sequence[TargetView]) -> dict[str, str]:
     """Fetch the wheels of *views*; return {unit: why not}. A foreign platform without emulation
     fails now, with the fix, and fetches nothing."""
     failed = {t.unit: problem for t in views if (problem := platforms.emulation_problem(t.platform))}

@@ -11,7 +11,7 @@ passed, so its presence, locally or in the registry, is the proof that this exac
 built and tested: ``builder build`` then only moves the other tags.
 
 Example:
-    >>> content_tags(project, [project.target("cpu")])["cpu"]  # doctest: +ELLIPSIS
+    >>> content_tags(project, project.target("cpu").views())["cpu"]  # doctest: +ELLIPSIS
     'localhost:5000/ml-runtime:cpu-...'
 """
 
@@ -21,11 +21,12 @@ import hashlib
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 from docker.utils.build import exclude_paths
 
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, TargetView
 from builder.images import layers, render
 
 #: Hex digits of the digest in the tag (48 bits: collisions among one target's versions are not a concern).
@@ -59,16 +60,16 @@ def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[st
     return sources
 
 
-def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
+def build_args(project: Project, view: TargetView) -> dict[str, str]:
     """The build arguments of a target view: its platform's base pin and each layer's wheels
     from the platform's locks (:mod:`builder.images.layers`).
 
     Example:
-        >>> build_args(project, project.target("cpu"))["WHEELS_TORCH"]  # doctest: +ELLIPSIS
+        >>> build_args(project, project.target("cpu").default_view)["WHEELS_TORCH"]  # doctest: +ELLIPSIS
         'torch==2.13.0+cpu --hash=sha256:...'
     """
 
-    return {"BASE": project.base_for(target.platform), **layers.build_args(project, target)}
+    return {"BASE": project.base_for(view.platform), **layers.build_args(project, view)}
 
 
 def context_paths(root: Path) -> set[str]:
@@ -81,7 +82,7 @@ def context_paths(root: Path) -> set[str]:
 
 def content_tags(
     project: Project,
-    targets: list[ResolvedTarget],
+    views: Sequence[TargetView],
     rendered: dict[Path, str] | None = None,
 ) -> dict[str, str]:
     """{view's unit: ``<registry>:<target>-<12 hex>``} of this exact content, per target view (platform).
@@ -91,12 +92,12 @@ def content_tags(
     locked wheels) and the platform. The context is walked, and each file hashed, once for all.
 
     Example:
-        >>> content_tags(project, [project.target("cpu")])  # doctest: +ELLIPSIS
+        >>> content_tags(project, project.target("cpu").views())  # doctest: +ELLIPSIS
         {'cpu': 'localhost:5000/ml-runtime:cpu-...'}
     """
     root = project.root
     if rendered is None:
-        rendered = render.render(project, targets)
+        rendered = render.render(project, views)
     included = sorted(p for p in context_paths(root) if (root / p).is_file())
     hashes: dict[str, list[object]] = {}
 
@@ -107,19 +108,19 @@ def content_tags(
         return hashes[rel]
 
     tags = {}
-    for target in targets:
-        dockerfile = rendered[root / target.dockerfile]
-        args = build_args(project, target)
+    for view in views:
+        dockerfile = rendered[root / view.dockerfile]
+        args = build_args(project, view)
         sources = copy_sources(dockerfile, args)
         document = {
             "dockerfile": dockerfile,
             "files": [entry(p) for p in included if any(p == s or p.startswith(s + "/") for s in sources)],
             "args": args,  # the base pin and every locked wheel, layer by layer
-            "platform": target.platform,
-            "compression": target.compression,  # other layer blobs, so another image
+            "platform": view.platform,
+            "compression": view.compression,  # other layer blobs, so another image
             # Under qemu the bytecode step compiles instead of importing (EMULATED): other layers.
-            "emulated": not target.native,
+            "emulated": not view.native,
         }
         digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
-        tags[target.unit] = f"{target.primary_ref.rsplit(':', 1)[0]}:{target.name}-{digest[:TAG_HEX]}"
+        tags[view.unit] = f"{view.primary_ref.rsplit(':', 1)[0]}:{view.name}-{digest[:TAG_HEX]}"
     return tags

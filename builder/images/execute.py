@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from builder.config.errors import TargetFailed, UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.config.state import owner, owner_gone
 from builder.images import plan as plans
 from builder.images import publish, smoke, wheelhouse
@@ -67,14 +67,14 @@ class Attester(Protocol):
     """The ``attest`` stage: sign and attach to a pushed image, or sign an index; return
     {kind: referrer digest}. A failure raises TargetFailed (its message is the view's error)."""
 
-    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]: ...
-    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]: ...
+    def image(self, view: TargetView, digest: str, content_tag: str | None) -> dict[str, str]: ...
+    def index(self, target: Target, digest: str) -> dict[str, str]: ...
 
 
 class SmokeTest(Protocol):
     """The smoke test (:func:`builder.images.smoke.smoke_test`): a result with ``status``, ``skipped``, ``summary()``."""
 
-    def __call__(self, engine: Engine, project: Project, target: ResolvedTarget, image: str, *,
+    def __call__(self, engine: Engine, project: Project, view: TargetView, image: str, *,
                  log: Callable[[str], None]) -> Any: ...
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.files import locked
-from builder.config.project import LABEL_PREFIX, Project, ResolvedTarget
+from builder.config.project import LABEL_PREFIX, Project, TargetView
 from builder.config.state import state_dir
 from builder.images import layers, lockfile, wheelhouse
 from builder.images.content import content_tags
@@ -116,7 +116,7 @@ def human(n: float) -> str:
 
 # --- what is current --------------------------------------------------------------------------
 
-def all_views(project: Project) -> list[ResolvedTarget]:
+def all_views(project: Project) -> list[TargetView]:
     return [v for t in project.targets for v in t.views()]
 
 
@@ -125,7 +125,7 @@ def referenced_wheels(project: Project) -> set[str]:
     return {p.filename for lock in project.images_dir.rglob("*.lock") for p in lockfile.read_lock(lock)[1]}
 
 
-def current_contexts(project: Project, views: Iterable[ResolvedTarget] | None = None) -> set[str]:
+def current_contexts(project: Project, views: Iterable[TargetView] | None = None) -> set[str]:
     """The names of the staged folders the current locks give (:func:`wheelhouse.context_folder`)."""
 
     return {wheelhouse.context_folder(layers.context_layers(project, v)).name
@@ -456,7 +456,7 @@ def _remove_from_engine(engine: Engine, found: Found) -> list[Item]:
     return failed
 
 
-def after_build(project: Project, built: Iterable[ResolvedTarget], keep_days: float = 1.0) -> None:
+def after_build(project: Project, built: Iterable[TargetView], keep_days: float = 1.0) -> None:
     """What ``builder build`` cleans itself after building: it marks the folders it staged as used
     now, and removes staged folders no current view of this checkout names that no build used for
     *keep_days* (another clone's building folder is younger). Best effort: never fails a build."""

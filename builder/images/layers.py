@@ -13,7 +13,7 @@ on the layers below, never on the rest of the lock. With fixed file times (the t
 library layers, which a registry and a node store once.
 
 Example:
-    >>> [(layer.name, len(layer.pins)) for layer in layer_plan(project, project.target("nvidia-cu130"))]
+    >>> [(layer.name, len(layer.pins)) for layer in layer_plan(project, project.target("nvidia-cu130").default_view)]
     [('cuda-dnn', 1), ('cuda-blas', 3), ('cuda-solvers', 3), ('cuda-runtime', 12), ('triton', 1), ('torch', 1),
      ('accelerate', 1), ('packages', 0)]
 """
@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 
 from builder.config.errors import UserError
 from builder.config.matrix import PACKAGES_LAYER, Matrix
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, TargetView
 from builder.images.lockfile import Pin, ordered, read_lock
 from builder.images.locks import shared_lock_path
 
@@ -88,42 +88,42 @@ def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:
     return PACKAGES_LAYER
 
 
-def layer_plan(project: Project, target: ResolvedTarget, pins: list[Pin] | None = None) -> list[PlannedLayer]:
+def layer_plan(project: Project, view: TargetView, pins: list[Pin] | None = None) -> list[PlannedLayer]:
     """Every layer of the target view's plan, in install order, with its wheels (from *pins*,
     else the view's lock; a layer may be empty on one platform: its ``RUN`` then installs nothing).
 
     The last layer, ``packages``, is installed above the runtime, after the start-up bytecode
     step: a wheel that ``startup_imports`` names may not land there.
     """
-    locked = ordered(read_lock(project.root / target.lock)[1] if pins is None else pins)
+    locked = ordered(read_lock(project.root / view.lock)[1] if pins is None else pins)
     layers = [
-        PlannedLayer(name, tuple(p for p in locked if layer_of(project.matrix, target.backend, p.name) == name))
-        for name in target.layers
+        PlannedLayer(name, tuple(p for p in locked if layer_of(project.matrix, view.backend, p.name) == name))
+        for name in view.layers
     ]
     startup = {canonicalize_name(m.split(".")[0]) for m in project.matrix.startup_imports}
     late = sorted(canonicalize_name(p.name) for p in layers[-1].pins if canonicalize_name(p.name) in startup)
     if late:
         raise UserError(
-            f"matrix.yaml layers: {', '.join(late)} ({target.unit}) matches no layer, so it would go into the last "
+            f"matrix.yaml layers: {', '.join(late)} ({view.unit}) matches no layer, so it would go into the last "
             f"one, {PACKAGES_LAYER!r}, above the start-up bytecode step that imports it; add a layer that matches it"
         )
     return layers
 
 
-def shared_and_planned(project: Project, target: ResolvedTarget) -> list[PlannedLayer]:
+def shared_and_planned(project: Project, view: TargetView) -> list[PlannedLayer]:
     """The platform's shared locks as layers (``tools``: the installer; ``common``), then the view's plan."""
 
-    shared = [PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, target.platform))[1]))
+    shared = [PlannedLayer(name, tuple(read_lock(shared_lock_path(project, name, view.platform))[1]))
               for name in ("tools", "common")]
-    return [*shared, *layer_plan(project, target)]
+    return [*shared, *layer_plan(project, view)]
 
 
-def build_args(project: Project, target: ResolvedTarget) -> dict[str, str]:
+def build_args(project: Project, view: TargetView) -> dict[str, str]:
     """{``WHEELS_<NAME>``: the layer's wheels} for every layer of the view's plan, and the
     platform's shared locks: ``WHEELS_TOOLS`` (the installer) and ``WHEELS_COMMON``."""
-    return {layer.arg: layer.requirements for layer in shared_and_planned(project, target)}
+    return {layer.arg: layer.requirements for layer in shared_and_planned(project, view)}
 
 
-def context_layers(project: Project, target: ResolvedTarget) -> dict[str, list[Pin]]:
+def context_layers(project: Project, view: TargetView) -> dict[str, list[Pin]]:
     """{layer: its wheels}: the view's wheels, one named context per layer (:func:`context_name`)."""
-    return {layer.name: list(layer.pins) for layer in shared_and_planned(project, target)}
+    return {layer.name: list(layer.pins) for layer in shared_and_planned(project, view)}

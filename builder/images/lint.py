@@ -9,10 +9,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 from builder.config.errors import UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target
 
 
 def hadolint_binary() -> str:
@@ -29,7 +30,7 @@ def hadolint_binary() -> str:
     return found
 
 
-def lint(project: Project, targets: list[ResolvedTarget]) -> list[str]:
+def lint(project: Project, targets: Sequence[Target]) -> list[str]:
     """Return hadolint's findings (empty when clean); a missing Dockerfile is a finding too."""
     config = project.root / ".hadolint.yaml"
     findings = []

@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
 from builder.images.lockfile import Pin, ordered, read_lock, write_lock
@@ -141,16 +141,16 @@ def common_lock(project: Project, platform: str, fetch: bool = True, say: Say = 
                    lambda: _relock(project, platform, path, list(m.common_packages), read_lock(path)[1], say),
                    fetch=fetch)
 
-def _requirements(target: ResolvedTarget) -> list[str]:
+def _requirements(target: Target) -> list[str]:
     return [f"torch=={target.torch_pin}", *target.packages]
 
-def _target_fingerprint(project: Project, target: ResolvedTarget, common: list[Pin]) -> str:
+def _target_fingerprint(project: Project, view: TargetView, common: list[Pin]) -> str:
     # In lock order: just resolved (pip's order) or read back, the same common pins give the same hash.
     common_hash = _fingerprint([p.line() for p in ordered(common)])
-    return _fingerprint("target", target.entry, _requirements(target), project.matrix.python, project.glibc,
-                        platforms.machine(target.platform), common_hash)
+    return _fingerprint("target", view.entry, _requirements(view), project.matrix.python, project.glibc,
+                        platforms.machine(view.platform), common_hash)
 
-def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) -> list[Pin]:
+def sibling_pins(project: Project, view: TargetView, common: list[Pin]) -> list[Pin]:
     """The pins of the other targets' current locks for this view's platform, torch and index: the
     versions a new lock prefers, so that a target added later (cpu plus one package) gets the torch
     layers' wheels its siblings locked, and shares those layers, even after the index has moved on.
@@ -160,13 +160,13 @@ def sibling_pins(project: Project, target: ResolvedTarget, common: list[Pin]) ->
     """
     found: list[Pin] = []
     for other in project.targets:
-        if other.name == target.name or target.platform not in other.platforms:
+        if other.name == view.name or view.platform not in other.platforms:
             continue
-        view = other.on(target.platform)
-        if (view.torch_pin, view.entry, view.index_url) != (target.torch_pin, target.entry, target.index_url):
+        sibling = other.on(view.platform)
+        if (sibling.torch_pin, sibling.entry, sibling.index_url) != (view.torch_pin, view.entry, view.index_url):
             continue
-        recorded, pins = read_lock(project.root / view.lock)
-        if recorded == _target_fingerprint(project, view, common):  # else stale or missing: other inputs
+        recorded, pins = read_lock(project.root / sibling.lock)
+        if recorded == _target_fingerprint(project, sibling, common):  # else stale or missing: other inputs
             found += pins
     return first_by_name(found)
 
@@ -179,16 +179,16 @@ def first_by_name(pins: list[Pin]) -> list[Pin]:
     return list(kept.values())
 
 
-def previous_pins(project: Project, target: ResolvedTarget) -> list[Pin]:
+def previous_pins(project: Project, view: TargetView) -> list[Pin]:
     """The pins of this view's own lock as it stands, stale or not: what a relock prefers, so that a
     package added to a target keeps the accelerate (and every other) wheel it had, and re-pushes its
     layer alone, even after the index has moved on. A preference only: a version the target's new
     requirements exclude (``torch==X``, a ``packages:`` specifier) is not kept.
     """
-    return read_lock(project.root / target.lock)[1]
+    return read_lock(project.root / view.lock)[1]
 
 
-def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fetch: bool = True,
+def target_lock(project: Project, view: TargetView, common: list[Pin], fetch: bool = True,
                 say: Say = lambda _line: None) -> list[Pin]:
     """images/<target>/requirements.<arch>.lock: torch and the target's packages, minus the common layer.
 
@@ -196,45 +196,45 @@ def target_lock(project: Project, target: ResolvedTarget, common: list[Pin], fet
     (:func:`previous_pins`), then the siblings' (:func:`sibling_pins`): uv moves only what the
     target's new requirements force.
     """
-    path = project.root / target.lock
-    requirements = _requirements(target)
-    fp = _target_fingerprint(project, target, common)
+    path = project.root / view.lock
+    requirements = _requirements(view)
+    fp = _target_fingerprint(project, view, common)
 
     def resolver() -> list[Pin]:
-        unreachable = index_reachable(target.index_url)
+        unreachable = index_reachable(view.index_url)
         shared = {canonicalize_name(p.name) for p in common}
-        preferred = [p for p in first_by_name([*previous_pins(project, target), *sibling_pins(project, target, common)])
+        preferred = [p for p in first_by_name([*previous_pins(project, view), *sibling_pins(project, view, common)])
                      if canonicalize_name(p.name) not in shared]  # the common lock says its own moves
         try:
-            pins = _relock(project, target.platform, path, requirements, preferred, say,
-                           vendor_index=None if unreachable else target.index_url, constraints=common)
+            pins = _relock(project, view.platform, path, requirements, preferred, say,
+                           vendor_index=None if unreachable else view.index_url, constraints=common)
         except TargetFailed as exc:
-            where = f"the index {public(target.index_url)} ({target.entry})"
-            how = f"point it at a mirror with {index_env_var(target.entry)}=URL or --index {target.entry}=URL"
-            wheel = (f"torch=={target.torch_pin} for {target.platform} "
-                     f"({platforms.machine(target.platform)} manylinux, CPython {project.matrix.python})")
+            where = f"the index {public(view.index_url)} ({view.entry})"
+            how = f"point it at a mirror with {index_env_var(view.entry)}=URL or --index {view.entry}=URL"
+            wheel = (f"torch=={view.torch_pin} for {view.platform} "
+                     f"({platforms.machine(view.platform)} manylinux, CPython {project.matrix.python})")
             if unreachable:
                 raise TargetFailed(f"{wheel} is not available: {where} is unreachable from "
                                    f"this host ({unreachable}) and pip's own sources lack it; {how}") from None
             if "torch" in str(exc) and ("No matching distribution" in str(exc) or "satisfies" in str(exc)):
                 raise TargetFailed(f"no wheel of {wheel} exists on {where} or pip's own sources: {redact(str(exc))}; "
-                                   f"remove {target.platform} from the target's platforms, or {how}") from None
-            raise TargetFailed(f"resolving {' '.join(requirements)} for {target.platform} from {where} failed: "
+                                   f"remove {view.platform} from the target's platforms, or {how}") from None
+            raise TargetFailed(f"resolving {' '.join(requirements)} for {view.platform} from {where} failed: "
                                f"{redact(str(exc))}; {how}") from None
-        check_torch_flavour(target, pins)  # before the lock is written
+        check_torch_flavour(view, pins)  # before the lock is written
         return [p for p in pins if canonicalize_name(p.name) not in shared]
 
     def index() -> str | None:
-        return None if index_reachable(target.index_url) else target.index_url
+        return None if index_reachable(view.index_url) else view.index_url
 
-    pins = _ensure(project, target.platform, path, f"target {target.unit}", fp, resolver, index, fetch=fetch)
-    check_torch_flavour(target, pins)  # a reused lock, too
+    pins = _ensure(project, view.platform, path, f"target {view.unit}", fp, resolver, index, fetch=fetch)
+    check_torch_flavour(view, pins)  # a reused lock, too
     return pins
 
-def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
+def check_torch_flavour(view: TargetView, pins: list[Pin]) -> None:
     """The locked torch must be the target's build: ``==2.13.0`` also matches ``2.13.0+cpu``, which
     PEP 440 ranks above the bare version, so a +cpu wheel among pip's sources wins on a cuda target."""
-    expected = Version(target.torch_pin)
+    expected = Version(view.torch_pin)
     torch = next((p for p in pins if canonicalize_name(p.name) == "torch"), None)
     try:
         got = Version(torch.version) if torch else None
@@ -245,31 +245,31 @@ def check_torch_flavour(target: ResolvedTarget, pins: list[Pin]) -> None:
     want = f"+{expected.local}" if expected.local else "no local label (PyPI's default build)"
     found = f"resolved torch {torch.version}" if torch else "locked no torch"
     raise TargetFailed(
-        f"target {target.unit}: {found}, expected {target.torch_pin} ({want}); fix: remove that wheel or "
+        f"target {view.unit}: {found}, expected {view.torch_pin} ({want}); fix: remove that wheel or "
         f"its source from pip's configuration (`pip config list`: find-links, extra-index-url) so "
-        f"{public(target.index_url)} supplies torch, delete {target.lock} if it holds the wrong torch, and run "
-        f"`builder lock -t {target.name} --platform {target.platform}`"
+        f"{public(view.index_url)} supplies torch, delete {view.lock} if it holds the wrong torch, and run "
+        f"`builder lock -t {view.name} --platform {view.platform}`"
     )
 
 def lock_all(
-    project: Project, targets: list[ResolvedTarget], say: Callable[[str], object], fetch: bool = True
+    project: Project, views: Sequence[TargetView], say: Callable[[str], object], fetch: bool = True
 ) -> dict[str, str]:
     """Lock tools, common and every target view, per platform; return {view's unit: error} for those that failed.
 
     ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
     """
     common: dict[str, list[Pin]] = {}
-    for platform in dict.fromkeys(t.platform for t in targets):
+    for platform in dict.fromkeys(v.platform for v in views):
         try:
             tools_lock(project, platform, fetch, say)
             common[platform] = common_lock(project, platform, fetch, say)
         except TargetFailed as exc:
             raise UserError(f"resolving the shared packages for {platform} failed: {exc}") from None
     failed = {}
-    for target in targets:
+    for view in views:
         try:
-            pins = target_lock(project, target, common[target.platform], fetch, say)
-            say(f"{target.unit}: {len(pins)} wheels locked in {target.lock}")
+            pins = target_lock(project, view, common[view.platform], fetch, say)
+            say(f"{view.unit}: {len(pins)} wheels locked in {view.lock}")
         except TargetFailed as exc:
-            failed[target.unit] = str(exc)
+            failed[view.unit] = str(exc)
     return failed

@@ -36,7 +36,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images import content, layers, wheelhouse
 from builder.images.lockfile import Pin
 from builder.oci import buildkit, registry
@@ -65,7 +65,7 @@ class Options:
 class ViewPlan:
     """One target view (one platform of a target), planned."""
 
-    view: ResolvedTarget = field(repr=False, compare=False)
+    view: TargetView = field(repr=False, compare=False)
     #: ``<registry>:<target>-<12 hex>``: this exact content (:mod:`builder.images.content`)
     content_tag: str
     #: the tags the image gets in the local engine
@@ -116,7 +116,7 @@ class ViewPlan:
 class IndexPlan:
     """The OCI image index of a multi-platform target, written after its platforms' images."""
 
-    target: ResolvedTarget = field(repr=False, compare=False)
+    target: Target = field(repr=False, compare=False)
     refs: tuple[str, ...]
     platforms: tuple[str, ...]
     stages: tuple[str, ...]
@@ -159,22 +159,22 @@ class Decision:
     error: str | None = None
 
 
-def cache_ref(target: ResolvedTarget) -> str:
+def cache_ref(view: TargetView) -> str:
     """Where ``--push`` keeps a target view's BuildKit cache: a tag beside its images.
 
     Example:
         >>> cache_ref(project.target("nvidia-cu130").on("linux/arm64"))
         'localhost:5000/ml-runtime:buildcache-nvidia-cu130-arm64'
     """
-    return f"{target.primary_ref.rsplit(':', 1)[0]}:buildcache-{target.name}-{target.arch}"
+    return f"{view.primary_ref.rsplit(':', 1)[0]}:buildcache-{view.name}-{view.arch}"
 
 
-def registry_cache_sink(target: ResolvedTarget) -> str:
+def registry_cache_sink(view: TargetView) -> str:
     """``--cache-to`` for :func:`cache_ref`: every step (mode=max), in the target's compression."""
-    return f"type=registry,ref={cache_ref(target)},mode=max,{buildkit.compression_options(target.compression)}"
+    return f"type=registry,ref={cache_ref(view)},mode=max,{buildkit.compression_options(view.compression)}"
 
 
-def push_order(target: ResolvedTarget) -> list[str]:
+def push_order(target: Target) -> list[str]:
     """The target's references, versioned tags first and the moving aliases last.
 
     Example:
@@ -184,10 +184,10 @@ def push_order(target: ResolvedTarget) -> list[str]:
     return [r for r in target.refs if r not in target.alias_refs] + target.alias_refs
 
 
-def image_refs(target: ResolvedTarget) -> list[str]:
+def image_refs(view: TargetView) -> list[str]:
     """The tags a target view's own image is pushed under: the target's (aliases last) when it has
     one platform; its platform tags when it has several (the target's tags become an index)."""
-    return target.platform_refs or push_order(target)
+    return view.platform_refs or push_order(view)
 
 
 def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
@@ -212,7 +212,7 @@ def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
 
 
 def request(
-    project: Project, target: ResolvedTarget, labels: Mapping[str, str], *, stage: str | None = None,
+    project: Project, view: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
     cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
     wheels: Mapping[str, Sequence[Pin]] | None = None,
 ) -> buildkit.BuildRequest:
@@ -225,19 +225,19 @@ def request(
 
     epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
     return buildkit.BuildRequest(
-        dockerfile=target.dockerfile,
+        dockerfile=view.dockerfile,
         context=".",
-        platform=target.platform,
-        build_args={**content.build_args(project, target), **({} if target.native else {"EMULATED": "1"}),
+        platform=view.platform,
+        build_args={**content.build_args(project, view), **({} if view.native else {"EMULATED": "1"}),
                     "SOURCE_DATE_EPOCH": str(epoch)},
-        contexts=wheel_contexts(layers.context_layers(project, target) if wheels is None else wheels),  # staged by the build
+        contexts=wheel_contexts(layers.context_layers(project, view) if wheels is None else wheels),  # staged by the build
         labels={} if stage else dict(labels),
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
-        cache_to=("type=inline", *([registry_cache_sink(target)] if registry_cache else [])),
+        cache_to=("type=inline", *([registry_cache_sink(view)] if registry_cache else [])),
         no_cache=nocache,
         builder=os.environ.get("BUILDX_BUILDER") or None,
-        compression=target.compression,
+        compression=view.compression,
     )
 
 
@@ -262,7 +262,7 @@ def build_stages(options: Options) -> tuple[str, ...]:
     return (BUILD, *((SMOKE,) if options.smoke else ()), TAG, *publish_stages(options))
 
 
-def plan_view(project: Project, view: ResolvedTarget, content_tag: str, options: Options,
+def plan_view(project: Project, view: TargetView, content_tag: str, options: Options,
               labels: Mapping[str, str]) -> ViewPlan:
     """The plan of one target view whose content tag is *content_tag*."""
 
@@ -299,7 +299,7 @@ def build_labels(root: Path) -> dict[str, str]:
 
 
 def make_plan(
-    project: Project, views: Sequence[ResolvedTarget], options: Options = Options(), *,
+    project: Project, views: Sequence[TargetView], options: Options = Options(), *,
     labels: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
     rendered: dict[Path, str] | None = None,
 ) -> Plan:
@@ -318,7 +318,7 @@ def make_plan(
     return Plan(planned, index_plans(project, views, options))
 
 
-def index_plans(project: Project, views: Sequence[ResolvedTarget], options: Options) -> tuple[IndexPlan, ...]:
+def index_plans(project: Project, views: Sequence[TargetView], options: Options) -> tuple[IndexPlan, ...]:
     """With ``push``, one :class:`IndexPlan` per target among *views* with several platforms.
 
     Example:
@@ -338,7 +338,7 @@ def decide(plan: ViewPlan, presence: Presence | None, options: Options) -> Decis
     pull it with ``pull``; move its tags in the registry with ``push``), or build it.
 
     Example:
-        >>> p = make_plan(project, [project.target("cpu")]).views[0]
+        >>> p = make_plan(project, project.target("cpu").views()).views[0]
         >>> decide(p, Presence(registry_digest="sha256:cd"), Options(push=True, sign=True)).stages
         ('copy-tags', 'attest', 'record')
         >>> decide(p, Presence(), Options()).result
@@ -367,7 +367,7 @@ def decide_push(plan: ViewPlan, image_id: str | None, tested: bool, options: Opt
     there is none), with its content tag when *tested* (the content tag is on that very image).
 
     Example:
-        >>> p = make_plan(project, [project.target("cpu")]).views[0]
+        >>> p = make_plan(project, project.target("cpu").views()).views[0]
         >>> decide_push(p, "sha256:ab", True, Options(push=True)).stages
         ('push', 'record')
         >>> decide_push(p, None, False, Options(push=True)).error

@@ -20,14 +20,14 @@ from typing import Any
 
 from builder.config.errors import TargetFailed
 from builder.config.files import atomic_write, locked, published_path
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images.content import content_tags
 from builder.images.plan import push_order
 from builder.oci import registry
 from builder.oci.engine import Engine
 
 
-def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
+def push_target(engine: Engine, view: TargetView, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
     """Push the image of a built target view under *refs*, in order; return its published record.
 
     Example:
@@ -36,24 +36,24 @@ def push_target(engine: Engine, target: ResolvedTarget, image_id: str, refs: Seq
     """
     digests: dict[str, str] = {}
     for ref in refs:
-        digests[ref] = engine.push(ref, target.compression)
+        digests[ref] = engine.push(ref, view.compression)
     unique = set(digests.values())
     if len(unique) != 1:
-        raise TargetFailed(f"{target.name}: tags were pushed with different digests {sorted(unique)}")
+        raise TargetFailed(f"{view.name}: tags were pushed with different digests {sorted(unique)}")
     digest = unique.pop()
     local = engine.repo_digests(image_id)
-    repo = registry.Ref.parse(target.primary_ref).name
+    repo = registry.Ref.parse(view.primary_ref).name
     if f"{repo}@{digest}" not in local:
-        raise TargetFailed(f"{target.name}: local RepoDigests {local} lack the pushed digest {digest}")
-    return published(target, image_id, digest, list(digests))
+        raise TargetFailed(f"{view.name}: local RepoDigests {local} lack the pushed digest {digest}")
+    return published(view, image_id, digest, list(digests))
 
 
-def published(target: ResolvedTarget, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
+def published(view: TargetView, image_id: str | None, digest: str, tags: list[str]) -> dict[str, Any]:
     """The dist/published.json record of a target whose *tags* now point at *digest*."""
-    repo = registry.Ref.parse(target.primary_ref).name
+    repo = registry.Ref.parse(view.primary_ref).name
     return {
-        "target": target.unit,
-        "platform": target.platform,
+        "target": view.unit,
+        "platform": view.platform,
         "image_id": image_id,
         "digest": digest,
         "reference": f"{repo}@{digest}",
@@ -62,7 +62,7 @@ def published(target: ResolvedTarget, image_id: str | None, digest: str, tags: l
     }
 
 
-def push_index(project: Project, target: ResolvedTarget, revision: str) -> tuple[str, dict[str, Any]]:
+def push_index(project: Project, target: Target, revision: str) -> tuple[str, dict[str, Any]]:
     """Write one OCI image index under every tag of a multi-platform target; return what was done,
     in a line, and its dist/published.json record (the caller records it, with its attachments).
 

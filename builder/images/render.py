@@ -8,6 +8,7 @@ committed images/ with a fresh render (lock files are the resolver's, not the re
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import jinja2
 from builder.config import grammar as g
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target
 from builder.images import layers
 
 #: Files under images/<target>/ that render owns; anything else there (locks) is left alone.
@@ -47,7 +48,7 @@ def environment(templates: Path) -> jinja2.Environment:
     )
 
 
-def render_target(env: jinja2.Environment, project: Project, target: ResolvedTarget) -> dict[str, str]:
+def render_target(env: jinja2.Environment, project: Project, target: Target) -> dict[str, str]:
     """Render one target's build files, keyed by file name.
 
     Example:
@@ -73,7 +74,7 @@ def render_target(env: jinja2.Environment, project: Project, target: ResolvedTar
     return {"Dockerfile": text}
 
 
-def render(project: Project, targets: list[ResolvedTarget]) -> dict[Path, str]:
+def render(project: Project, targets: Sequence[Target]) -> dict[Path, str]:
     """Render every selected target in memory: {path under the project: text}."""
     env = environment(project.templates_dir)
     out: dict[Path, str] = {}
@@ -101,7 +102,7 @@ def stale_folders(project: Project) -> list[Path]:
     return sorted(p for p in project.images_dir.iterdir() if p.is_dir() and p.name not in names)
 
 
-def check(project: Project, targets: list[ResolvedTarget]) -> list[str]:
+def check(project: Project, targets: Sequence[Target]) -> list[str]:
     """Differences between images/ and a fresh render, as unified-diff lines (empty: up to date)."""
     lines: list[str] = []
     for path, text in render(project, targets).items():

@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.config.state import owner
 from builder.host.devices import device_options
 from builder.oci.engine import ContainerTimeout, Engine
@@ -103,7 +103,7 @@ def public_version(version: object) -> str | None:
 def smoke_test(
     engine: Engine,
     project: Project,
-    target: ResolvedTarget,
+    view: TargetView,
     image: str,
     *,
     train: bool = True,
@@ -111,9 +111,9 @@ def smoke_test(
 ) -> SmokeResult:
     """Run the checks against *image* (an ID or a reference) of the target view's platform."""
     result = SmokeResult()
-    emulated = None if target.native else f"{target.platform} runs under qemu emulation on this " \
+    emulated = None if view.native else f"{view.platform} runs under qemu emulation on this " \
                                           f"{platforms.host_platform()} host"
-    options, why_not = ({}, emulated) if emulated else device_options(target)
+    options, why_not = ({}, emulated) if emulated else device_options(view)
     if why_not:
         result.skipped.append(f"device checks skipped: {why_not}")
         log(result.skipped[-1])
@@ -121,13 +121,13 @@ def smoke_test(
     # at import (x86 caches read by aarch64 code): an empty, read-only /sys/devices/system/cpu hides
     # it. The environment fits the container to qemu (platforms.emulated_env says why).
     masked: dict[str, Any] = {"tmpfs": {"/sys/devices/system/cpu": "ro"},
-                              "environment": platforms.emulated_env(target.platform)} if emulated else {}
+                              "environment": platforms.emulated_env(view.platform)} if emulated else {}
     status, out, stdout = run_container(engine, image, PROBE, **options, **masked)
     probe = _json_after_checks(stdout)
     if status != 0 or probe is None:
         result.add("container", False, f"exit {status}: {out.strip()[-400:]}")
         return result
-    result.checks += _probe_checks(probe, target)
+    result.checks += _probe_checks(probe, view)
     result.add("no wheels or caches left", *_leftovers(engine, image))
     if options:
         result.add("device", *_device_check(probe))
@@ -141,7 +141,7 @@ def smoke_test(
     return result
 
 
-def _probe_checks(probe: dict[str, Any], target: ResolvedTarget) -> list[tuple[str, bool, str]]:
+def _probe_checks(probe: dict[str, Any], target: Target) -> list[tuple[str, bool, str]]:
     """The checks of the probe's report: torch (import, version, flavour), the process, a tensor op on the
     CPU, torch.distributed."""
     torch_info = probe.get("torch", {})

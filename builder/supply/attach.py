@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.errors import TargetFailed, UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.oci import artifacts, registry
 from builder.supply import cosign, provenance, sbom
 from builder.supply.signing import ENVELOPE_TYPE
@@ -52,13 +52,13 @@ def _descriptor(image: str, creds: dict[str, str] | None) -> dict[str, Any]:
     return {"mediaType": media, "digest": digest, "size": len(body)}
 
 
-def attest(project: Project, target: ResolvedTarget, image: str, content_tag: str | None, key: cosign.SigningKey,
+def attest(project: Project, view: TargetView, image: str, content_tag: str | None, key: cosign.SigningKey,
            creds: dict[str, str] | None = None) -> dict[str, str]:
-    """Sign *target*'s pushed *image* (``host/repo@sha256:...``) and attest its SBOM and provenance
+    """Sign *view*'s pushed *image* (``host/repo@sha256:...``) and attest its SBOM and provenance
     with cosign, then list the three as its referrers; return {kind: referrer manifest digest}."""
     _descriptor(image, creds)  # a clear error before cosign's, when the image is not there
-    documents = {"sbom": sbom.sbom_json(project, target, image),
-                 "att": json.dumps(provenance.statement(project, target, image, content_tag)["predicate"])}
+    documents = {"sbom": sbom.sbom_json(project, view, image),
+                 "att": json.dumps(provenance.statement(project, view, image, content_tag)["predicate"])}
     cosign.sign(image, key, creds)
     with tempfile.TemporaryDirectory(prefix="builder-attest-") as folder:
         for kind, text in documents.items():
@@ -129,22 +129,22 @@ class Attach:
     def __init__(self, project: Project, signer: cosign.SigningKey, say: Callable[[str], object]) -> None:
         self.project, self.signer, self.say = project, signer, say
 
-    def image(self, target: ResolvedTarget, digest: str, content_tag: str | None) -> dict[str, str]:
+    def image(self, view: TargetView, digest: str, content_tag: str | None) -> dict[str, str]:
         """Attach to the pushed image of a target view: what it carries already, else sign and attest it."""
-        image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
+        image = f"{registry.Ref.parse(view.primary_ref).name}@{digest}"
         creds = registry.credentials(registry.Ref.parse(image).host)
         try:
             done = already_attested(image, self.signer, creds)
             if done:
-                self.say(f"{target.unit}: {image} already carries {', '.join(done)} signed by this key")
+                self.say(f"{view.unit}: {image} already carries {', '.join(done)} signed by this key")
             else:
-                done = attest(self.project, target, image, content_tag, self.signer, creds)
-                self.say(f"{target.unit}: signed and attached {', '.join(done)} to {image}")
+                done = attest(self.project, view, image, content_tag, self.signer, creds)
+                self.say(f"{view.unit}: signed and attached {', '.join(done)} to {image}")
         except (UserError, TargetFailed) as exc:
             raise TargetFailed(f"attaching the SBOM, provenance and signature failed: {exc}") from None
         return done
 
-    def index(self, target: ResolvedTarget, digest: str) -> dict[str, str]:
+    def index(self, target: Target, digest: str) -> dict[str, str]:
         """Sign the index *digest* of a multi-platform target."""
         image = f"{registry.Ref.parse(target.primary_ref).name}@{digest}"
         try:

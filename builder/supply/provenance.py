@@ -8,7 +8,7 @@ commit (with whether the tree was dirty), the base by digest, each lock the imag
 Dockerfile, each with its SHA-256; ``runDetails.builder`` the builder and its version.
 
 Example:
-    >>> st = statement(project, project.target("cpu"), "localhost:5000/ml-runtime@sha256:ab...", None)
+    >>> st = statement(project, project.target("cpu").default_view, "localhost:5000/ml-runtime@sha256:ab...", None)
     >>> st["predicateType"], st["subject"][0]["digest"]
     ('https://slsa.dev/provenance/v1', {'sha256': 'ab...'})
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.errors import UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, TargetView
 from builder.config.urls import public
 from builder.oci.registry import Ref
 from builder.supply.sbom import builder_version, contents
@@ -102,19 +102,19 @@ def _file(root: Path, rel: str) -> dict[str, Any]:
     return {"name": rel, "uri": f"file:{rel}", "digest": {"sha256": digest}}
 
 
-def statement(project: Project, target: ResolvedTarget, image: str, content_tag: str | None,
+def statement(project: Project, view: TargetView, image: str, content_tag: str | None,
               started: str | None = None) -> dict[str, Any]:
-    """The provenance statement of *target*'s image *image* (``host/repo@sha256:<hex>``).
+    """The provenance statement of *view*'s image *image* (``host/repo@sha256:<hex>``).
 
     Example:
         >>> image, tag = "localhost:5000/ml-runtime@sha256:ab...", "localhost:5000/ml-runtime:cpu-0123"
         >>> statement(project, cpu, image, tag)["predicate"]["buildDefinition"]["externalParameters"]["target"]
         'cpu'
     """
-    c = contents(project, target)
+    c = contents(project, view)
     revision, dirty = git_state(project.root)
     # The index as given may hold its login (https://user:token@mirror/simple): published without it.
-    entry = {**asdict(target), "index_url": public(target.index_url), "lock": target.lock, "arch": target.arch}
+    entry = {**asdict(view), "index_url": public(view.index_url), "lock": view.lock, "arch": view.arch}
     base = Ref.parse(c.base)
     remote = git_remote(project.root)
     dependencies: list[dict[str, Any]] = [
@@ -125,7 +125,7 @@ def statement(project: Project, target: ResolvedTarget, image: str, content_tag:
         dependencies.append({"name": "base", "uri": f"oci://{base.name}@{base.digest}",
                              "digest": {"sha256": base.digest.removeprefix("sha256:")}})
     dependencies += [_file(project.root, rel) for rel, _ in c.locks]
-    dependencies.append(_file(project.root, target.dockerfile))
+    dependencies.append(_file(project.root, view.dockerfile))
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {
         "_type": STATEMENT_TYPE,
@@ -134,7 +134,7 @@ def statement(project: Project, target: ResolvedTarget, image: str, content_tag:
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {"target": target.name, "platform": target.platform,
+                "externalParameters": {"target": view.name, "platform": view.platform,
                                        "matrix_entry": entry, "content_tag": content_tag},
                 "internalParameters": {"builder_version": builder_version(), "registry": project.matrix.registry,
                                        "python": project.matrix.python, "installer": project.matrix.installer},
@@ -142,7 +142,7 @@ def statement(project: Project, target: ResolvedTarget, image: str, content_tag:
             },
             "runDetails": {
                 "builder": {"id": BUILDER_ID, "version": {"ml-image-builder": builder_version()}},
-                "metadata": {"invocationId": f"{target.unit}@{revision}{'-dirty' if dirty else ''}",
+                "metadata": {"invocationId": f"{view.unit}@{revision}{'-dirty' if dirty else ''}",
                              "startedOn": started or now, "finishedOn": now},
                 "byproducts": [{"name": "content-tag", "uri": f"oci://{content_tag}"}] if content_tag else [],
             },

@@ -13,7 +13,7 @@ schema before it is returned.
 
 Example:
     >>> image = "localhost:5000/ml-runtime@sha256:" + "ab" * 32
-    >>> doc = json.loads(sbom_json(project, project.target("cpu"), image))
+    >>> doc = json.loads(sbom_json(project, project.target("cpu").default_view, image))
     >>> doc["specVersion"], doc["metadata"]["component"]["version"]
     ('1.6', 'sha256:abab...')
 """
@@ -36,7 +36,7 @@ from packageurl import PackageURL
 
 from builder.config.baselock import read_base_lock
 from builder.config.errors import UserError
-from builder.config.project import Project, ResolvedTarget
+from builder.config.project import Project, Target, TargetView
 from builder.images.lockfile import Pin, read_lock
 from builder.images.locks import shared_lock_path
 from builder.oci.registry import Ref
@@ -73,20 +73,20 @@ class Contents:
         return [p for _, pins in self.locks for p in pins]
 
 
-def contents(project: Project, target: ResolvedTarget) -> Contents:
-    """The inputs installed into *target*'s image (its platform's view), read from the committed locks.
+def contents(project: Project, view: TargetView) -> Contents:
+    """The inputs installed into *view*'s image, read from its platform's committed locks.
 
     Example:
-        >>> [path for path, _ in contents(project, project.target("cpu")).locks]
+        >>> [path for path, _ in contents(project, project.target("cpu").default_view).locks]
         ['images/common.amd64.lock', 'images/cpu/requirements.amd64.lock']
     """
     locks = []
-    for path in (shared_lock_path(project, "common", target.platform), project.root / target.lock):
+    for path in (shared_lock_path(project, "common", view.platform), project.root / view.lock):
         _, pins = read_lock(path)
         rel = str(path.relative_to(project.root))
         if not pins:
-            raise UserError(f"{rel} is missing or empty: run 'builder lock -t {target.name} --platform "
-                            f"{target.platform}' before making the SBOM of {target.unit}")
+            raise UserError(f"{rel} is missing or empty: run 'builder lock -t {view.name} --platform "
+                            f"{view.platform}' before making the SBOM of {view.unit}")
         locks.append((rel, pins))
     runtime_toml = project.root / RUNTIME_DIR / "pyproject.toml"
     try:
@@ -94,9 +94,9 @@ def contents(project: Project, target: ResolvedTarget) -> Contents:
         runtime = (str(meta["name"]), str(meta["version"]))
     except (OSError, KeyError, tomllib.TOMLDecodeError) as exc:
         raise UserError(f"{runtime_toml}: cannot read the runtime's name and version ({exc})") from None
-    base = project.base_for(target.platform)
+    base = project.base_for(view.platform)
     lock = read_base_lock(project.root)
-    pinned = lock.platforms.get(target.platform) if lock else None
+    pinned = lock.platforms.get(view.platform) if lock else None
     debs = dict(pinned.packages) if pinned and pinned.reference == base else {}
     return Contents(locks, runtime, base, debs, project.matrix.base.debian_suite)
 
@@ -111,15 +111,15 @@ def _oci_purl(ref: str, digest: str) -> PackageURL:
                       qualifiers={"repository_url": r.name})
 
 
-def make_bom(project: Project, target: ResolvedTarget, image: str | None = None) -> Bom:
-    """The CycloneDX BOM of *target*'s image; *image* (``host/repo@sha256:...``) names the pushed image.
+def make_bom(project: Project, view: TargetView, image: str | None = None) -> Bom:
+    """The CycloneDX BOM of *view*'s image; *image* (``host/repo@sha256:...``) names the pushed image.
 
     Example:
-        >>> len(make_bom(project, project.target("cpu")).components) > 100
+        >>> len(make_bom(project, project.target("cpu").default_view).components) > 100
         True
     """
-    c = contents(project, target)
-    arch = target.arch
+    c = contents(project, view)
+    arch = view.arch
     components: list[Component] = []
     for lock, pins in c.locks:
         for pin in pins:
@@ -149,12 +149,12 @@ def make_bom(project: Project, target: ResolvedTarget, image: str | None = None)
             purl=PackageURL(type="deb", namespace="debian", name=deb, version=deb_version,
                             qualifiers={"arch": arch, "distro": c.suite}),
         ))
-    properties = [Property(name=f"{PROPERTY}:target", value=target.name),
-                  Property(name=f"{PROPERTY}:platform", value=target.platform)]
+    properties = [Property(name=f"{PROPERTY}:target", value=view.name),
+                  Property(name=f"{PROPERTY}:platform", value=view.platform)]
     if not c.debs:
         properties.append(Property(name=f"{PROPERTY}:debian-packages",
                                    value="unknown: base.lock.json does not record this base's packages"))
-    subject = _image_component(target, image)
+    subject = _image_component(view, image)
     tool = Component(type=ComponentType.APPLICATION, name="ml-image-builder", version=builder_version())
     metadata = BomMetaData(component=subject, properties=properties, tools=ToolRepository(components=[tool]))
     bom = Bom(components=components, metadata=metadata)
@@ -165,7 +165,7 @@ def make_bom(project: Project, target: ResolvedTarget, image: str | None = None)
     return bom
 
 
-def _image_component(target: ResolvedTarget, image: str | None) -> Component:
+def _image_component(target: Target, image: str | None) -> Component:
     if image is None:
         return Component(type=ComponentType.CONTAINER, name=Ref.parse(target.primary_ref).name,
                          version=target.primary_ref.rsplit(":", 1)[-1], bom_ref="image")
@@ -191,16 +191,16 @@ def validate(text: str) -> str | None:
     return None if error is None else str(error).splitlines()[0][:300]
 
 
-def sbom_json(project: Project, target: ResolvedTarget, image: str | None = None) -> str:
-    """The validated CycloneDX 1.6 JSON of *target*'s image (see :func:`make_bom`)."""
-    return to_json(make_bom(project, target, image))
+def sbom_json(project: Project, view: TargetView, image: str | None = None) -> str:
+    """The validated CycloneDX 1.6 JSON of *view*'s image (see :func:`make_bom`)."""
+    return to_json(make_bom(project, view, image))
 
 
 def packages(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
     """{"pypi": {name: version}, "deb": {name: version}} of a CycloneDX document, by PURL type.
 
     Example:
-        >>> packages(json.loads(sbom_json(project, project.target("cpu"))))["pypi"]["torch"]
+        >>> packages(json.loads(sbom_json(project, project.target("cpu").default_view)))["pypi"]["torch"]
         '2.13.0+cpu'
     """
     out: dict[str, dict[str, str]] = {"pypi": {}, "deb": {}}

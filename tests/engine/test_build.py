@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from doubles import Silent
-from helpers import bare_build_project, fake_target, publish_base_to, run_builder
+from helpers import bare_build_project, fake_view, publish_base_to, run_builder
 
 from builder.images.smoke import SMOKE_LABEL
 from devtools.support import base_pin, copy_project, edit_matrix, free_port, layer_tar, registry_of
@@ -259,7 +259,7 @@ class _UI(Silent):
 
 
 def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys: list[str]) -> float:
-    """build_all over fake targets whose Dockerfiles sleep, SIGINT once they all sleep; return its seconds.
+    """build_all over fake target views whose Dockerfiles sleep, SIGINT once they all sleep; return its seconds.
 
     Adds to *decoys* containers that the build must not touch."""
     from builder.images import build
@@ -270,7 +270,7 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
         (tmp_path / name / "Dockerfile").write_text(  # a step of its own: never in BuildKit's cache
             f"FROM {busybox} AS common\nRUN echo common\nFROM common\nRUN echo {uuid.uuid4().hex} && sleep 30{i}\n")
     project = bare_build_project(monkeypatch, tmp_path)
-    targets = [fake_target(n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x") for n in names]
+    views = [fake_view(n, dockerfile=f"{n}/Dockerfile", primary_ref="127.0.0.1:1/none:x") for n in names]
 
     def add_decoys() -> None:
         # New since the build began, yet not its own: a plain container, another process's smoke container.
@@ -281,7 +281,7 @@ def _interrupted_build(engine, busybox, tmp_path, monkeypatch, jobs: int, decoys
     start = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
-            build.build_all(engine, project, targets, ui, smoke=False, jobs=jobs)
+            build.build_all(engine, project, views, ui, smoke=False, jobs=jobs)
     finally:
         ui.armed = False
     return time.monotonic() - start

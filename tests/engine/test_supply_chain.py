@@ -60,7 +60,7 @@ def differences(sbom_packages: dict[str, str], image_packages: dict[str, str], p
 
 def assert_sbom_is_the_image(root: Path, engine: docker.DockerClient, target_name: str, image: str) -> None:
     project = load_project(root / "matrix.yaml")
-    doc = json.loads(sbom.sbom_json(project, project.target(target_name)))
+    doc = json.loads(sbom.sbom_json(project, project.target(target_name).default_view))
     listed = sbom.packages(doc)
     real = inventory(engine, image)
     assert len(listed["pypi"]) > 20 and len(listed["deb"]) > 100
