@@ -719,9 +719,33 @@ class PodmanEngine(DockerEngine):
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _no_gpus_request(requests: Sequence[Mapping[str, Any]]) -> list[str]:
+    """CDI requests are given as ``--device`` names; any other (docker's ``--gpus``) has no podman form."""
+    if any(request.get("Driver") != "cdi" for request in requests):
+        raise EngineError("podman names GPUs by CDI only: a device request other than a CDI name (docker's "
+                          "--gpus) has no podman form; generate a CDI spec (nvidia-ctk cdi generate)")
+    return []
+
+
+#: docker-py ``containers.create`` options (those ``builder run`` gives) as ``podman create`` arguments.
+_CREATE_FLAGS: dict[str, Callable[[Any], list[str]]] = {
+    "environment": lambda value: [a for k, v in value.items() for a in ("--env", f"{k}={v}")],
+    "labels": lambda value: [a for k, v in value.items() for a in ("--label", f"{k}={v}")],
+    "mounts": lambda value: [a for m in value for a in (
+        "--mount", f"type={m['Type']},source={m['Source']},target={m['Target']}{',ro' if m.get('ReadOnly') else ''}")],
+    "devices": lambda value: [a for v in value for a in ("--device", str(v))],
+    "group_add": lambda value: [a for v in value for a in ("--group-add", str(v))],
+    "working_dir": lambda value: ["--workdir", str(value)],
+    "user": lambda value: ["--user", str(value)],
+    "ipc_mode": lambda value: ["--ipc", str(value)],
+    "shm_size": lambda value: ["--shm-size", str(value)],
+    "device_requests": _no_gpus_request,
+}
+
+
 def _create_argv(options: Mapping[str, Any], cdi: Sequence[str]) -> list[str]:
-    """``podman create`` arguments for docker-py ``containers.create`` *options* (those ``builder run`` gives)
-    with the CDI device names *cdi*; an option with no such form is refused rather than dropped.
+    """``podman create`` arguments for docker-py ``containers.create`` *options* with the CDI device names
+    *cdi*; an option with no such form is refused rather than dropped.
 
     Example:
         >>> _create_argv({"image": "i", "command": ["ls"], "environment": {"A": "1"}, "working_dir": "/w",
@@ -733,24 +757,9 @@ def _create_argv(options: Mapping[str, Any], cdi: Sequence[str]) -> list[str]:
     for key, value in options.items():
         if key in ("image", "command") or value in (None, False, [], {}):
             continue
-        if key == "environment":
-            argv += [arg for k, v in value.items() for arg in ("--env", f"{k}={v}")]
-        elif key == "labels":
-            argv += [arg for k, v in value.items() for arg in ("--label", f"{k}={v}")]
-        elif key == "mounts":
-            argv += [arg for m in value for arg in (
-                "--mount", f"type={m['Type']},source={m['Source']},target={m['Target']}{',ro' if m.get('ReadOnly') else ''}")]
-        elif key in ("devices", "group_add"):
-            argv += [arg for v in value for arg in (f"--{key.replace('_', '-')}", str(v))]
-        elif key in ("working_dir", "user", "ipc_mode", "shm_size"):
-            flag = {"working_dir": "--workdir", "ipc_mode": "--ipc", "shm_size": "--shm-size"}.get(key, "--user")
-            argv += [flag, str(value)]
-        elif key == "device_requests":
-            if any(request.get("Driver") != "cdi" for request in value):
-                raise EngineError("podman names GPUs by CDI only: a device request other than a CDI name "
-                                  "(docker's --gpus) has no podman form; generate a CDI spec (nvidia-ctk cdi generate)")
-        else:
+        if key not in _CREATE_FLAGS:
             raise EngineError(f"podman create: the option {key} has no CLI form in builder; it would be dropped")
+        argv += _CREATE_FLAGS[key](value)
     return [*argv, str(options["image"]), *[str(c) for c in options.get("command") or []]]
 
 
