@@ -84,8 +84,8 @@ def chosen_engine() -> str | None:
 
 
 def connect(timeout: int = TIMEOUT_S) -> Engine:
-    """The chosen engine (BUILDER_ENGINE), else Docker if it answers, else podman if installed; checked for its
-    version; else one UserError that says how to get one.
+    """The chosen engine (BUILDER_ENGINE), else Docker if it answers (only Docker when DOCKER_HOST is set),
+    else podman if installed; checked for its version; else one UserError that says how to get one.
 
     Example:
         >>> connect().version()["Version"]  # doctest: +SKIP
@@ -94,7 +94,9 @@ def connect(timeout: int = TIMEOUT_S) -> Engine:
     kind = chosen_engine()
     if kind == "podman":
         return connect_podman(timeout)
-    if kind == "docker" or shutil.which("podman") is None:
+    # A DOCKER_HOST the user set names the engine: when it does not answer, say so rather than build on
+    # another engine behind their back (podman's own CONTAINER_HOST is read once podman is chosen).
+    if kind == "docker" or shutil.which("podman") is None or os.environ.get("DOCKER_HOST"):
         return connect_docker(timeout)
     try:
         return connect_docker(timeout)
