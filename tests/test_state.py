@@ -125,3 +125,26 @@ def test_a_lock_taken_again_by_the_thread_that_holds_it_does_not_wait_for_itself
     worker.start()
     worker.join(10)
     assert done.is_set(), "a nested lock on the same file waited for itself"
+
+
+def test_a_run_waiting_for_a_lock_another_process_holds_says_so_until_it_has_it(tmp_path, monkeypatch):
+    """A second build that waits on the wheelhouse lock is not silent: its *waiting* hears of it at
+    once and every WAITING_EVERY_S (here 0.5 s), then it gets the lock when the holder lets go."""
+    lock = tmp_path / "wheelhouse.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time\n"
+        f"handle = open({str(lock)!r}, 'a'); fcntl.flock(handle, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(1.6)")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    monkeypatch.setattr(files, "WAITING_EVERY_S", 0.5)
+    heard: list[int] = []
+    started = time.monotonic()
+    with files.locked(lock, waiting=heard.append):
+        waited = time.monotonic() - started
+    holder.wait(timeout=10)
+    assert waited >= 1.0, "it took the lock while another process held it"
+    assert len(heard) >= 2 and heard[0] == 0 and heard == sorted(heard), heard
+    heard.clear()
+    with files.locked(lock, waiting=heard.append):  # free: nothing to say
+        pass
+    assert heard == []

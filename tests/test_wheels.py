@@ -178,6 +178,19 @@ def test_changed_wheel_is_hashed_again(proj, tmp_path, monkeypatch):
     assert wheelhouse.missing([pin]) == [pin] and not (house / pin.filename).exists()
 
 
+def test_a_large_wheel_being_hashed_says_so_once_then_is_stamped(tmp_path, monkeypatch):
+    """A wheel of SAY_HASHING_BYTES or more (CUDA torch is ~0.9 GB) says it is being checked, so a long
+    first check is never silent; once stamped, a no-op says nothing."""
+    data = b"a large wheel"
+    pin = _pin("uv", "0.13.9", data, "uv-0.13.9-py3-none-any.whl")
+    _house_with(tmp_path, monkeypatch, {pin.filename: data})
+    monkeypatch.setattr(wheelhouse, "SAY_HASHING_BYTES", len(data))
+    said: list[str] = []
+    assert wheelhouse.missing([pin], say=said.append) == []
+    assert said == [f"wheelhouse: checking {pin.filename} (0.00 GB) against its locked sha256"], said
+    assert wheelhouse.missing([pin], say=said.append) == [] and len(said) == 1
+
+
 @pytest.mark.parametrize(
     ("target", "resolved"),
     [("nvidia-cu130", "2.14.1+cpu"), ("cpu", "2.13.0+cu118"), ("cpu", "2.13.0"), ("nvidia-cu118", "2.7.1")],

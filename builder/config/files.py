@@ -10,8 +10,9 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 #: fcntl locks are per process: threads of one ``builder build -j`` take turns on this first.
 _THREADS: dict[str, threading.RLock] = {}
@@ -21,9 +22,33 @@ _THREADS_GUARD = threading.Lock()
 _HELD = threading.local()
 
 
+#: While another process holds a lock, *waiting* hears of it this often (seconds).
+WAITING_EVERY_S = 10
+
+
+def _take(handle: Any, mode: int, waiting: Callable[[int], object] | None) -> None:
+    """flock *handle* in *mode*; while another process holds it, call *waiting* with the seconds waited
+    (at once, then every :data:`WAITING_EVERY_S`), so a run that waits says why it is silent."""
+    if waiting is None:
+        fcntl.flock(handle, mode)
+        return
+    started, told = time.monotonic(), None
+    while True:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - started
+            if told is None or waited - told >= WAITING_EVERY_S:
+                waiting(int(waited))
+                told = waited
+            time.sleep(0.2)
+
+
 @contextlib.contextmanager
-def locked(path: Path, shared: bool = False) -> Iterator[None]:
-    """Hold the lock file *path* (created if absent) for the ``with`` block: exclusive, or *shared*.
+def locked(path: Path, shared: bool = False, waiting: Callable[[int], object] | None = None) -> Iterator[None]:
+    """Hold the lock file *path* (created if absent) for the ``with`` block: exclusive, or *shared*;
+    *waiting* hears how long it has waited while another process holds it (:func:`_take`).
 
     The kernel drops the lock when the process dies (SIGKILL included), so a killed run never
     leaves a stale lock behind. Nested in one thread, the inner ``with`` holds what the outer one
@@ -42,7 +67,7 @@ def locked(path: Path, shared: bool = False) -> Iterator[None]:
     with _THREADS_GUARD:
         guard = _THREADS.setdefault(key, threading.RLock())
     with guard, open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)  # released when the file closes
+        _take(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, waiting)  # released when the file closes
         held.add(key)
         try:
             yield

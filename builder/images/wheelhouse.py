@@ -96,7 +96,12 @@ def remember(house: Path, changes: dict[str, list[object] | None]) -> None:
                 stamps[name] = value
         _write_stamps(house, stamps)
 
-def _verified(house: Path, stamps: dict[str, list[object]], name: str, sha256: str) -> bool | None:
+#: A file this large says it is being hashed (a few seconds each): a long check is never silent.
+SAY_HASHING_BYTES = 256 << 20
+
+
+def _verified(house: Path, stamps: dict[str, list[object]], name: str, sha256: str,
+              say: Callable[[str], object] = _stderr) -> bool | None:
     """Whether wheelhouse file *name* holds *sha256*: by its stamp, else hashed (and *stamps* updated);
     None when it is absent. A file that no longer matches is removed and its stamp forgotten."""
     path = house / name
@@ -107,12 +112,20 @@ def _verified(house: Path, stamps: dict[str, list[object]], name: str, sha256: s
         return None
     if stamps.get(name) == current:
         return True
+    if int(str(current[1])) >= SAY_HASHING_BYTES:
+        say(f"wheelhouse: checking {name} ({int(str(current[1])) / 1e9:.2f} GB) against its locked sha256")
     if sha256_file(path) == sha256:
         stamps[name] = current
         return True
     path.unlink(missing_ok=True)  # truncated or altered: never serve it to a build
     stamps.pop(name, None)
     return False
+
+def _waiting(say: Callable[[str], object]) -> Callable[[int], object]:
+    """What a build waiting for the wheelhouse lock says (another build is checking or staging wheels)."""
+    return lambda seconds: say(f"wheelhouse: another build holds it (checking or staging wheels); waiting "
+                               f"({seconds} s)")
+
 
 def missing(pins: list[Pin], say: Callable[[str], object] = _stderr) -> list[Pin]:
     """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file is removed
@@ -123,11 +136,11 @@ def missing(pins: list[Pin], say: Callable[[str], object] = _stderr) -> list[Pin
     """
     house = location()
     absent: list[Pin] = []
-    with locked(lock_path()):
+    with locked(lock_path(), waiting=_waiting(say)):
         stamps = _stamps(house)
         before = dict(stamps)
         for pin in pins:
-            found = _verified(house, stamps, pin.filename, pin.sha256)
+            found = _verified(house, stamps, pin.filename, pin.sha256, say)
             if found is False:
                 say(f"wheelhouse: {house / pin.filename} no longer matches its locked sha256 (altered on "
                     f"disk): removed, fetching it again")
@@ -199,13 +212,13 @@ def build_context(layers: Mapping[str, Sequence[Pin]], say: Callable[[str], obje
     """
     folder = context_folder(layers)
     house = location()
-    with locked(lock_path()):
+    with locked(lock_path(), waiting=_waiting(say)):
         remove_leftovers(house)
         stamps = _stamps(house)
         before = dict(stamps)
         try:
             for pin in {p.filename: p for pins in layers.values() for p in pins}.values():
-                if not _verified(house, stamps, pin.filename, pin.sha256):
+                if not _verified(house, stamps, pin.filename, pin.sha256, say):
                     raise TargetFailed(f"wheelhouse: {house / pin.filename} is absent or no longer matches its "
                                        f"locked sha256 (removed); run the build again to fetch it")
             problems = check_context(folder, layers, stamps) if folder.exists() else None
