@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from builder.config.errors import TargetFailed
-from builder.oci.buildkit import BuildRequest, BuildResult, _cancel_on, _stop
+from builder.oci.buildkit import BuildRequest, BuildResult, supervised
 from builder.oci.secrets import child_env
 
 #: A Dockerfile step in podman's output: ``[2/4] STEP 3/7: RUN ...`` (FROM is no step, as in BuildKit's count).
@@ -116,18 +116,9 @@ def run(
                        iidfile=str(iidfile), authfile=authfile, tls_verify=tls_verify)
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
                                 cwd=cwd, start_new_session=True)
-        watcher = threading.Thread(target=_cancel_on, args=(proc, cancel), daemon=True) if cancel else None
-        if watcher:
-            watcher.start()
-        try:
-            assert proc.stdout is not None
-            steps, cached, tail = _follow(proc.stdout, on_step, on_log)
-            code = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
-        if cancel is not None and cancel.is_set():
-            raise TargetFailed("interrupted")
+        stdout = proc.stdout
+        assert stdout is not None
+        (steps, cached, tail), code = supervised(proc, cancel, lambda: _follow(stdout, on_step, on_log))
         if code != 0:
             raise TargetFailed(_error(tail, code))
         image = iidfile.read_text().strip() if iidfile.exists() else ""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from builder.config.errors import TargetFailed, UserError
 from builder.oci.secrets import child_env
@@ -353,18 +353,9 @@ def run(
         argv = request.argv(metadata=str(metadata))
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                                 cwd=cwd, start_new_session=True)  # a terminal's Ctrl-C reaches us, and we cancel it
-        watcher = threading.Thread(target=_cancel_on, args=(proc, cancel), daemon=True) if cancel else None
-        if watcher:
-            watcher.start()
-        try:
-            assert proc.stderr is not None
-            errors = _follow(proc.stderr, steps, on_step, on_log, phases=phases)
-            code = proc.wait()
-        except BaseException:
-            _stop(proc)
-            raise
-        if cancel is not None and cancel.is_set():
-            raise TargetFailed("interrupted")
+        stderr = proc.stderr
+        assert stderr is not None
+        errors, code = supervised(proc, cancel, lambda: _follow(stderr, steps, on_step, on_log, phases=phases))
         if code != 0:
             raise TargetFailed(_build_error(errors, code))
         try:
@@ -404,6 +395,25 @@ def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], No
     for line in lines.rest():
         on_log(line)
     return errors
+
+
+T = TypeVar("T")
+
+
+def supervised(proc: subprocess.Popen[str], cancel: threading.Event | None, follow: Callable[[], T]) -> tuple[T, int]:
+    """(what *follow* read of the build process *proc*'s output, its exit code): the build is stopped
+    when *cancel* is set (TargetFailed "interrupted") or when following it raises (Ctrl-C included)."""
+    if cancel is not None:
+        threading.Thread(target=_cancel_on, args=(proc, cancel), daemon=True).start()
+    try:
+        read = follow()
+        code = proc.wait()
+    except BaseException:
+        _stop(proc)
+        raise
+    if cancel is not None and cancel.is_set():
+        raise TargetFailed("interrupted")
+    return read, code
 
 
 def _cancel_on(proc: subprocess.Popen[str], cancel: threading.Event) -> None:
