@@ -139,46 +139,6 @@ def measure(client: docker.DockerClient, project: Project, views: list[TargetVie
                 ours["noop_all_cached"][t.name] = all(cached)
 
     for side, name in ((ours, "ours"), (theirs, "baseline")):
-            stacks[name][t.name] = layers(client, final[name][t.name])
-            side["image_bytes"][t.name] = client.api.inspect_image(final[name][t.name])["Size"]
-            side["essential_bytes"][t.name] = essential
-            side["size_ratio_vs_essential"][t.name] = round(side["image_bytes"][t.name] / essential, 4)
-
-    # No-op: the whole CLI process for ours; `docker build` of the same Dockerfile for the baseline.
-    for t in views:
-        samples, theirs_samples, cached = [], [], []
-        for _ in range(REPEATS):
-            seconds, outcome = builder_build(root, t.name)
-            samples.append(seconds)
-            cached.append(outcome["cached_steps"] == outcome["steps"])
-            made.ids.append(outcome["image_id"])
-            seconds, image_id = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])
-            theirs_samples.append(seconds)
-            made.ids.append(image_id)
-        say(f"{t.name}: no-op {samples} s, baseline {theirs_samples} s")
-        ours["noop_samples_s"][t.name], theirs["noop_samples_s"][t.name] = samples, theirs_samples
-        ours["noop_rebuild_s_per_target"][t.name] = median(samples)
-        theirs["noop_rebuild_s_per_target"][t.name] = median(theirs_samples)
-        ours["noop_all_cached"][t.name] = all(cached)
-
-    # Runtime change: a comment in the in-image runtime, then rebuild (ours: the CLI; baseline: docker build).
-    for t in views:
-        samples, theirs_samples = [], []
-        for _ in range(REPEATS):
-            touch_runtime(root)
-            seconds, outcome = builder_build(root, t.name)
-            samples.append(seconds)
-            made.ids.append(outcome["image_id"])
-            sync_runtime(root, contexts[t.name])
-            seconds, image_id = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])
-            theirs_samples.append(seconds)
-            made.ids.append(image_id)
-        say(f"{t.name}: runtime change {samples} s, baseline {theirs_samples} s")
-        ours["runtime_change_samples_s"][t.name], theirs["runtime_change_samples_s"][t.name] = samples, theirs_samples
-        ours["runtime_change_rebuild_s"][t.name] = median(samples)
-        theirs["runtime_change_rebuild_s"][t.name] = median(theirs_samples)
-
-    for side, name in ((ours, "ours"), (theirs, "baseline")):
         images = [stacks[name][t.name] for t in views]
         side["shared_bytes_fraction"] = shared_fraction(images)
         side["shared_bytes"] = shared_bytes(images)
