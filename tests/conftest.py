@@ -118,3 +118,18 @@ def no_leftovers(engine):
     for cid in left:
         engine.client.api.remove_container(cid, force=True)
     assert not left, f"test left {len(left)} containers behind"
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory) -> dict[str, Path]:
+    """A cosign key pair (ECDSA P-256, PKCS#8 PEM, unencrypted) in files: {"private": ..., "public": ...}."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    folder = tmp_path_factory.mktemp("signing")
+    key = ec.generate_private_key(ec.SECP256R1())
+    (folder / "cosign.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (folder / "cosign.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return {"private": folder / "cosign.key", "public": folder / "cosign.pub"}

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from helpers import cosign_passes, publish_base_to, require_peers, run_builder
 
 from builder.oci import artifacts
@@ -53,21 +51,10 @@ def podman_project(based_project, engine, tmp_path_factory) -> Iterator[tuple[Pa
     assert not left, f"podman containers left behind: {left}"
 
 
-@pytest.fixture(scope="module")
-def key(tmp_path_factory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("podman-signing")
-    private = ec.generate_private_key(ec.SECP256R1())
-    (folder / "cosign.key").write_bytes(private.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    (folder / "cosign.pub").write_bytes(private.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return {"private": folder / "cosign.key", "public": folder / "cosign.pub"}
-
-
 @pytest.mark.timeout(1500)
-def test_podman_builds_pushes_signs_and_runs_cpu_without_docker(podman_project, key):
+def test_podman_builds_pushes_signs_and_runs_cpu_without_docker(podman_project, signing_key):
     root, repo = podman_project
-    build = run_builder("build", "-t", "cpu", "--push", "--json", "-q", "--sign-key", str(key["private"]),
+    build = run_builder("build", "-t", "cpu", "--push", "--json", "-q", "--sign-key", str(signing_key["private"]),
                         cwd=root, env=NO_DOCKER)
     assert build.returncode == 0, build.stderr[-3000:] + build.stdout
     (out,) = json.loads(build.stdout)
@@ -80,11 +67,11 @@ def test_podman_builds_pushes_signs_and_runs_cpu_without_docker(podman_project, 
     layers = json.loads(found[1])["layers"]
     assert all(layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+zstd" for layer in layers), layers
 
-    verify = run_builder("verify", f"{repo}:cpu", "--key", str(key["public"]), cwd=root, env=NO_DOCKER)
+    verify = run_builder("verify", f"{repo}:cpu", "--key", str(signing_key["public"]), cwd=root, env=NO_DOCKER)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert all(line.endswith(f"names {repo}@{digest}") for line in verify.stdout.splitlines())
     require_peers()
-    assert cosign_passes(f"{repo}:cpu", key["public"]) == [True, True, True]
+    assert cosign_passes(f"{repo}:cpu", signing_key["public"]) == [True, True, True]
 
     again = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root, env=NO_DOCKER)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import docker
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from helpers import cosign_passes, discover, require_peers, run_builder
 from packaging.utils import canonicalize_name
 
@@ -66,17 +64,6 @@ def assert_sbom_is_the_image(root: Path, engine: docker.DockerClient, target_nam
     assert len(listed["pypi"]) > 20 and len(listed["deb"]) > 100
     problems = differences(listed["pypi"], real["pypi"], pypi=True) + differences(listed["deb"], real["deb"], pypi=False)
     assert not problems, "\n".join(problems)
-
-
-@pytest.fixture(scope="module")
-def signing_key(tmp_path_factory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("signing")
-    key = ec.generate_private_key(ec.SECP256R1())
-    (folder / "cosign.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    (folder / "cosign.pub").write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return {"private": folder / "cosign.key", "public": folder / "cosign.pub"}
 
 
 @pytest.mark.classic
