@@ -15,6 +15,8 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -619,9 +621,14 @@ class PodmanEngine(DockerEngine):
         # CDI specs. So such a container is created by the CLI; the API attaches, starts and waits as for any.
         return self._cli(["create", *_create_argv(options, cdi)], "podman create").stdout.strip().splitlines()[-1]
 
+    @functools.cache  # noqa: B019 - one engine a run, and its release does not change under it
+    def release(self) -> tuple[int, int]:
+        """This podman's (major, minor), asked once: builds and pushes branch on it."""
+        return engine_version(str(self.version().get("Version", "")))
+
     def forces_compression(self) -> bool:
         """Whether this podman's push takes ``--force-compression`` (4.7): every layer in the asked one."""
-        return engine_version(str(self.version().get("Version", ""))) >= (4, 7)
+        return self.release() >= (4, 7)
 
     def rootless(self) -> bool:
         """Whether this podman runs without root (user namespaces, subuid/subgid)."""
@@ -700,7 +707,13 @@ class PodmanEngine(DockerEngine):
     ) -> tuple[str, buildkit.BuildResult]:
         """buildah pulls the base from *registry_host* itself (when it is not local), with the same credentials."""
         creds = registry.credentials(registry_host) if registry_host else None
-        per_run_network = engine_version(str(self.version().get("Version", ""))) >= (4, 5)
+        per_run_network = self.release() >= (4, 5)
+        if self.release() < (5, 0) and not request.no_cache:
+            # buildah 1.28 (podman 4.3) mounts nothing for `RUN --mount=from=<stage>` when that stage came
+            # whole from its layer cache ("couldn't find .../merged/opt/uv on host to bind mount"): the
+            # second build of a changed target failed. Build without the cache there; an unchanged target
+            # is still a no-op (its content tag). Newer podman is not tested here, so 5.0 is a guess.
+            request = dataclasses.replace(request, no_cache=True)
         with _authfile(registry_host, creds) as authfile:
             result = buildah.run(request, per_run_network=per_run_network, on_step=on_step, on_log=on_log,
                                  cancel=cancel, authfile=authfile, tls_verify=not (registry_host and registry.is_local(registry_host)),
