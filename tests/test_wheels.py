@@ -231,6 +231,40 @@ def test_index_reachable_reports_why(tmp_path):
     assert reason and "refused" in reason.lower()
 
 
+def test_an_index_with_its_login_in_the_url_is_asked_with_that_login(tmp_path):
+    """pip takes ``https://user:token@mirror/simple``; urllib reads ``user:token@mirror`` as a host and a
+    port (it raised InvalidURL, or called a reachable index unreachable). A real HTTP server on loopback
+    answers 200 to the login, 503 to anything else; a reason never quotes the token."""
+    import base64
+    import http.server
+    import threading
+
+    seen: list[str | None] = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.headers.get("Authorization"))
+            good = seen[-1] == "Basic " + base64.b64encode(b"ci:t@k3n").decode()
+            self.send_response(200 if good else 503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert resolve.index_reachable(f"http://ci:t%40k3n@127.0.0.1:{port}/simple", timeout=5) is None
+        assert resolve.index_reachable(f"http://ci:wrong@127.0.0.1:{port}/simple", timeout=5) == "HTTP 503"
+        reason = resolve.index_reachable("https://ci:s3cr3t@127.0.0.1:9/simple", timeout=2)
+        assert reason and "refused" in reason.lower() and "s3cr3t" not in reason
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["Basic " + base64.b64encode(b"ci:t@k3n").decode(), "Basic " + base64.b64encode(b"ci:wrong").decode()]
+
+
 def test_unreachable_index_message_names_index_and_mirror(proj, monkeypatch):
     target = proj.target("amd-rocm5.7").default_view
     monkeypatch.setattr(locks, "index_reachable", lambda url, timeout=8.0: "Name or service not known")

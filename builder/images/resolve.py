@@ -9,6 +9,7 @@ into the wheelhouse (:mod:`builder.images.wheelhouse`).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -30,7 +31,7 @@ from uv import find_uv_bin
 from builder.config import platforms
 from builder.config.errors import TargetFailed
 from builder.config.project import Project
-from builder.config.urls import public
+from builder.config.urls import public, redact
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
 from builder.images.progress import HEARTBEAT_S, heartbeat
@@ -61,13 +62,31 @@ def index_reachable(url: str, timeout: float = 8.0) -> str | None:
         return None if Path(urllib.parse.urlparse(url).path).exists() else "no such folder"
     context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/", timeout=timeout, context=context):
+        with urllib.request.urlopen(_request(url), timeout=timeout, context=context):
             return None
     except urllib.error.HTTPError as exc:
         return None if exc.code < 500 else f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL
         reason = getattr(exc, "reason", exc)
-        return str(reason)[:120]
+        return redact(str(reason))[:120]
+
+
+def _request(url: str) -> urllib.request.Request:
+    """A GET of the index's root; a login in the URL (``https://user:token@mirror/simple``, as pip takes
+    it) goes in an Authorization header: urllib reads ``user:token@host`` as a host with a port.
+
+    Example:
+        >>> r = _request("https://ci:t%40k@mirror.example:8443/simple")
+        >>> r.full_url, r.get_header("Authorization")
+        ('https://mirror.example:8443/simple/', 'Basic Y2k6dEBr')
+    """
+    parts = urllib.parse.urlsplit(url.rstrip("/") + "/")
+    if parts.username is None:
+        return urllib.request.Request(parts.geturl())
+    login = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.request.Request(parts._replace(netloc=netloc).geturl(),
+                                  headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
 
 def _pip(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--retries", "1", "--timeout", "30", *args]

@@ -611,7 +611,12 @@ class PodmanEngine(DockerEngine):
     def address(self) -> str:
         return self.url
 
+    def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
+            **options: Any) -> tuple[int, str, str]:
+        return super().run(image, command, labels=labels, timeout=timeout, **_empty_tmpfs(options))
+
     def create(self, options: Mapping[str, Any]) -> str:
+        options = _empty_tmpfs(options)
         cdi = [name for request in options.get("device_requests") or [] if request.get("Driver") == "cdi"
                for name in request.get("DeviceIDs") or []]
         if not cdi:
@@ -732,6 +737,22 @@ class PodmanEngine(DockerEngine):
                 service.wait()
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _empty_tmpfs(options: Mapping[str, Any]) -> dict[str, Any]:
+    """*options* with every tmpfs empty, as Docker mounts one: podman copies what is at the path onto its
+    tmpfs (``tmpcopyup``, its default), and a copy of sysfs fails (``tmpcopyup: failed to copy
+    /sys/devices/system/cpu``: the smoke test's mask under emulation). ``notmpcopyup`` unless asked.
+
+    Example:
+        >>> _empty_tmpfs({"tmpfs": {"/sys/devices/system/cpu": "ro", "/a": ""}, "user": "1001"})
+        {'tmpfs': {'/sys/devices/system/cpu': 'ro,notmpcopyup', '/a': 'notmpcopyup'}, 'user': '1001'}
+    """
+    tmpfs = options.get("tmpfs")
+    if not tmpfs:
+        return dict(options)
+    return {**options, "tmpfs": {path: value if "tmpcopyup" in value else ",".join(filter(None, [value, "notmpcopyup"]))
+                                 for path, value in dict(tmpfs).items()}}
 
 
 def _no_gpus_request(requests: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -19,7 +19,15 @@ import yaml
 from helpers import cosign_passes, publish_base_to, require_peers, run_builder
 
 from builder.oci import artifacts
-from devtools.support import copy_project, fail_or_skip
+from devtools.support import (
+    REPO,
+    base_pin,
+    copy_project,
+    edit_matrix,
+    fail_or_skip,
+    host_platform,
+    retarget_base_lock,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.podman, pytest.mark.slow]
 
@@ -83,6 +91,25 @@ def test_podman_builds_pushes_signs_and_runs_cpu_without_docker(podman_project, 
     assert run.stdout.strip().splitlines()[-1].startswith("2.13.0"), run.stdout
 
 
+def test_a_tmpfs_on_podman_is_empty_as_on_docker_so_the_emulated_smoke_mask_mounts(podman_project):
+    """The smoke test under qemu hides /sys/devices/system/cpu behind an empty read-only tmpfs. podman copies
+    what is at a tmpfs's path onto it by default (tmpcopyup), which fails on sysfs and failed every emulated
+    smoke test on podman; PodmanEngine asks for an empty one. Run here natively: the mount is the same."""
+    from builder.oci.engine import connect_podman
+
+    root, _ = podman_project
+    base = base_pin(root)["reference"]
+    engine = connect_podman()
+    try:
+        engine.pull(base)
+        script = "ls -A /sys/devices/system/cpu | wc -l; touch /sys/devices/system/cpu/x 2>/dev/null || echo read-only"
+        status, out, _ = engine.run(base, ["sh", "-c", script], labels={}, timeout=120, network_mode="none",
+                                    tmpfs={"/sys/devices/system/cpu": "ro"})
+    finally:
+        engine.close()
+    assert (status, out.split()) == (0, ["0", "read-only"]), out
+
+
 def test_doctor_names_podman_its_version_mode_and_what_it_lacks(podman_project):
     root, _ = podman_project
     proc = run_builder("doctor", "--json", "--engine", "podman", cwd=root, env={"DOCKER_HOST": "unix:///nonexistent"})
@@ -91,3 +118,48 @@ def test_doctor_names_podman_its_version_mode_and_what_it_lacks(podman_project):
     version = podman("version", "--format", "{{.Client.Version}}").strip()
     assert f"podman {version} " in checks["podman"]["found"] and "rootful" in checks["podman"]["found"]
     assert "registry cache" in checks["podman lacks"]["found"]
+
+
+@pytest.mark.emulated
+@pytest.mark.timeout(3 * 5400)
+def test_podman_builds_nvidia_cu130_arm64_under_emulation_into_one_index_with_amd64(registry, tmp_path):
+    """The multi-platform path on podman alone: the foreign platform (arm64 on x86_64) built by buildah and
+    smoke-tested under qemu, then the native one; the same tags end as one OCI index (written through the
+    registry API, as on Docker) listing both, every layer of both in the matrix's compression. The bases
+    are bootstrapped with podman too (``--update-base``): nothing here reaches Docker."""
+    if shutil.which("podman") is None:
+        fail_or_skip("podman is not installed (make host ENGINE=podman)")
+    root = copy_project(tmp_path / "p")
+    repo = f"{registry}/multiarch-podman"
+    edit_matrix(root, registry=repo)
+    retarget_base_lock(REPO, root, repo)
+    host = host_platform()
+    foreign = "linux/arm64" if host == "linux/amd64" else "linux/amd64"
+    outs: dict[str, dict] = {}
+    try:
+        for platform in (foreign, host):
+            proc = run_builder("build", "-t", "nvidia-cu130", "--platform", platform, "--push", "--update-base",
+                               "--json", "-q", cwd=root, env=NO_DOCKER, timeout=5400)
+            (out,) = json.loads(proc.stdout) if proc.stdout.strip() else [{}]
+            outs[platform] = out
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert (out["result"], out["smoke"], out["platform"]) == ("built", "passed", platform), out
+        notes = " ".join(outs[foreign]["notes"])
+        assert "training skipped" in notes and "emulation" in notes, outs[foreign]
+        arch = podman("image", "inspect", "--format", "{{.Architecture}}", outs[foreign]["image_id"]).strip()
+        assert arch == foreign.split("/")[1]
+        index = json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
+                                           f"docker://{repo}:nvidia-cu130"], capture_output=True, text=True,
+                                          check=True).stdout)
+        assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+        listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+        assert listed == {p: outs[p]["digest"] for p in (host, foreign)}
+        for platform, digest in listed.items():
+            found = artifacts.get_manifest(f"{repo}@{digest}")
+            assert found is not None
+            types = {layer["mediaType"] for layer in json.loads(found[1])["layers"]}
+            assert types == {"application/vnd.oci.image.layer.v1.tar+zstd"}, (platform, types)
+    finally:
+        made = [ref for out in outs.values() for ref in (out.get("image_id"), out.get("content_tag")) if ref]
+        if made:
+            subprocess.run(["podman", "rmi", "--force", *made], capture_output=True, check=False)
