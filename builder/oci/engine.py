@@ -613,18 +613,21 @@ class PodmanEngine(DockerEngine):
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
             **options: Any) -> tuple[int, str, str]:
-        return super().run(image, command, labels=labels, timeout=timeout, **_empty_tmpfs(options))
+        return super().run(image, command, labels=labels, timeout=timeout, **_api_options(options))
 
     def create(self, options: Mapping[str, Any]) -> str:
-        options = _empty_tmpfs(options)
         cdi = [name for request in options.get("device_requests") or [] if request.get("Driver") == "cdi"
                for name in request.get("DeviceIDs") or []]
-        if not cdi:
-            return super().create(options)
+        rootless = self.rootless()
+        if not cdi and not rootless:
+            return super().create(_api_options(options))
         # podman's Docker-compatible API drops a device request of driver "cdi" without a word (4.3.1: the
         # container starts without the device), and a CDI name as a device path fails its stat; the CLI reads
-        # CDI specs. So such a container is created by the CLI; the API attaches, starts and waits as for any.
-        return self._cli(["create", *_create_argv(options, cdi)], "podman create").stdout.strip().splitlines()[-1]
+        # CDI specs. Rootless, the user's UID must be the same inside (--userns keep-id, which docker-py
+        # refuses to send), else --user UID:GID is a subordinate ID and /workspace, the user's, is not
+        # writable. So such a container is created by the CLI; the API attaches, starts and waits as for any.
+        argv = [*(["--userns", "keep-id"] if rootless else []), *_create_argv(options, cdi)]
+        return self._cli(["create", *argv], "podman create").stdout.strip().splitlines()[-1]
 
     @functools.cache  # noqa: B019 - one engine a run, and its release does not change under it
     def release(self) -> tuple[int, int]:
@@ -635,8 +638,9 @@ class PodmanEngine(DockerEngine):
         """Whether this podman's push takes ``--force-compression`` (4.7): every layer in the asked one."""
         return self.release() >= (4, 7)
 
+    @functools.cache  # noqa: B019 - one engine a run; its mode does not change under it
     def rootless(self) -> bool:
-        """Whether this podman runs without root (user namespaces, subuid/subgid)."""
+        """Whether this podman runs without root (user namespaces, subuid/subgid), asked once."""
         # podman's own info (the libpod API beside the compatible one): the compatible info does not say it
         answer = self.client.api._get(self.client.api._url("/libpod/info"))
         answer.raise_for_status()
@@ -739,20 +743,28 @@ class PodmanEngine(DockerEngine):
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _empty_tmpfs(options: Mapping[str, Any]) -> dict[str, Any]:
-    """*options* with every tmpfs empty, as Docker mounts one: podman copies what is at the path onto its
-    tmpfs (``tmpcopyup``, its default), and a copy of sysfs fails (``tmpcopyup: failed to copy
-    /sys/devices/system/cpu``: the smoke test's mask under emulation). ``notmpcopyup`` unless asked.
+def _api_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """docker-py container *options* as podman's compatible API must get them to do what Docker does.
+
+    - A tmpfs is empty, as Docker mounts one: podman copies what is at the path onto its tmpfs
+      (``tmpcopyup``, its default), and a copy of sysfs fails (``tmpcopyup: failed to copy
+      /sys/devices/system/cpu``: the smoke test's mask under emulation). ``notmpcopyup`` unless asked.
+    - No network named: podman's own default for its mode (``private``: rootful a bridge, rootless
+      slirp4netns, pasta from podman 5), as its CLI does. The API would take Docker's ``bridge``, which a
+      rootless podman 4.3 cannot set up without a rootless network namespace (``failed to mount runtime
+      directory for rootless netns``), so ``builder run`` did not start rootless.
 
     Example:
-        >>> _empty_tmpfs({"tmpfs": {"/sys/devices/system/cpu": "ro", "/a": ""}, "user": "1001"})
-        {'tmpfs': {'/sys/devices/system/cpu': 'ro,notmpcopyup', '/a': 'notmpcopyup'}, 'user': '1001'}
+        >>> _api_options({"tmpfs": {"/sys/devices/system/cpu": "ro", "/a": ""}, "user": "1001"})
+        {'tmpfs': {'/sys/devices/system/cpu': 'ro,notmpcopyup', '/a': 'notmpcopyup'}, 'user': '1001', 'network_mode': 'private'}
+        >>> _api_options({"network_mode": "none"})
+        {'network_mode': 'none'}
     """
-    tmpfs = options.get("tmpfs")
-    if not tmpfs:
-        return dict(options)
-    return {**options, "tmpfs": {path: value if "tmpcopyup" in value else ",".join(filter(None, [value, "notmpcopyup"]))
-                                 for path, value in dict(tmpfs).items()}}
+    out = {**options, "network_mode": options.get("network_mode") or "private"}
+    if tmpfs := options.get("tmpfs"):
+        out["tmpfs"] = {path: value if "tmpcopyup" in value else ",".join(filter(None, [value, "notmpcopyup"]))
+                        for path, value in dict(tmpfs).items()}
+    return out
 
 
 def _no_gpus_request(requests: Sequence[Mapping[str, Any]]) -> list[str]:
