@@ -112,8 +112,25 @@ def _check_podman(ctx: Context) -> list[Check]:
              f"{found_engine.address()}, {ctx.info.get('Driver', '?')} storage (layers kept uncompressed; "
              "compression chosen at push)")
     lacks = engine.podman_lacks(str(version.get("Version", "")))
-    return [Check("ok", "podman", found),
-            Check("warn", "podman lacks", "; ".join(lacks), "podman >= 4.7 (Debian 13 has 5.4) has the first two")]
+    checks = [Check("ok", "podman", found),
+              Check("warn", "podman lacks", "; ".join(lacks),
+                    "podman >= 5 (Debian 13 has 5.4) has all but BuildKit's registry cache")]
+    if mode == "rootless":
+        checks.append(_rootless_network(TUN))
+    return checks
+
+
+#: The device rootless podman's container network (slirp4netns; pasta from podman 5) opens.
+TUN = Path("/dev/net/tun")
+
+
+def _rootless_network(tun: Path) -> Check:
+    """Whether a rootless ``builder run`` can have a network: builds and smoke tests need none."""
+    if os.access(tun, os.R_OK | os.W_OK):
+        return Check("ok", "rootless network", f"{tun} is open to you: builder run's containers get podman's network")
+    return Check("warn", "rootless network",
+                 f"{tun} is not open to you: builder run cannot start a container (its network, slirp4netns or "
+                 "pasta, opens it); builds and smoke tests need no network", f"sudo chmod 0666 {tun} (Debian's default)")
 
 
 def _check_docker(ctx: Context) -> list[Check]:

@@ -545,6 +545,10 @@ def podman_socket() -> str | None:
     return f"unix://{path}" if path.is_socket() else None
 
 
+#: The podman releases from which builds and pushes use what they lack before (see :func:`podman_lacks`).
+PODMAN_PER_RUN_NETWORK, PODMAN_FORCE_COMPRESSION, PODMAN_LAYER_CACHE = (4, 5), (4, 7), (5, 0)
+
+
 def podman_lacks(version: str) -> list[str]:
     """What this podman does not do that builds with docker do (``builder doctor`` lists it).
 
@@ -554,11 +558,13 @@ def podman_lacks(version: str) -> list[str]:
     """
     found = engine_version(version)
     lacks = []
-    if found < (4, 5):
+    if found < PODMAN_PER_RUN_NETWORK:
         lacks.append("per-RUN --network (podman 4.5): the whole build runs with --network=none")
-    if found < (4, 7):
+    if found < PODMAN_FORCE_COMPRESSION:
         lacks.append("push --force-compression (podman 4.7): a layer the registry holds in another compression "
                      "(the base's) is recompressed by builder after the push")
+    if found < PODMAN_LAYER_CACHE:
+        lacks.append("a layer cache that mounts cached stages (podman 5): a changed target builds whole (--no-cache)")
     lacks.append("BuildKit's registry cache (--cache-from/--cache-to type=registry): content tags still reuse images")
     return lacks
 
@@ -636,7 +642,7 @@ class PodmanEngine(DockerEngine):
 
     def forces_compression(self) -> bool:
         """Whether this podman's push takes ``--force-compression`` (4.7): every layer in the asked one."""
-        return self.release() >= (4, 7)
+        return self.release() >= PODMAN_FORCE_COMPRESSION
 
     @functools.cache  # noqa: B019 - one engine a run; its mode does not change under it
     def rootless(self) -> bool:
@@ -716,8 +722,8 @@ class PodmanEngine(DockerEngine):
     ) -> tuple[str, buildkit.BuildResult]:
         """buildah pulls the base from *registry_host* itself (when it is not local), with the same credentials."""
         creds = registry.credentials(registry_host) if registry_host else None
-        per_run_network = self.release() >= (4, 5)
-        if self.release() < (5, 0) and not request.no_cache:
+        per_run_network = self.release() >= PODMAN_PER_RUN_NETWORK
+        if self.release() < PODMAN_LAYER_CACHE and not request.no_cache:
             # buildah 1.28 (podman 4.3) mounts nothing for `RUN --mount=from=<stage>` when that stage came
             # whole from its layer cache ("couldn't find .../merged/opt/uv on host to bind mount"): the
             # second build of a changed target failed. Build without the cache there; an unchanged target

@@ -186,3 +186,37 @@ def test_compression_warns_only_where_this_host_could_not_pull_zstd(project_dir:
     ctx.project = load_project(matrix, allow_unpinned=True)
     ctx.info = {"ServerVersion": "20.10.24", "DriverStatus": []}
     assert [c.status for c in doctor.check_compression(ctx, enroot=lambda: (3, 4))] == ["ok"]
+
+
+@pytest.mark.parametrize(("version", "lacking"), [
+    ("4.3.1", ["per-RUN --network", "--force-compression", "mounts cached stages", "registry cache"]),
+    ("4.9.3", ["mounts cached stages", "registry cache"]),
+    ("5.4.2", ["registry cache"]),
+])
+def test_podman_lacks_what_its_release_has_not_and_builds_follow_the_same_bounds(version, lacking):
+    """doctor's list and the build's switches read the same bounds: what it says is missing is what builds avoid."""
+    from builder.oci.engine import (
+        PODMAN_FORCE_COMPRESSION,
+        PODMAN_LAYER_CACHE,
+        PODMAN_PER_RUN_NETWORK,
+        engine_version,
+        podman_lacks,
+    )
+
+    lacks = podman_lacks(version)
+    assert len(lacks) == len(lacking) and all(word in line for word, line in zip(lacking, lacks, strict=True))
+    found = engine_version(version)
+    assert ("per-RUN --network" in lacks[0]) == (found < PODMAN_PER_RUN_NETWORK)
+    assert any("--force-compression" in line for line in lacks) == (found < PODMAN_FORCE_COMPRESSION)
+    assert any("cached stages" in line for line in lacks) == (found < PODMAN_LAYER_CACHE)
+
+
+def test_rootless_network_says_when_the_tun_device_is_not_the_user_s(tmp_path):
+    """A file stands in for /dev/net/tun (the check is os.access, as slirp4netns's open is the user's)."""
+    from builder.host.doctor import _rootless_network
+
+    tun = tmp_path / "tun"
+    tun.touch(mode=0o666)
+    assert _rootless_network(tun).status == "ok"
+    missing = _rootless_network(tmp_path / "absent")
+    assert missing.status == "warn" and "builder run cannot start" in missing.found and "chmod 0666" in missing.fix
