@@ -468,7 +468,11 @@ class DockerEngine:
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
             **options: Any) -> tuple[int, str, str]:
-        container = self.client.containers.create(image, list(command), labels=dict(labels), **options)
+        return self._run_to_end(self.client.containers.create(image, list(command), labels=dict(labels), **options),
+                                timeout)
+
+    def _run_to_end(self, container: Any, timeout: int) -> tuple[int, str, str]:
+        """Start the docker-py *container*, wait for it, read its output, remove it (see :meth:`run`)."""
         try:
             container.start()
             try:
@@ -619,20 +623,30 @@ class PodmanEngine(DockerEngine):
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
             **options: Any) -> tuple[int, str, str]:
-        return super().run(image, command, labels=labels, timeout=timeout, **_api_options(options))
+        created = self.create({"image": image, "command": list(command), "labels": dict(labels), **options})
+        return self._run_to_end(self.client.containers.get(created), timeout)
 
     def create(self, options: Mapping[str, Any]) -> str:
+        """A container of docker-py *options*: by the compatible API where it does what Docker does, else by
+        the CLI (the API attaches, starts and waits as for any). The CLI where the API would do otherwise:
+
+        - a CDI device: the API drops a device request of driver "cdi" without a word (4.3.1: the container
+          starts without the device), and a CDI name as a device path fails its stat; the CLI reads specs;
+        - a variable to unset (a bare name in a list ``environment``, as Docker's API takes it): the API
+          keeps the image's value (the emulated smoke test's TINI_SUBREAPER, fatal under qemu); the CLI
+          has ``--unsetenv``;
+        - rootless, the user's own UID as ``user`` (``builder run``): it is the same inside only with
+          ``--userns keep-id``, which docker-py refuses to send; else it is a subordinate ID and
+          /workspace, the user's, is not writable.
+        """
         cdi = [name for request in options.get("device_requests") or [] if request.get("Driver") == "cdi"
                for name in request.get("DeviceIDs") or []]
-        rootless = self.rootless()
-        if not cdi and not rootless:
+        environment = options.get("environment")
+        unset = isinstance(environment, list) and any("=" not in entry for entry in environment)
+        own = str(options.get("user") or "") == f"{os.getuid()}:{os.getgid()}" and self.rootless()
+        if not (cdi or unset or own):
             return super().create(_api_options(options))
-        # podman's Docker-compatible API drops a device request of driver "cdi" without a word (4.3.1: the
-        # container starts without the device), and a CDI name as a device path fails its stat; the CLI reads
-        # CDI specs. Rootless, the user's UID must be the same inside (--userns keep-id, which docker-py
-        # refuses to send), else --user UID:GID is a subordinate ID and /workspace, the user's, is not
-        # writable. So such a container is created by the CLI; the API attaches, starts and waits as for any.
-        argv = [*(["--userns", "keep-id"] if rootless else []), *_create_argv(options, cdi)]
+        argv = [*(["--userns", "keep-id"] if own else []), *_create_argv(options, cdi)]
         return self._cli(["create", *argv], "podman create").stdout.strip().splitlines()[-1]
 
     @functools.cache  # noqa: B019 - one engine a run, and its release does not change under it
@@ -783,7 +797,13 @@ def _no_gpus_request(requests: Sequence[Mapping[str, Any]]) -> list[str]:
 
 #: docker-py ``containers.create`` options (those ``builder run`` gives) as ``podman create`` arguments.
 _CREATE_FLAGS: dict[str, Callable[[Any], list[str]]] = {
-    "environment": lambda value: [a for k, v in value.items() for a in ("--env", f"{k}={v}")],
+    "environment": lambda value: [a for entry in (value if isinstance(value, list) else
+                                                  [f"{k}={v}" for k, v in value.items()])
+                                  for a in (("--env", entry) if "=" in entry else ("--unsetenv", entry))],
+    "tmpfs": lambda value: [a for path, how in _api_options({"tmpfs": value})["tmpfs"].items()
+                            for a in ("--tmpfs", f"{path}:{how}")],
+    "network_mode": lambda value: ["--network", str(value)],
+    "entrypoint": lambda value: ["--entrypoint", json.dumps(list(value)) if isinstance(value, list) else str(value)],
     "labels": lambda value: [a for k, v in value.items() for a in ("--label", f"{k}={v}")],
     "mounts": lambda value: [a for m in value for a in (
         "--mount", f"type={m['Type']},source={m['Source']},target={m['Target']}{',ro' if m.get('ReadOnly') else ''}")],
