@@ -38,7 +38,10 @@ TOOL_PACKAGES=(cosign oras pigz)
 #   slirp4netns      a rootless container's network
 #   fuse-overlayfs   rootless overlay storage where the kernel's overlayfs can't be mounted by a user
 #   zstd             recompresses a layer podman < 4.7 reused in another compression (the base's)
-PODMAN_PACKAGES=(podman buildah uidmap slirp4netns fuse-overlayfs zstd)
+#   nftables         nft, which netavark (podman 5's network, Debian 13) runs for every container with a
+#                    network (builder run): netavark only recommends it, and apt here installs no
+#                    recommends ("netavark: nftables error: unable to execute nft" without it)
+PODMAN_PACKAGES=(podman buildah uidmap slirp4netns fuse-overlayfs zstd nftables)
 ENGINE=${ENGINE:-docker}
 case "$ENGINE" in
   docker | podman) ;;

@@ -112,9 +112,7 @@ def _check_podman(ctx: Context) -> list[Check]:
              f"{found_engine.address()}, {ctx.info.get('Driver', '?')} storage (layers kept uncompressed; "
              "compression chosen at push)")
     lacks = engine.podman_lacks(str(version.get("Version", "")))
-    checks = [Check("ok", "podman", found),
-              Check("warn", "podman lacks", "; ".join(lacks),
-                    "podman >= 5 (Debian 13 has 5.4) has all but BuildKit's registry cache")]
+    checks = [Check("ok", "podman", found), Check("warn", "podman lacks", "; ".join(lacks), _podman_fix(len(lacks)))]
     if mode == "rootless":
         checks.append(_rootless_network(TUN))
     return checks
@@ -131,6 +129,18 @@ def _rootless_network(tun: Path) -> Check:
     return Check("warn", "rootless network",
                  f"{tun} is not open to you: builder run cannot start a container (its network, slirp4netns or "
                  "pasta, opens it); builds and smoke tests need no network", f"sudo chmod 0666 {tun} (Debian's default)")
+
+
+def _podman_fix(lacking: int) -> str:
+    """What would remove *lacking* items of :func:`engine.podman_lacks`: the registry cache (always last) no podman has.
+
+    Example:
+        >>> _podman_fix(1)
+        'none in podman: a fresh runner builds what a BuildKit runner would take from its registry cache'
+    """
+    if lacking > 1:
+        return "podman >= 5 (Debian 13 has 5.4) has all but BuildKit's registry cache"
+    return "none in podman: a fresh runner builds what a BuildKit runner would take from its registry cache"
 
 
 def _check_docker(ctx: Context) -> list[Check]:
@@ -190,7 +200,13 @@ def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None]
         return [Check("ok", "compression", "gzip layers: every engine, enroot and pyxis pull them")]
     names, fix = ", ".join(zstd), "set compression: gzip (top level, or per target) for the nodes that run them"
     version = str(ctx.info.get("ServerVersion", ""))
-    if engine.engine_version(version) < ZSTD_DOCKER:
+    podman = ctx.engine is not None and ctx.engine.name() == "podman"
+    if podman:
+        # podman's ServerVersion is its own (5.4.2), no Docker release; containers/image pulls zstd in every podman
+        # builder takes (>= 4.3), and podman keeps no image store that decides the compression: its push does
+        checks = [Check("ok", "compression", f"{names} publish zstd layers (OCI media types): podman pulls them and "
+                        "compresses at push; older consumers: docs/building.md#compression")]
+    elif engine.engine_version(version) < ZSTD_DOCKER:
         checks = [Check("warn", "compression", f"{names} publish zstd layers: this engine (Docker {version}) cannot "
                         "pull them (Docker >= 23.0 can)", f"upgrade the engine, or {fix}")]
     else:
@@ -201,7 +217,7 @@ def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None]
         checks.append(Check("warn", "compression", f"{names} publish zstd layers: this host's enroot "
                             f"{'.'.join(map(str, found))} (Slurm's pyxis) cannot import them (enroot >= 4.0.0 can)",
                             f"upgrade enroot, or set ENROOT_GZIP_PROGRAM=zstd for its imports, or {fix}"))
-    if engine.image_store(ctx.info) == "classic":
+    if not podman and engine.image_store(ctx.info) == "classic":
         checks.append(Check("warn", "compression", "this engine's classic image store keeps gzip whatever BuildKit "
                             "writes, so these targets are published gzip from here",
                             'enable the containerd image store: {"features": {"containerd-snapshotter": true}} '

@@ -741,7 +741,8 @@ class PodmanEngine(DockerEngine):
             # buildah 1.28 (podman 4.3) mounts nothing for `RUN --mount=from=<stage>` when that stage came
             # whole from its layer cache ("couldn't find .../merged/opt/uv on host to bind mount"): the
             # second build of a changed target failed. Build without the cache there; an unchanged target
-            # is still a no-op (its content tag). Newer podman is not tested here, so 5.0 is a guess.
+            # is still a no-op (its content tag). podman 5.4.2 (buildah 1.39.3) builds a changed target with the
+            # cache on (run in a Debian 13 container); between 4.3 and 5.4 is untried, so 5.0 is the cut.
             request = dataclasses.replace(request, no_cache=True)
         with _authfile(registry_host, creds) as authfile:
             result = buildah.run(request, per_run_network=per_run_network, on_step=on_step, on_log=on_log,

@@ -221,3 +221,35 @@ def test_rootless_network_says_when_the_tun_device_is_not_the_user_s(tmp_path):
     missing = _rootless_network(tmp_path / "absent")
     assert missing.status == "warn" and "builder run cannot start" in missing.found
     assert "chmod 0666" in (missing.fix or "")
+
+
+def test_compression_on_podman_says_it_pulls_zstd_and_warns_of_no_store(project_dir: Path) -> None:
+    """podman's ServerVersion is its own release (5.4.2), never a Docker one, and it has no classic image store:
+    podman 5.4.2's doctor warned that "this engine (Docker 5.4.2) cannot pull" zstd and that its "classic image
+    store keeps gzip", while it pushed every layer zstd. Each podman builder takes pulls zstd."""
+    from doubles import NoEngine
+
+    from builder.config.project import load_project
+
+    class Podman(NoEngine):
+        def name(self) -> str:
+            return "podman"
+
+    matrix = project_dir / "matrix.yaml"
+    ctx = doctor.Context(doctor.hardware.HostGpus(), matrix, project=load_project(matrix, allow_unpinned=True))
+    ctx.engine = Podman()
+    for version in ("4.3.1", "5.4.2"):
+        ctx.info = {"ServerVersion": version, "DriverStatus": [["Backing Filesystem", "extfs"]]}
+        (ok,) = doctor.check_compression(ctx, enroot=lambda: None)
+        assert ok.status == "ok" and "podman pulls them" in ok.found, ok
+
+
+@pytest.mark.parametrize(("version", "fix"), [
+    ("4.3.1", "all but BuildKit's registry cache"), ("4.9.3", "all but BuildKit's registry cache"),
+    ("5.4.2", "none in podman")])
+def test_what_podman_lacks_names_the_fix_its_release_has(version: str, fix: str) -> None:
+    """From 5 only BuildKit's registry cache is lacking, which no podman has: 5.4.2's doctor said "podman >= 4.7
+    has the first two" of a list of one."""
+    from builder.oci import engine
+
+    assert fix in doctor._podman_fix(len(engine.podman_lacks(version)))
