@@ -13,10 +13,11 @@ build; what buildah lacks is bridged here, never in the templates:
   (``podman push --compression-format``), so ``request.compression`` is the push's;
 - BuildKit's registry caches (``--cache-from/--cache-to type=registry``) have no buildah
   equivalent that reads BuildKit's cache manifests: left out (the content tag still reuses images);
-- ``RUN --mount=type=bind,...,rw`` is an overlay buildah mounts in its temp folder (``TMPDIR``, else /var/tmp):
-  where that folder is on overlayfs (builder inside a container) the mount fails, and buildah 1.39.3 then
-  deletes what the mount's source holds (the project's ``runtime/``): such a build is refused first
-  (:func:`overlay_refusal`);
+- ``RUN --mount=type=bind,...,rw`` is an overlay buildah mounts in its temp folder (``TMPDIR``, else /var/tmp)
+  since the fix for CVE-2024-11218 (buildah#5988; backported to older branches, so no release number says
+  which buildah does it; Debian 12's 1.28.2 still binds it writable): where that folder is on overlayfs
+  (builder inside a container) the mount fails, and buildah 1.39.3 then deletes what the mount's source
+  holds (the project's ``runtime/``): such a build is refused first, on every release (:func:`overlay_refusal`);
 - ``--timestamp`` fixes the image's created time, and its files' times, to the time the Dockerfile's
   own RUNs set on what they change (the base's ``source_date_epoch``), never the commit's: that would
   give every layer other bytes at each commit (BuildKit takes the created time from SOURCE_DATE_EPOCH
