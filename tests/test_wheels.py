@@ -305,6 +305,34 @@ def test_the_build_context_holds_each_layer_s_wheels_and_nothing_else(tmp_path, 
     assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}) == folder
 
 
+def test_a_layer_s_folder_has_the_same_times_in_every_context_that_holds_it(tmp_path, monkeypatch):
+    """buildah (podman 5.4.2) keys a RUN mounting a build context on its files' and folder's mtimes: a lock that
+    gained a package staged a new context whose unchanged layers (tools, torch) had a new folder and marker time,
+    and their layers missed the cache (cpu: 5 of 23 steps cached). The same wheels now give the same times."""
+    _house, pins, _layers = _staged_house(tmp_path, monkeypatch)
+    first = wheelhouse.build_context({"tools": [pins["a"]], "torch": [], "packages": []})
+    time.sleep(0.02)
+    second = wheelhouse.build_context({"tools": [pins["a"]], "torch": [], "packages": [pins["b"]]})
+    assert first != second
+
+    def times(folder):
+        return {(entry.name, entry.stat().st_mtime_ns, oct(entry.stat().st_mode)) for entry in os.scandir(folder)}
+
+    for layer in ("tools", "torch"):
+        assert (first / layer).stat().st_mtime_ns == (second / layer).stat().st_mtime_ns
+        assert times(first / layer) == times(second / layer)
+    assert (second / "packages" / "LAYER").stat().st_mtime == wheelhouse.FIXED_MTIME
+    # a folder staged before the times were fixed gets them when it is used again, its wheels untouched
+    os.utime(first / "tools" / "LAYER", (1, 1))
+    os.utime(first / "tools", (1, 1))
+    wheel = (first / "tools" / pins["a"].filename).stat()
+    assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [], "packages": []},
+                                    say=lambda s: pytest.fail(s)) == first
+    assert times(first / "tools") == times(second / "tools")
+    assert (first / "tools").stat().st_mtime == wheelhouse.FIXED_MTIME
+    assert (first / "tools" / pins["a"].filename).stat().st_mtime_ns == wheel.st_mtime_ns
+
+
 def _staged_house(tmp_path, monkeypatch):
     """A private wheelhouse with two verified wheels; returns (house, {name: pin}, layers)."""
     monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
