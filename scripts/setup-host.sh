@@ -41,7 +41,8 @@ TOOL_PACKAGES=(cosign oras pigz)
 #   nftables         nft, which netavark (podman 5's network, Debian 13) runs for every container with a
 #                    network (builder run): netavark only recommends it, and apt here installs no
 #                    recommends ("netavark: nftables error: unable to execute nft" without it)
-PODMAN_PACKAGES=(podman buildah uidmap slirp4netns fuse-overlayfs zstd nftables)
+#   passt            pasta, a rootless container's network from podman 5 (slirp4netns before)
+PODMAN_PACKAGES=(podman buildah uidmap slirp4netns passt fuse-overlayfs zstd nftables)
 ENGINE=${ENGINE:-docker}
 case "$ENGINE" in
   docker | podman) ;;
