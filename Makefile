@@ -56,7 +56,8 @@ test: install host ## The whole suite on this engine (containerd store; the `pod
 test-classic: install host ## Only the `classic` tests, on a second dockerd with the classic image store
 	$(PY) -m devtools.classic -q -m 'classic and not emulated'
 
-test-emulated: install host ## The foreign-platform build (nvidia-cu130 arm64 under qemu) and its index (marker: emulated)
+test-emulated: install host ## The foreign-platform builds (nvidia-cu130 arm64 under qemu, on Docker and on podman) and their index (marker: emulated)
+	-ENGINE=podman scripts/setup-host.sh  # podman beside docker, for the podman one
 	$(PY) -m pytest -q -m emulated
 
 test-quick: install host ## The test suite without the multi-GB NVIDIA build (marker: heavy)
