@@ -6,6 +6,7 @@ rule for a missing prerequisite) lives in ``devtools/support.py``: import it fro
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
-from devtools.support import base_pin, host_platform, retarget_base_lock
+from devtools.support import REPO, base_pin, copy_project, edit_matrix, host_platform, retarget_base_lock
 
 if TYPE_CHECKING:
     from builder.config.project import Project, TargetView
@@ -25,6 +26,27 @@ def run_builder(*args: str, cwd: Path, env: dict[str, str] | None = None, timeou
         [sys.executable, "-m", "builder", *args], cwd=cwd, capture_output=True, text=True,
         env={**os.environ, **(env or {})}, timeout=timeout, check=False,
     )
+
+
+def multiarch_project(tmp_path: Path, registry: str, name: str) -> tuple[Path, str, str, str]:
+    """A project copy publishing to ``<registry>/<name>``, the repo's base pins retargeted there (a build
+    with ``--update-base`` bootstraps what the registry lacks); (root, repository, this host's platform,
+    the foreign one the emulated tests build under qemu)."""
+    root = copy_project(tmp_path / "p")
+    repo = f"{registry}/{name}"
+    edit_matrix(root, registry=repo)
+    retarget_base_lock(REPO, root, repo)
+    host = host_platform()
+    return root, repo, host, "linux/arm64" if host == "linux/amd64" else "linux/amd64"
+
+
+def index_platforms(ref: str) -> dict[str, str]:
+    """The OCI image index *ref* names, read back with skopeo: {"os/arch": manifest digest}."""
+    proc = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{ref}"],
+                          capture_output=True, text=True, check=True)
+    index = json.loads(proc.stdout)
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json", index
+    return {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
 
 
 def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[str, Any]:

@@ -11,14 +11,11 @@ image and the layers only it uses are removed from the engine afterwards.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import docker
 import pytest
 import yaml
-from helpers import run_builder
-
-from devtools.support import REPO, copy_project, edit_matrix, host_platform, retarget_base_lock
+from helpers import index_platforms, multiarch_project, run_builder
 
 pytestmark = [pytest.mark.engine, pytest.mark.heavy]
 
@@ -53,12 +50,7 @@ def test_nvidia_cu130_builds_and_passes_smoke(cpu_project, engine):
 def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, engine, registry):
     """The foreign platform, for real: the arm64 image is built and smoke-tested under qemu, then the
     amd64 build publishes the same tags as one index listing both (read back with skopeo)."""
-    root = copy_project(tmp_path / "p")
-    repo = f"{registry}/multiarch-gpu"
-    edit_matrix(root, registry=repo)
-    retarget_base_lock(REPO, root, repo)
-    host = host_platform()
-    foreign = "linux/arm64" if host == "linux/amd64" else "linux/amd64"
+    root, repo, host, foreign = multiarch_project(tmp_path, registry, "multiarch-gpu")
     pins = json.loads((root / "base.lock.json").read_text())["platforms"]
     made: list[str] = []
     try:
@@ -82,11 +74,7 @@ def test_nvidia_cu130_arm64_under_emulation_joins_amd64_in_one_index(tmp_path, e
         assert "training skipped" in notes and "emulation" in notes, outs[foreign]
         arch = engine.client.api.inspect_image(outs[foreign]["image_id"])["Architecture"]
         assert arch == foreign.split("/")[1]
-        proc = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{repo}:nvidia-cu130"],
-                              capture_output=True, text=True, check=True)
-        index = json.loads(proc.stdout)
-        assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
-        listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+        listed = index_platforms(f"{repo}:nvidia-cu130")
         assert listed == {p: outs[p]["digest"] for p in (host, foreign)}
         published = json.loads((root / "dist" / "published.json").read_text())["nvidia-cu130"]
         assert published["platforms"] == listed

@@ -16,18 +16,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import cosign_passes, publish_base_to, require_peers, run_builder
+from helpers import (
+    cosign_passes,
+    index_platforms,
+    multiarch_project,
+    publish_base_to,
+    require_peers,
+    run_builder,
+)
 
 from builder.oci import artifacts
-from devtools.support import (
-    REPO,
-    base_pin,
-    copy_project,
-    edit_matrix,
-    fail_or_skip,
-    host_platform,
-    retarget_base_lock,
-)
+from devtools.support import base_pin, copy_project, fail_or_skip
 
 pytestmark = [pytest.mark.engine, pytest.mark.podman, pytest.mark.slow]
 
@@ -132,12 +131,7 @@ def test_podman_builds_nvidia_cu130_arm64_under_emulation_into_one_index_with_am
     are bootstrapped with podman too (``--update-base``): nothing here reaches Docker."""
     if shutil.which("podman") is None:
         fail_or_skip("podman is not installed (make host ENGINE=podman)")
-    root = copy_project(tmp_path / "p")
-    repo = f"{registry}/multiarch-podman"
-    edit_matrix(root, registry=repo)
-    retarget_base_lock(REPO, root, repo)
-    host = host_platform()
-    foreign = "linux/arm64" if host == "linux/amd64" else "linux/amd64"
+    root, repo, host, foreign = multiarch_project(tmp_path, registry, "multiarch-podman")
     outs: dict[str, dict] = {}
     try:
         for platform in (foreign, host):
@@ -151,11 +145,7 @@ def test_podman_builds_nvidia_cu130_arm64_under_emulation_into_one_index_with_am
         assert "training skipped" in notes and "emulation" in notes, outs[foreign]
         arch = podman("image", "inspect", "--format", "{{.Architecture}}", outs[foreign]["image_id"]).strip()
         assert arch == foreign.split("/")[1]
-        index = json.loads(subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false",
-                                           f"docker://{repo}:nvidia-cu130"], capture_output=True, text=True,
-                                          check=True).stdout)
-        assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
-        listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"] for m in index["manifests"]}
+        listed = index_platforms(f"{repo}:nvidia-cu130")
         assert listed == {p: outs[p]["digest"] for p in (host, foreign)}
         for platform, digest in listed.items():
             found = artifacts.get_manifest(f"{repo}@{digest}")
