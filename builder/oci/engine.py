@@ -783,9 +783,14 @@ def _api_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """
     out = {**options, "network_mode": options.get("network_mode") or "private"}
     if tmpfs := options.get("tmpfs"):
-        out["tmpfs"] = {path: value if "tmpcopyup" in value else ",".join(filter(None, [value, "notmpcopyup"]))
-                        for path, value in dict(tmpfs).items()}
+        out["tmpfs"] = _empty_tmpfs(tmpfs)
     return out
+
+
+def _empty_tmpfs(tmpfs: Mapping[str, str]) -> dict[str, str]:
+    """Each tmpfs's options with ``notmpcopyup`` (see :func:`_api_options`), unless they say otherwise."""
+    return {path: how if "tmpcopyup" in how else ",".join(filter(None, [how, "notmpcopyup"]))
+            for path, how in tmpfs.items()}
 
 
 def _no_gpus_request(requests: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -801,8 +806,7 @@ _CREATE_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     "environment": lambda value: [a for entry in (value if isinstance(value, list) else
                                                   [f"{k}={v}" for k, v in value.items()])
                                   for a in (("--env", entry) if "=" in entry else ("--unsetenv", entry))],
-    "tmpfs": lambda value: [a for path, how in _api_options({"tmpfs": value})["tmpfs"].items()
-                            for a in ("--tmpfs", f"{path}:{how}")],
+    "tmpfs": lambda value: [a for path, how in _empty_tmpfs(value).items() for a in ("--tmpfs", f"{path}:{how}")],
     "network_mode": lambda value: ["--network", str(value)],
     "entrypoint": lambda value: ["--entrypoint", json.dumps(list(value)) if isinstance(value, list) else str(value)],
     "labels": lambda value: [a for k, v in value.items() for a in ("--label", f"{k}={v}")],
