@@ -123,3 +123,22 @@ def test_mount_points_with_escaped_spaces() -> None:
     info = OVERLAY_ROOT + r"41 22 254:0 /x /srv/my\040tmp rw - ext4 /dev/vda rw" + "\n"
     assert buildah.filesystem(Path("/srv/my tmp/buildah1"), info) == "ext4"
     assert buildah.filesystem(Path("/srv/my"), info) == "overlay"
+
+
+def test_a_gpu_request_podman_cannot_honour_is_refused_not_dropped() -> None:
+    """podman 4.3.1's compatible API takes docker's ``--gpus`` request (a ``DeviceRequest`` of capability gpu) and
+    starts the container without the GPUs (tried: it exits 0); the CLI has no form for it. Either way the request
+    is refused with the fix, before the engine is asked; a CDI name goes to the CLI as ``--device``."""
+    import docker
+
+    found = podman("4.3.1")
+    gpus = {"image": "i", "command": ["true"],
+            "device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
+    with pytest.raises(engine.EngineError, match="nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"):
+        found.create(gpus)
+    assert not found.client.mock_calls, "the engine was asked"
+    with pytest.raises(engine.EngineError, match="podman names GPUs by CDI only"):
+        engine.run_argv("podman", gpus)
+    cdi = {**gpus, "device_requests": [docker.types.DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=all"])]}
+    assert engine.run_argv("podman", cdi)[-4:] == ["--device", "nvidia.com/gpu=all", "i", "true"]
+    assert engine.run_argv("docker", gpus) == ["docker", "run", "--rm", "--gpus", "all", "i", "true"]

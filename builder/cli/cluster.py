@@ -41,9 +41,10 @@ _target_option = click.option("--target", "-t", "target", required=True, metavar
 @click.option("--procs-per-node", type=int, default=None,
               help="Processes per node; default one per GPU (cpu: 1).")
 @_launcher_option
-@click.option("--runtime", type=click.Choice(["docker", "pyxis"]), default="docker", show_default=True,
-              help="docker: docker run on each node; pyxis: srun --container-image (NVIDIA clusters with "
-              "pyxis + enroot; checked here only by its arguments).")
+@click.option("--runtime", type=click.Choice(["docker", "podman", "pyxis"]), default="docker", show_default=True,
+              help="docker: docker run on each node; podman: podman run (GPUs by CDI name; rootless keeps the "
+              "user's IDs and groups); pyxis: srun --container-image (NVIDIA clusters with pyxis + enroot; checked "
+              "here only by its arguments).")
 @click.option("--job-name", "-J", default=None, help="Slurm job name; default <target>-train.")
 @click.option("--partition", "-p", default=None, help="Slurm partition (#SBATCH --partition).")
 @click.option("--time", default=None, help="Time limit (#SBATCH --time), e.g. 2:00:00.")

@@ -19,6 +19,8 @@ from builder.config.project import Project
 # Where builder.host.hardware looks; other roots are for tests and for running builder inside a container.
 _sysfs_option = click.option("--sysfs-root", default="/sys", envvar="BUILDER_SYSFS_ROOT", hidden=True)
 _dev_option = click.option("--dev-root", default="/dev", envvar="BUILDER_DEV_ROOT", hidden=True)
+# Where CDI specs are read (repeatable); default builder.host.cdi.CDI_DIRS, where the engines read them.
+_cdi_option = click.option("--cdi-dir", "cdi_dirs", multiple=True, envvar="BUILDER_CDI_DIRS", hidden=True)
 
 
 @click.command("doctor")
@@ -49,6 +51,7 @@ _dev_option = click.option("--dev-root", default="/dev", envvar="BUILDER_DEV_ROO
 )
 @_sysfs_option
 @_dev_option
+@_cdi_option
 def doctor_cmd(
     matrix_path: str,
     mapping_path: str | None,
@@ -56,15 +59,17 @@ def doctor_cmd(
     vendor_file: str | None,
     sysfs_root: str,
     dev_root: str,
+    cdi_dirs: tuple[str, ...],
 ) -> None:
     """Check this host: engine, GPUs and their runtime/devices, disk, registry, tools.
 
     Each item prints [OK], [WARN] or [FAIL] with what was found and, for problems, the fix.
     Exits 1 if any item fails.
     """
-    from builder.host import doctor
+    from builder.host import doctor, hardware
 
-    checks = doctor.run_checks(matrix_path, mapping_path, sysfs_root=sysfs_root, dev_root=dev_root)
+    checks = doctor.run_checks(matrix_path, mapping_path, sysfs_root=sysfs_root, dev_root=dev_root,
+                               cdi_dirs=cdi_dirs or hardware.CDI_DIRS)
     checks += doctor.store_checks(*_store_sizes(matrix_path, mapping_path))
     if as_json:
         click.echo(json.dumps(doctor.as_json(checks), indent=2))
@@ -78,7 +83,6 @@ def doctor_cmd(
         from pathlib import Path
 
         from builder.config.files import atomic_write
-        from builder.host import hardware
 
         vendor, why = hardware.choose_vendor(hardware.detect(sysfs_root, dev_root))
         try:
@@ -146,10 +150,12 @@ def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, 
     help="Set a variable in the container (repeatable; a bare K passes the host's value).",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print the target, why, and the equivalent docker run line; run nothing."
+    "--dry-run", is_flag=True,
+    help="Print the target, why, and the engine's own run line (docker run or podman run); run nothing.",
 )
 @_sysfs_option
 @_dev_option
+@_cdi_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run_cmd(
     project: Project,
@@ -160,6 +166,7 @@ def run_cmd(
     dry_run: bool,
     sysfs_root: str,
     dev_root: str,
+    cdi_dirs: tuple[str, ...],
     command: tuple[str, ...],
 ) -> None:
     """Run COMMAND in the image for this host's GPUs, with the current directory at /workspace.
@@ -169,10 +176,13 @@ def run_cmd(
     """
     from builder.host import hardware, launch
     from builder.host.runspec import format_dry_run, run_spec
+    from builder.oci.engine import engine_kind
 
-    host = hardware.detect(sysfs_root, dev_root)
+    cdi_dirs = cdi_dirs or hardware.CDI_DIRS
+    host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(hardware.cdi_specs(cdi_dirs)))
+    kind = engine_kind()
     plan = run_spec(project, command, target=target, user=user, gpus=gpus, env=env, host=host,
-                      engine_info=launch.engine_info)
+                    engine_info=lambda: launch.engine_info(kind), cdi_dirs=cdi_dirs, engine=kind)
     if dry_run:
         click.echo(format_dry_run(plan))
         return

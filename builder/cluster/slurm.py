@@ -1,7 +1,8 @@
 """``builder slurm``: an sbatch script that runs a target's image on every node of a Slurm allocation.
 
-Each node runs one container of the image (``docker run``, the vendor's device flags from
-:mod:`builder.host.devices`, host networking for the rendezvous); inside it, the launcher
+Each node runs one container of the image (``docker run``, or ``podman run`` with
+``runtime="podman"``: the vendor's device flags for that engine from :mod:`builder.host.devices`,
+host networking for the rendezvous); inside it, the launcher
 (:func:`builder.cluster.common.launcher_argv`) starts the node's processes. The script sets
 ``MASTER_ADDR`` (the first node's address), ``MASTER_PORT`` (free there), ``WORLD_SIZE``,
 ``NODE_RANK``/``RANK`` (``SLURM_NODEID``/``SLURM_PROCID``). The job's exit status is the
@@ -26,7 +27,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 import jinja2
 
@@ -46,7 +47,8 @@ from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host.devices import NodeDevices, node_devices
 from builder.oci import registry
 
-Runtime = Literal["docker", "pyxis"]
+Runtime = Literal["docker", "podman", "pyxis"]
+RUNTIMES: tuple[Runtime, ...] = ("docker", "podman", "pyxis")
 #: Seconds ``docker stop`` gives the training after scancel: below Slurm's default KillWait (30 s),
 #: after which slurmstepd kills what is left (the docker client, never the container itself).
 STOP_GRACE_S = 20
@@ -132,8 +134,8 @@ def make_job(
         raise UserError(f"--procs-per-node {procs}: give 1 to 1024")
     if launcher not in LAUNCHERS:
         raise UserError(f"--launcher {launcher!r}: use one of {', '.join(LAUNCHERS)}")
-    if runtime not in ("docker", "pyxis"):
-        raise UserError(f"--runtime {runtime!r}: use docker or pyxis")
+    if runtime not in RUNTIMES:
+        raise UserError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if runtime == "pyxis" and chosen.vendor not in ("nvidia", "cpu"):
         raise UserError(f"--runtime pyxis: enroot hands out NVIDIA GPUs only; target {target} is {chosen.vendor}: "
                         "use --runtime docker")
@@ -150,8 +152,9 @@ def make_job(
     return SlurmJob(
         target=chosen, image=image, image_source=source, command=tuple(command), nodes=nodes,
         gpus_per_node=gpus, procs_per_node=procs, launcher=launcher,
-        runtime=cast(Runtime, runtime), job_name=name, partition=partition, time=time,
-        output=output, env=target_env(chosen, check_env(env)), devices=node_devices(chosen),
+        runtime=runtime, job_name=name, partition=partition, time=time,
+        output=output, env=target_env(chosen, check_env(env)),
+        devices=node_devices(chosen, engine="podman" if runtime == "podman" else "docker"),
     )
 
 
@@ -199,8 +202,12 @@ def render_script(job: SlurmJob, script_name: str = "job.sbatch") -> str:
         env_lines=[f"{k}={quote(v)}" for k, v in job.env.items()],
         env_flags=" ".join(f"--env {k}" for k in env_names),
         devices=job.devices, launch_line=launch_line, label=SLURM_LABEL,
-        visible_env=job.target.visible_devices_env if job.devices.classic else None,
+        visible_env=job.target.visible_devices_env if job.devices.classic or job.devices.cdi_kind else None,
         enroot_image_q=quote(enroot_uri(job.image)), inner_q=quote(inner),
+        no_cdi_q=quote(job.devices.no_cdi or ""),
+        # podman pulls from a loopback registry only when told it speaks plain http (Docker assumes it)
+        pull_flags="--tls-verify=false " if job.runtime == "podman" and registry.is_local(
+            registry.Ref.parse(job.image).host) else "",
     )
 
 

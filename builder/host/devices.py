@@ -15,6 +15,7 @@ and says why (``builder doctor`` prints it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,12 @@ from builder.host import cdi, hardware
 CDI_KINDS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "intel.com/gpu"}
 #: The first Docker release that can hand out CDI devices (``--device vendor.com/class=name``).
 CDI_DOCKER = "25.0"
+#: How a vendor's container toolkit writes its CDI spec, for the vendors whose GPUs podman gives by CDI name only
+#: (NVIDIA's classic flag is Docker's --gpus, through the NVIDIA runtime).
+CDI_GENERATE = {"nvidia": "nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"}
+#: podman labels a container where SELinux enforces; the label may not open the GPU's device nodes (NVIDIA's
+#: podman recipe turns labelling off for the container).
+SELINUX_OPT = "label=disable"
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,10 @@ def host_cdi(
     vendor: str,
     engine_info: Callable[[], Mapping[str, Any] | None] | None,
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
+    engine: str = "docker",
 ) -> CdiChoice:
-    """:func:`choose_cdi` for this host; the engine is asked (*engine_info*) only when a spec exists.
+    """:func:`choose_cdi` for this host and *engine* (``docker`` or ``podman``); Docker is asked (*engine_info*)
+    only when a spec exists, podman never (it always reads CDI specs).
 
     Example:
         >>> host_cdi("nvidia", lambda: connect().info()).use
@@ -112,15 +121,31 @@ def host_cdi(
     """
     kind = CDI_KINDS.get(vendor)
     specs = cdi.specs(cdi_dirs, kind) if kind else []
+    if engine == "podman":
+        return choose_cdi(vendor, specs, (True, f"podman reads CDI specs from {', '.join(cdi.CDI_DIRS)}"))
     if kind and specs and engine_info is None:
         return CdiChoice(False, f"CDI spec {', '.join(s.path for s in specs)} for {kind}, but the engine was "
                                 "not asked; the classic flags")
     return choose_cdi(vendor, specs, engine_cdi(engine_info() if specs and engine_info else None))
 
 
+def cdi_only(vendor: str, choice: CdiChoice) -> tuple[str, str]:
+    """Why an engine that gives *vendor*'s GPUs by CDI name only (podman, NVIDIA: its ``--gpus`` is a no-op before
+    podman 5 and a CDI name from 5.0) gives none when *choice* found no name to use, and the command that makes the
+    spec.
+
+    Example:
+        >>> cdi_only("nvidia", CdiChoice(False, "no CDI spec for nvidia.com/gpu in /etc/cdi; the classic flags"))
+        ('podman gives nvidia GPUs by CDI name only, and no CDI spec for nvidia.com/gpu in /etc/cdi', 'nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml')
+    """
+    why = choice.why.removesuffix("; the classic flags")
+    make = CDI_GENERATE.get(vendor, f"the {vendor} container toolkit's CDI generator")
+    return f"podman gives {vendor} GPUs by CDI name only, and {why}", make
+
+
 def device_kwargs(
-    gpus: bool, devices: Sequence[str], group_add: Sequence[int], ipc_mode: str | None, shm_size: str | None,
-    cdi_devices: Sequence[str] = (),
+    gpus: bool, devices: Sequence[str], group_add: Sequence[int | str], ipc_mode: str | None, shm_size: str | None,
+    cdi_devices: Sequence[str] = (), security_opt: Sequence[str] = (),
 ) -> dict[str, Any]:
     """docker-py ``containers.create`` options that hand a container its GPUs.
 
@@ -140,6 +165,7 @@ def device_kwargs(
         "device_requests": requests or None,
         "devices": [f"{d}:{d}:rwm" for d in devices] or None,
         "group_add": [str(g) for g in group_add] or None,
+        "security_opt": list(security_opt) or None,
         "ipc_mode": ipc_mode,
         "shm_size": shm_size,
     }
@@ -150,15 +176,17 @@ class DeviceFlags:
 
     gpus: bool = False
     devices: tuple[str, ...] = ()
-    group_add: tuple[int, ...] = ()
+    group_add: tuple[int | str, ...] = ()  # GIDs, or podman's keep-groups
     ipc_mode: str | None = None
     shm_size: str | None = None
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     cdi_devices: tuple[str, ...] = ()
+    security_opt: tuple[str, ...] = ()
 
     def docker_kwargs(self) -> dict[str, Any]:
-        return device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size, self.cdi_devices)
+        return device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size, self.cdi_devices,
+                             self.security_opt)
 
 def device_flags(
     target: Target,
@@ -167,12 +195,18 @@ def device_flags(
     gpus: bool = True,
     environ: Mapping[str, str] | None = None,
     cdi: CdiChoice | None = None,
+    engine: str = "docker",
+    rootless: bool = False,
 ) -> DeviceFlags:
-    """The target vendor's ``run`` flags, with group names turned into this host's GIDs.
+    """The target vendor's ``run`` flags for *engine* (``docker`` or ``podman``), with group names turned into
+    this host's GIDs.
 
-    *problems* are reasons the engine would refuse (a missing node, no GPU of the vendor);
-    ``builder run`` stops on them, ``--dry-run`` shows them. With a *cdi* choice that uses CDI,
-    the CDI name replaces ``--gpus all`` and the ``/dev`` nodes (the groups and IPC stay).
+    *problems* are reasons the engine would refuse (a missing node, no GPU of the vendor) or run without the GPUs
+    (podman with no CDI name for NVIDIA's); ``builder run`` stops on them, ``--dry-run`` shows them. With a *cdi*
+    choice that uses CDI, the CDI name replaces ``--gpus all`` and the ``/dev`` nodes (the groups and IPC stay).
+    podman on a host where SELinux enforces gets ``--security-opt label=disable`` with the devices; a *rootless*
+    podman keeps the user's own groups (``--group-add keep-groups``, crun) where the vendor's nodes need a group:
+    a host GID would name a subordinate one inside its user namespace.
 
     Example:
         >>> device_flags(amd_target, hardware.detect()).devices  # doctest: +SKIP
@@ -191,7 +225,7 @@ def device_flags(
     use_cdi = cdi is not None and cdi.use and bool(cdi.devices)
     problems = _host_problems(target, host, environ, () if use_cdi else flags.devices)
     gids, missing_groups = _group_ids(flags.group_add, host)
-    return DeviceFlags(
+    found = DeviceFlags(
         gpus=flags.gpus and not use_cdi,
         devices=() if use_cdi else tuple(flags.devices),
         cdi_devices=cdi.devices if use_cdi and cdi is not None else (),
@@ -201,6 +235,24 @@ def device_flags(
         shm_size=flags.shm_size,
         notes=tuple(notes + missing_groups),
         problems=tuple(problems),
+    )
+    return _on_podman(found, target.vendor, cdi, host.selinux, rootless) if engine == "podman" else found
+
+
+def _on_podman(flags: DeviceFlags, vendor: str, cdi: CdiChoice | None, selinux: bool, rootless: bool) -> DeviceFlags:
+    """*flags* as podman takes them: no ``--gpus`` (NVIDIA's GPUs go by CDI name or not at all: a problem that
+    says how to make the spec), labelling off where SELinux enforces, the user's own groups when rootless."""
+    problems, notes = list(flags.problems), list(flags.notes)
+    if flags.gpus:
+        why, make = cdi_only(vendor, cdi or CdiChoice(False, "no CDI name was chosen"))
+        problems.append(f"{why}: make the spec with '{make}' (as root), or pass --no-gpus")
+    if selinux:
+        notes.append(f"SELinux enforces here: --security-opt {SELINUX_OPT}, as NVIDIA's podman recipe has it (the "
+                     "container's label may not open the GPU's device nodes)")
+    return dataclasses.replace(
+        flags, gpus=False, problems=tuple(problems), notes=tuple(notes),
+        security_opt=(SELINUX_OPT,) if selinux else (),
+        group_add=("keep-groups",) if rootless and flags.group_add else flags.group_add,
     )
 
 
@@ -236,8 +288,11 @@ def _group_ids(names: Sequence[str], host: hardware.HostGpus) -> tuple[tuple[int
     return tuple(hardware.container_gids(names, host.nodes)), notes
 
 
-def device_options(target: Target) -> tuple[dict[str, Any], str | None]:
-    """docker-py options giving a test container this target's GPUs, or ({}, why not) (the smoke test).
+def device_options(
+    target: Target, engine: str = "docker", engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """docker-py options giving a test container this target's GPUs on *engine* (asked *engine_info* about CDI, as
+    ``builder run`` asks it), or ({}, why not) (the smoke test).
 
     Example:
         >>> device_options(project.target("cpu"))
@@ -250,7 +305,7 @@ def device_options(target: Target) -> tuple[dict[str, Any], str | None]:
         found = host.describe(target.vendor) or "none on the PCI bus"
         lack = "; ".join(host.missing(target.vendor)) if host.describe(target.vendor) else ""
         return {}, f"this host has no usable {target.vendor} GPU ({found}{'; ' + lack if lack else ''})"
-    flags = device_flags(target, host)
+    flags = device_flags(target, host, cdi=host_cdi(target.vendor, engine_info, engine=engine), engine=engine)
     if flags.problems:
         return {}, "; ".join(flags.problems)
     return {k: v for k, v in flags.docker_kwargs().items() if v is not None}, None
@@ -263,7 +318,8 @@ class NodeDevices:
     The generating host cannot see the node, so the node works out the rest when the job
     runs: whether to use the CDI name (*cdi_kind* spec present and the engine reads CDI specs,
     as :func:`choose_cdi` decides here), and the GIDs of *groups* and of *gid_nodes*' owners
-    (as :func:`builder.host.hardware.container_gids` does here).
+    (as :func:`builder.host.hardware.container_gids` does here). Where the engine has no
+    *classic* form (podman, NVIDIA), *no_cdi* is the line the node says without a spec.
 
     Example:
         >>> node_devices(project.target("nvidia-cu130")).classic
@@ -275,20 +331,31 @@ class NodeDevices:
     cdi_kind: str | None = None
     groups: tuple[str, ...] = ()
     gid_nodes: tuple[str, ...] = ()
+    no_cdi: str | None = None
 
 
-def node_devices(target: Target, *, gpus: bool = True) -> NodeDevices:
-    """The target vendor's ``docker run`` flags for a node (see :class:`NodeDevices`).
+def node_devices(target: Target, *, gpus: bool = True, engine: str = "docker") -> NodeDevices:
+    """The target vendor's ``docker run`` or ``podman run`` (*engine*) flags for a node (see :class:`NodeDevices`).
 
     Example:
         >>> node_devices(project.target("amd-rocm5.7")).gid_nodes
         ('/dev/kfd', '/dev/dri/renderD*')
+        >>> node_devices(project.target("nvidia-cu130"), engine="podman").classic
+        ()
     """
     flags = target.run_flags
     shm = ("--shm-size", flags.shm_size) if flags.shm_size else ()
     if not gpus or target.vendor == "cpu":
         return NodeDevices(other=shm)
-    classic: tuple[str, ...] = ("--gpus", "all") if flags.gpus else ()
+    kind = CDI_KINDS.get(target.vendor)
+    no_cdi = None
+    classic: tuple[str, ...] = ()
+    if flags.gpus and engine == "podman":  # podman has no --gpus of its own: NVIDIA's GPUs go by CDI name only
+        why, make = cdi_only(target.vendor, CdiChoice(False, f"no CDI spec for {kind} in {' or '.join(cdi.CDI_DIRS)} "
+                                                             "declares the device all"))
+        no_cdi = f"{why}; make it (as root): {make}"
+    elif flags.gpus:
+        classic = ("--gpus", "all")
     for device in flags.devices:
         classic += ("--device", device)
     gid_nodes = tuple(
@@ -297,7 +364,8 @@ def node_devices(target: Target, *, gpus: bool = True) -> NodeDevices:
     return NodeDevices(
         classic=classic,
         other=(("--ipc", "host") if flags.ipc_host else ()) + shm,
-        cdi_kind=CDI_KINDS.get(target.vendor),
+        cdi_kind=kind,
         groups=tuple(flags.group_add),
         gid_nodes=gid_nodes,
+        no_cdi=no_cdi,
     )

@@ -260,7 +260,15 @@ def check_nvidia(ctx: Context) -> list[Check]:
             )
         )
     runtimes = sorted((ctx.info or {}).get("Runtimes") or {})
-    if "nvidia" in runtimes:
+    podman = ctx.engine is not None and ctx.engine.name() == "podman"
+    choice = devices.host_cdi("nvidia", None, ctx.cdi_dirs, "podman") if podman else None
+    if choice is not None and choice.use:
+        specs = ", ".join(hardware.cdi_specs(ctx.cdi_dirs))
+        checks.append(Check("ok", "nvidia runtime", f"CDI spec for nvidia.com/gpu: {specs}"))
+    elif choice is not None:
+        why, make = devices.cdi_only("nvidia", choice)
+        checks.append(Check("fail", "nvidia runtime", why, f"apt-get install nvidia-container-toolkit && {make}"))
+    elif "nvidia" in runtimes:
         checks.append(
             Check("ok", "nvidia runtime", f"registered in the engine (runtimes: {', '.join(runtimes)})")
         )
@@ -285,11 +293,14 @@ def check_cdi(ctx: Context) -> list[Check]:
     """How ``builder run`` and the Slurm script hand over each present vendor's GPUs: CDI name or classic flags."""
     checks = []
     classic = {"nvidia": "--gpus all", "amd": "--device /dev/kfd --device /dev/dri", "intel": "--device /dev/dri"}
+    podman = ctx.engine is not None and ctx.engine.name() == "podman"
     for vendor in ctx.host.present():
         kind = devices.CDI_KINDS.get(vendor)
         if kind is None:
             continue
         choice = devices.choose_cdi(vendor, cdi.specs(ctx.cdi_dirs, kind), devices.engine_cdi(ctx.info))
+        if podman and not choice.use and vendor in devices.CDI_GENERATE:
+            continue  # none: check_nvidia says why, and the fix
         flag = " ".join(f"--device {d}" for d in choice.devices) if choice.use else classic[vendor]
         checks.append(Check("ok", f"{vendor} devices", f"builder run uses {flag}: {choice.why}"))
     return checks

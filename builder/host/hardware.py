@@ -83,6 +83,7 @@ class HostGpus:
     gpus: tuple[Gpu, ...] = ()
     nodes: DeviceNodes = DeviceNodes()
     nvidia_runtime: bool = False
+    selinux: bool = False  # SELinux enforces its policy (podman then labels containers)
 
     def of(self, vendor: str) -> list[Gpu]:
         return [g for g in self.gpus if g.vendor == vendor]
@@ -192,7 +193,20 @@ def detect(
     """
     if nvidia_runtime is None:
         nvidia_runtime = bool(cdi_specs())
-    return HostGpus(tuple(pci_gpus(sysfs_root)), device_nodes(dev_root), nvidia_runtime)
+    return HostGpus(tuple(pci_gpus(sysfs_root)), device_nodes(dev_root), nvidia_runtime, selinux_enforcing(sysfs_root))
+
+
+def selinux_enforcing(sysfs_root: Path | str = "/sys") -> bool:
+    """Whether SELinux enforces its policy: ``<sysfs_root>/fs/selinux/enforce`` is ``1`` (the kernel's selinuxfs).
+
+    Example:
+        >>> selinux_enforcing("/sys")  # doctest: +SKIP
+        False
+    """
+    try:
+        return _read(Path(sysfs_root) / "fs" / "selinux" / "enforce") == "1"
+    except (OSError, UnicodeError):
+        return False
 
 
 def choose_vendor(host: HostGpus, env: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -30,15 +30,16 @@ from builder.oci.engine import Engine, EngineError, connect
 STOP_TIMEOUT_S = 10
 
 
-def engine_info() -> dict[str, Any] | None:
-    """``docker info`` of the engine, or None when none answers (``builder run`` asks it about CDI).
+def engine_info(kind: str | None = None) -> dict[str, Any] | None:
+    """``docker info`` of the engine *kind* (default: :func:`builder.oci.engine.connect`'s), or None when it does
+    not answer (``builder run`` asks Docker about CDI).
 
     Example:
-        >>> engine_info()["ServerVersion"]  # doctest: +SKIP
+        >>> engine_info("docker")["ServerVersion"]  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
     try:
-        engine = connect(timeout=15)
+        engine = connect(timeout=15, kind=kind)
         try:
             return engine.info()
         finally:
@@ -166,8 +167,8 @@ def launch(
 ) -> int:
     """Refuse on plan problems, make sure the image is here, run; return the command's exit status.
 
-    *engine* defaults to :func:`builder.oci.engine.connect` (after the plan checks, so a bad plan
-    is reported even without an engine); *say* gets progress lines, default stderr.
+    *engine* defaults to the engine the plan was made for (:func:`builder.oci.engine.connect`, after the plan
+    checks, so a bad plan is reported even without an engine); *say* gets progress lines, default stderr.
 
     Example:
         >>> launch(run_spec(project, ["python", "-c", "raise SystemExit(3)"]))  # doctest: +SKIP
@@ -177,7 +178,7 @@ def launch(
     if plan.problems:
         raise UserError(*plan.problems)
     if engine is None:
-        engine = connect()
+        engine = connect(kind=plan.engine)
     say(f"builder run: {plan.target.name} ({plan.image}): {plan.reason}")
     for note in plan.notes:
         say(f"note: {note}")

@@ -15,6 +15,10 @@ Example:
     # target: nvidia-cu130 (localhost:5000/ml-runtime:nvidia-cu130)
     # why: host has usable nvidia GPU(s): 0000:01:00.0 (0x2335); nvidia-cu130 carries latest-nvidia
     docker run --rm --label io.ml-image-builder.run=1 ... --gpus all --shm-size 8g ... python train.py
+
+The dry run's line is the engine's own (``docker run`` or ``podman run``), from the same options the real run
+gives the engine (:func:`builder.oci.engine.run_argv`): on podman, NVIDIA's GPUs by CDI name
+(``--device nvidia.com/gpu=all``), and ``--userns keep-id`` where a rootless podman runs the user's UID.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host import hardware
 from builder.host.devices import device_flags, device_kwargs, host_cdi
 from builder.host.targets import choose_target
+from builder.oci.engine import run_argv
 
 WORKSPACE = "/workspace"
 #: One process on one machine; a launcher on the host (torchrun, Slurm) may set its own.
@@ -59,7 +64,7 @@ class RunSpec:
     workspace: str
     gpus: bool = False
     devices: tuple[str, ...] = ()
-    group_add: tuple[int, ...] = ()
+    group_add: tuple[int | str, ...] = ()  # GIDs, or podman's keep-groups
     ipc_mode: str | None = None
     shm_size: str | None = None
     user: str | None = None  # UID:GID, or None for the image's user
@@ -67,44 +72,28 @@ class RunSpec:
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     cdi_devices: tuple[str, ...] = ()  # CDI names (nvidia.com/gpu=all) instead of --gpus / /dev nodes
+    security_opt: tuple[str, ...] = ()
+    engine: str = "docker"  # the engine planned for: docker or podman
 
     def create_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for docker-py's ``containers.create``."""
+        """Keyword arguments for docker-py's ``containers.create`` (in the order the command line gives them)."""
         return {
             "image": self.image,
             "command": list(self.command),
-            "environment": dict(self.environment),
             "labels": dict(self.labels),
+            **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size,
+                            self.cdi_devices, self.security_opt),
+            **({"user": self.user} if self.user else {}),
             "mounts": [docker.types.Mount(WORKSPACE, self.workspace, type="bind", read_only=False)],
             "working_dir": WORKSPACE,
-            **({"user": self.user} if self.user else {}),
-            **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size,
-                            self.cdi_devices),
+            "environment": dict(self.environment),
             "stdin_open": False,
             "tty": False,
         }
 
-    def docker_argv(self) -> list[str]:
-        """The equivalent ``docker run`` command line, as an argument list."""
-        argv = ["docker", "run", "--rm"]
-        for key, value in self.labels.items():
-            argv += ["--label", f"{key}={value}"]
-        if self.gpus:
-            argv += ["--gpus", "all"]
-        for device in (*self.cdi_devices, *self.devices):
-            argv += ["--device", device]
-        for gid in self.group_add:
-            argv += ["--group-add", str(gid)]
-        if self.ipc_mode:
-            argv += ["--ipc", self.ipc_mode]
-        if self.shm_size:
-            argv += ["--shm-size", self.shm_size]
-        if self.user:
-            argv += ["--user", self.user]
-        argv += ["--mount", f"type=bind,source={self.workspace},target={WORKSPACE}", "--workdir", WORKSPACE]
-        for key, value in self.environment.items():
-            argv += ["--env", f"{key}={value}"]
-        return [*argv, self.image, *self.command]
+    def argv(self) -> list[str]:
+        """The engine's own command line (``docker run`` / ``podman run``) that runs what ``builder run`` runs."""
+        return run_argv(self.engine, self.create_kwargs())
 
 def parse_env(pairs: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """``--env K=V`` values; a bare ``K`` takes the host's value, like ``docker run -e K``.
@@ -171,11 +160,13 @@ def run_spec(
     cwd: Path | str | None = None,
     engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
+    engine: str = "docker",
 ) -> RunSpec:
-    """Work out the whole run without touching the engine.
+    """Work out the whole run for *engine* (``docker`` or ``podman``) without touching it.
 
     *engine_info* (``docker info``, called only when the host has a CDI spec for the target's
-    vendor) decides whether the GPUs go by CDI name (:func:`builder.host.devices.host_cdi`).
+    vendor and the engine is Docker) decides whether the GPUs go by CDI name
+    (:func:`builder.host.devices.host_cdi`; podman always reads the specs).
 
     Example:
         >>> run_spec(project, ["python", "-V"], target="cpu").image
@@ -186,8 +177,9 @@ def run_spec(
     environ = os.environ if environ is None else environ
     host = host or hardware.detect()
     chosen, reason = choose_target(project, target, host, gpus=gpus, environ=environ)
-    cdi = host_cdi(chosen.vendor, engine_info, cdi_dirs) if gpus and chosen.vendor != "cpu" else None
-    flags = device_flags(chosen, host, gpus=gpus, environ=environ, cdi=cdi)
+    cdi = host_cdi(chosen.vendor, engine_info, cdi_dirs, engine) if gpus and chosen.vendor != "cpu" else None
+    # rootless: the podman CLI this user runs (the dry run's line, and builder run's own CLI create)
+    flags = device_flags(chosen, host, gpus=gpus, environ=environ, cdi=cdi, engine=engine, rootless=os.geteuid() != 0)
     return RunSpec(
         target=chosen,
         reason=reason,
@@ -205,11 +197,13 @@ def run_spec(
         notes=flags.notes,
         problems=flags.problems,
         cdi_devices=flags.cdi_devices,
+        security_opt=flags.security_opt,
+        engine=engine,
     )
 
 def format_dry_run(plan: RunSpec) -> str:
-    """The target, why, notes and the shell-quoted ``docker run`` line; ``#`` lines keep it runnable by sh."""
+    """The target, why, notes and the engine's shell-quoted ``run`` line; ``#`` lines keep it runnable by sh."""
     lines = [f"# target: {plan.target.name} ({plan.image})", f"# why: {plan.reason}"]
     lines += [f"# note: {note}" for note in plan.notes]
     lines += [f"# problem: {problem}" for problem in plan.problems]
-    return "\n".join([*lines, shlex.join(plan.docker_argv())])
+    return "\n".join([*lines, shlex.join(plan.argv())])

@@ -113,7 +113,7 @@ def smoke_test(
     result = SmokeResult()
     emulated = None if view.native else f"{view.platform} runs under qemu emulation on this " \
                                           f"{platforms.host_platform()} host"
-    options, why_not = ({}, emulated) if emulated else device_options(view)
+    options, why_not = ({}, emulated) if emulated else device_options(view, engine.name(), engine.info)
     if why_not:
         result.skipped.append(f"device checks skipped: {why_not}")
         log(result.skipped[-1])

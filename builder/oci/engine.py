@@ -85,20 +85,19 @@ def chosen_engine() -> str | None:
     return value or None
 
 
-def connect(timeout: int = TIMEOUT_S) -> Engine:
-    """The chosen engine (BUILDER_ENGINE), else Docker if it answers (only Docker when DOCKER_HOST is set),
-    else podman if installed; checked for its version; else one UserError that says how to get one.
+def connect(timeout: int = TIMEOUT_S, kind: str | None = None) -> Engine:
+    """The engine *kind* (default: the chosen one, BUILDER_ENGINE), else Docker if it answers (only Docker when
+    DOCKER_HOST is set), else podman if installed; checked for its version; else one UserError that says how to
+    get one.
 
     Example:
         >>> connect().version()["Version"]  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
-    kind = chosen_engine()
+    kind = kind or chosen_engine()
     if kind == "podman":
         return connect_podman(timeout)
-    # A DOCKER_HOST the user set names the engine: when it does not answer, say so rather than build on
-    # another engine behind their back (podman's own CONTAINER_HOST is read once podman is chosen).
-    if kind == "docker" or shutil.which("podman") is None or os.environ.get("DOCKER_HOST"):
+    if kind == "docker" or _docker_only():
         return connect_docker(timeout)
     try:
         return connect_docker(timeout)
@@ -107,6 +106,34 @@ def connect(timeout: int = TIMEOUT_S) -> Engine:
             return connect_podman(timeout)
         except UserError as no_podman:
             raise UserError(f"{no_docker}; and podman: {no_podman}") from None
+
+
+def _docker_only() -> bool:
+    """Whether Docker is the engine when none is chosen, without asking it: no podman, or a DOCKER_HOST the user
+    set (it names the engine: when it does not answer, say so rather than run on another engine behind their
+    back; podman's own CONTAINER_HOST is read once podman is chosen)."""
+    return shutil.which("podman") is None or bool(os.environ.get("DOCKER_HOST"))
+
+
+def engine_kind(timeout: int = 15) -> str:
+    """The engine :func:`connect` would give, by name: the chosen one, else ``docker`` where it is the only
+    candidate or answers, else ``podman``. ``builder run`` plans for it (its device flags, its command line)
+    before it connects; Docker is asked only where neither is chosen and both are installed.
+
+    Example:
+        >>> engine_kind()  # doctest: +SKIP
+        'docker'
+    """
+    kind = chosen_engine()
+    if kind:
+        return kind
+    if _docker_only():
+        return "docker"
+    try:
+        connect_docker(timeout).close()
+    except UserError:
+        return "podman"
+    return "docker"
 
 
 def connect_docker(timeout: int = TIMEOUT_S) -> DockerEngine:
@@ -638,15 +665,17 @@ class PodmanEngine(DockerEngine):
         - rootless, the user's own UID as ``user`` (``builder run``): it is the same inside only with
           ``--userns keep-id``, which docker-py refuses to send; else it is a subordinate ID and
           /workspace, the user's, is not writable.
+
+        A GPU request other than a CDI name (docker's ``--gpus``) is refused on either path: the API takes it and
+        starts the container without the GPUs (4.3.1, tried), the CLI has no form for it.
         """
-        cdi = [name for request in options.get("device_requests") or [] if request.get("Driver") == "cdi"
-               for name in request.get("DeviceIDs") or []]
+        _podman_gpus(options.get("device_requests") or [])
         environment = options.get("environment")
         unset = isinstance(environment, list) and any("=" not in entry for entry in environment)
-        own = str(options.get("user") or "") == f"{os.getuid()}:{os.getgid()}" and self.rootless()
-        if not (cdi or unset or own):
+        own = own_user(options) and self.rootless()
+        if not (_cdi_names(options) or unset or own):
             return super().create(_api_options(options))
-        argv = [*(["--userns", "keep-id"] if own else []), *_create_argv(options, cdi)]
+        argv = [*(["--userns", "keep-id"] if own else []), *_create_argv(options)]
         return self._cli(["create", *argv], "podman create").stdout.strip().splitlines()[-1]
 
     @functools.cache  # noqa: B019 - one engine a run, and its release does not change under it
@@ -793,15 +822,56 @@ def _empty_tmpfs(tmpfs: Mapping[str, str]) -> dict[str, str]:
             for path, how in tmpfs.items()}
 
 
-def _no_gpus_request(requests: Sequence[Mapping[str, Any]]) -> list[str]:
-    """CDI requests are given as ``--device`` names; any other (docker's ``--gpus``) has no podman form."""
+def _cdi_names(options: Mapping[str, Any]) -> list[str]:
+    """The CDI device names among docker-py *options*' device requests (driver ``cdi``)."""
+    return [name for request in options.get("device_requests") or [] if request.get("Driver") == "cdi"
+            for name in request.get("DeviceIDs") or []]
+
+
+def own_user(options: Mapping[str, Any]) -> bool:
+    """Whether the container runs as this process's UID:GID (``builder run --user auto``): rootless podman keeps it
+    the same inside only with ``--userns keep-id``."""
+    return str(options.get("user") or "") == f"{os.getuid()}:{os.getgid()}"
+
+
+def _podman_gpus(requests: Sequence[Mapping[str, Any]]) -> list[str]:
+    """CDI requests as ``--device`` names; any other (docker's ``--gpus``: a no-op before podman 5) has no podman
+    form."""
     if any(request.get("Driver") != "cdi" for request in requests):
         raise EngineError("podman names GPUs by CDI only: a device request other than a CDI name (docker's "
-                          "--gpus) has no podman form; generate a CDI spec (nvidia-ctk cdi generate)")
-    return []
+                          "--gpus) has no podman form; make a CDI spec: nvidia-ctk cdi generate "
+                          "--output=/var/run/cdi/nvidia.yaml")
+    return [arg for name in _cdi_names({"device_requests": requests}) for arg in ("--device", name)]
 
 
-#: docker-py ``containers.create`` options (those ``builder run`` gives) as ``podman create`` arguments.
+def _docker_gpus(requests: Sequence[Mapping[str, Any]]) -> list[str]:
+    """``docker run``'s forms: ``--gpus all`` for every GPU (the NVIDIA runtime's request), ``--device`` a CDI name."""
+    argv = []
+    for request in requests:
+        if request.get("Driver") == "cdi":
+            argv += [arg for name in request.get("DeviceIDs") or [] for arg in ("--device", name)]
+        elif request.get("Count") == -1 and not request.get("DeviceIDs") and request.get("Capabilities") == [["gpu"]]:
+            argv += ["--gpus", "all"]
+        else:
+            raise EngineError(f"docker run: the device request {dict(request)} has no --gpus form in builder")
+    return argv
+
+
+def _device(value: str) -> str:
+    """A device as docker-py gives it (``/dev/kfd:/dev/kfd:rwm``) as the CLIs take it: the path alone where it is
+    the same inside, with every permission (the CLIs' default)."""
+    path, _, rest = str(value).partition(":")
+    return path if rest in ("", f"{path}:rwm") else str(value)
+
+
+def _docker_env(value: Mapping[str, str] | Sequence[str]) -> list[str]:
+    entries = list(value) if not isinstance(value, Mapping) else [f"{k}={v}" for k, v in value.items()]
+    if bare := [entry for entry in entries if "=" not in entry]:
+        raise EngineError(f"docker run: no form to unset {', '.join(bare)} (docker run -e NAME passes the host's)")
+    return [arg for entry in entries for arg in ("--env", entry)]
+
+
+#: docker-py ``containers.create`` options (those builder gives) as ``podman create``/``podman run`` arguments.
 _CREATE_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     "environment": lambda value: [a for entry in (value if isinstance(value, list) else
                                                   [f"{k}={v}" for k, v in value.items()])
@@ -810,36 +880,73 @@ _CREATE_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     "network_mode": lambda value: ["--network", str(value)],
     "entrypoint": lambda value: ["--entrypoint", json.dumps(list(value)) if isinstance(value, list) else str(value)],
     "labels": lambda value: [a for k, v in value.items() for a in ("--label", f"{k}={v}")],
-    "mounts": lambda value: [a for m in value for a in (
-        "--mount", f"type={m['Type']},source={m['Source']},target={m['Target']}{',ro' if m.get('ReadOnly') else ''}")],
-    "devices": lambda value: [a for v in value for a in ("--device", str(v))],
+    "device_requests": _podman_gpus,
+    "devices": lambda value: [a for v in value for a in ("--device", _device(v))],
     "group_add": lambda value: [a for v in value for a in ("--group-add", str(v))],
-    "working_dir": lambda value: ["--workdir", str(value)],
-    "user": lambda value: ["--user", str(value)],
+    "security_opt": lambda value: [a for v in value for a in ("--security-opt", str(v))],
     "ipc_mode": lambda value: ["--ipc", str(value)],
     "shm_size": lambda value: ["--shm-size", str(value)],
-    "device_requests": _no_gpus_request,
+    "user": lambda value: ["--user", str(value)],
+    "mounts": lambda value: [a for m in value for a in (
+        "--mount", f"type={m['Type']},source={m['Source']},target={m['Target']}{',ro' if m.get('ReadOnly') else ''}")],
+    "working_dir": lambda value: ["--workdir", str(value)],
+}
+#: The same as ``docker run`` arguments (``builder run --dry-run`` on Docker; builder itself runs Docker's
+#: containers by its API): Docker's GPU request, a tmpfs as Docker mounts it, nothing to unset.
+_DOCKER_FLAGS: dict[str, Callable[[Any], list[str]]] = {
+    **_CREATE_FLAGS,
+    "environment": _docker_env,
+    "tmpfs": lambda value: [a for path, how in value.items() for a in ("--tmpfs", f"{path}:{how}" if how else path)],
+    "device_requests": _docker_gpus,
 }
 
 
-def _create_argv(options: Mapping[str, Any], cdi: Sequence[str]) -> list[str]:
-    """``podman create`` arguments for docker-py ``containers.create`` *options* with the CDI device names
-    *cdi*; an option with no such form is refused rather than dropped.
-
-    Example:
-        >>> _create_argv({"image": "i", "command": ["ls"], "environment": {"A": "1"}, "working_dir": "/w",
-        ...               "device_requests": [{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=all"]}]},
-        ...              ["nvidia.com/gpu=all"])
-        ['--device', 'nvidia.com/gpu=all', '--env', 'A=1', '--workdir', '/w', 'i', 'ls']
-    """
-    argv = [arg for name in cdi for arg in ("--device", name)]
+def _cli_args(flags: Mapping[str, Callable[[Any], list[str]]], options: Mapping[str, Any], what: str) -> list[str]:
+    """The arguments of *flags* for docker-py *options*, then the image and the command; an option with no such
+    form is refused rather than dropped."""
+    argv = []
     for key, value in options.items():
         if key in ("image", "command") or value in (None, False, [], {}):
             continue
-        if key not in _CREATE_FLAGS:
-            raise EngineError(f"podman create: the option {key} has no CLI form in builder; it would be dropped")
-        argv += _CREATE_FLAGS[key](value)
+        if key not in flags:
+            raise EngineError(f"{what}: the option {key} has no CLI form in builder; it would be dropped")
+        argv += flags[key](value)
     return [*argv, str(options["image"]), *[str(c) for c in options.get("command") or []]]
+
+
+def _create_argv(options: Mapping[str, Any]) -> list[str]:
+    """``podman create`` arguments for docker-py ``containers.create`` *options*.
+
+    Example:
+        >>> _create_argv({"image": "i", "command": ["ls"], "environment": {"A": "1"}, "working_dir": "/w",
+        ...               "device_requests": [{"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=all"]}]})
+        ['--env', 'A=1', '--workdir', '/w', '--device', 'nvidia.com/gpu=all', 'i', 'ls']
+    """
+    return _cli_args(_CREATE_FLAGS, options, "podman create")
+
+
+def run_argv(kind: str, options: Mapping[str, Any], *, rootless: bool | None = None) -> list[str]:
+    """The ``docker run`` or ``podman run`` line that runs a container of docker-py *options* as builder does
+    (``builder run --dry-run``), removed when it ends. podman's comes from the table
+    :meth:`PodmanEngine.create` creates containers with, with the same ``--userns keep-id`` (*rootless*: by
+    default, whether this process is not root, as the podman CLI it names then runs) and the
+    ``--tls-verify=false`` its pull from a loopback registry takes; Docker's from the same table with Docker's
+    GPU request (builder itself runs Docker's containers by its API).
+
+    Example:
+        >>> run_argv("podman", {"image": "localhost:5000/r:gpu", "command": ["true"], "device_requests": [
+        ...     {"Driver": "cdi", "DeviceIDs": ["nvidia.com/gpu=all"]}]})
+        ['podman', 'run', '--rm', '--tls-verify=false', '--device', 'nvidia.com/gpu=all', 'localhost:5000/r:gpu', 'true']
+        >>> run_argv("docker", {"image": "r:gpu", "command": ["true"], "device_requests": [
+        ...     docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]})
+        ['docker', 'run', '--rm', '--gpus', 'all', 'r:gpu', 'true']
+    """
+    if kind == "docker":
+        return ["docker", "run", "--rm", *_cli_args(_DOCKER_FLAGS, options, "docker run")]
+    rootless = os.geteuid() != 0 if rootless is None else rootless
+    keep_id = ["--userns", "keep-id"] if rootless and own_user(options) else []
+    return ["podman", "run", "--rm", *_tls(registry.Ref.parse(str(options["image"])).host), *keep_id,
+            *_create_argv(options)]
 
 
 def _tls(host: str | None) -> list[str]:

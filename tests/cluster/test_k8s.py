@@ -193,3 +193,20 @@ def test_cli_prints_valid_yaml(cluster_project) -> None:
     validate(docs)
     assert [d["kind"] for d in docs] == ["Service", "Job"]
     assert pod(docs)["containers"][0]["args"][-1] == "/opt/examples/train.py"
+
+
+@pytest.mark.parametrize("target", ["nvidia-cu130", "amd-rocm5.7", "intel-oneapi"])
+def test_a_pod_asks_the_device_plugin_whatever_the_engine(cluster_project, monkeypatch: pytest.MonkeyPatch,
+                                                          target: str) -> None:
+    """On Kubernetes the kubelet's runtime and the vendor's device plugin hand a pod its GPUs, by the resource in
+    its limits: no engine's flags (``--gpus``, a CDI name, ``--userns``) and the same manifests whichever engine
+    builder uses here."""
+    texts = set()
+    for engine in ("docker", "podman"):
+        monkeypatch.setenv("BUILDER_ENGINE", engine)
+        texts.add(k8s.dump(k8s.manifests(cluster_project, target, k8s.DEFAULT_COMMAND, nodes=2, gpus=4)))
+    (text,) = texts
+    resource = k8s.DEFAULT_RESOURCES[cluster_project.target(target).vendor]
+    assert pod(list(yaml.safe_load_all(text)))["containers"][0]["resources"]["limits"][resource] == 4
+    for word in ("docker", "podman", "--gpus", "=all", "keep-id", "/dev/"):
+        assert word not in text.replace("/dev/shm", ""), word

@@ -32,6 +32,8 @@ def script(project, target: str, command: list[str], **kw) -> str:
     ("nvidia-4x8", "nvidia-cu130", {"nodes": 4, "gpus_per_node": 8, "partition": "gpu", "time": "2:00:00"}),
     ("amd-2x4-torchrun", "amd-rocm5.7", {"nodes": 2, "gpus_per_node": 4, "launcher": "torchrun"}),
     ("nvidia-pyxis", "nvidia-cu130", {"nodes": 2, "gpus_per_node": 8, "runtime": "pyxis"}),
+    ("nvidia-podman", "nvidia-cu130", {"nodes": 2, "gpus_per_node": 8, "runtime": "podman"}),
+    ("amd-podman", "amd-rocm5.7", {"nodes": 2, "gpus_per_node": 4, "runtime": "podman"}),
 ])
 def test_golden_script(cluster_project, name: str, target: str, kw) -> None:
     """Exact script per vendor; regenerate with UPDATE_GOLDEN=1 and review the diff."""
@@ -243,3 +245,72 @@ def test_a_failed_job_exits_with_the_first_failing_rank_s_status(cluster_project
                          timeout=60, check=False)
     assert run.returncode == 1, run.stdout + run.stderr
     assert not (tmp_path / ".builder-slurm-9").exists()
+
+
+_FAKE_PODMAN = r"""#!/bin/bash
+# podman run: records its arguments, one per line, and exits 0 (the training "succeeds").
+case $1 in
+  run) printf '%s\n' "$@" > "$FAKE/podman-run.args";;
+esac
+exit 0
+"""
+
+
+def run_job(text: str, tmp_path: Path, cdi: Path, uid: int = 0) -> subprocess.CompletedProcess[str]:
+    """The script under bash with a one-node srun, scontrol and a recording ``podman`` (no engine here), its
+    CDI folders at *cdi*, and ``id -u`` answering *uid* (a rootless user's job, or root's)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fakes = {"srun": '#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nSLURM_NODEID=0 SLURM_PROCID=0 exec "$@"\n',
+             "scontrol": "#!/bin/sh\n[ \"$2\" = hostnames ] && echo node0 || echo NodeAddr=127.0.0.1\n",
+             "podman": _FAKE_PODMAN, "hostname": "#!/bin/sh\necho node0\n",
+             "id": f'#!/bin/sh\ncase "$1" in -u) echo {uid};; -g) echo {uid};; *) exec /usr/bin/id "$@";; esac\n'}
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "job.sbatch").write_text(text.replace("/etc/cdi/* /var/run/cdi/*", f"{cdi}/*"))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE": str(tmp_path), "SLURM_JOB_ID": "9",
+           "SLURM_JOB_NODELIST": "node0", "SLURM_JOB_NUM_NODES": "1", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    return subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_podman_nodes_name_nvidia_gpus_by_cdi_or_stop_with_the_fix(cluster_project, tmp_path: Path) -> None:
+    """``--runtime podman``: each node runs ``podman run`` (its stop and rm too), NVIDIA's GPUs by their CDI name
+    where a spec declares ``all`` (podman reads the specs always: no ``docker info`` asked); a node without a spec
+    stops the job with one line saying how to make it (podman has no ``--gpus``: a no-op before 5.0). A rootless
+    job keeps the user's IDs (``--userns keep-id``)."""
+    text = script(cluster_project, "nvidia-cu130", ["train.py"], nodes=1, gpus_per_node=8, runtime="podman")
+    assert "docker" not in text and "--gpus all" not in text
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    stopped = run_job(text, tmp_path, cdi)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert ("node0: podman gives nvidia GPUs by CDI name only, and no CDI spec for nvidia.com/gpu in /etc/cdi or "
+            "/var/run/cdi declares the device all; make it (as root): nvidia-ctk cdi generate "
+            "--output=/var/run/cdi/nvidia.yaml") in stopped.stderr.splitlines(), stopped.stderr
+    assert not (tmp_path / "podman-run.args").exists()
+    (cdi / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: all\n"
+                                     "  containerEdits: {}\n")
+    ran = run_job(text, tmp_path, cdi, uid=1000)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    argv = (tmp_path / "podman-run.args").read_text().splitlines()
+    pairs = [argv[i:i + 2] for i in range(len(argv))]
+    assert ["--device", "nvidia.com/gpu=all"] in pairs and ["--network", "host"] in pairs
+    assert ["--userns", "keep-id"] in pairs and ["--user", "1000:1000"] in pairs
+
+
+def test_podman_amd_nodes_keep_the_user_s_groups_when_rootless(cluster_project, tmp_path: Path) -> None:
+    """AMD's nodes on podman: rootless, the user's own groups (``--group-add keep-groups``: a host GID would name a
+    subordinate one in podman's user namespace); as root, the host's GIDs as with docker."""
+    text = script(cluster_project, "amd-rocm5.7", ["train.py"], nodes=1, gpus_per_node=4, runtime="podman")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    for uid, keep in ((1000, True), (0, False)):
+        ran = run_job(text, tmp_path, cdi, uid=uid)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        argv = (tmp_path / "podman-run.args").read_text().splitlines()
+        pairs = [argv[i:i + 2] for i in range(len(argv))]
+        assert ["--device", "/dev/kfd"] in pairs and ["--device", "/dev/dri"] in pairs
+        assert (["--group-add", "keep-groups"] in pairs) is keep
+        assert ("--userns" in argv) is keep

@@ -22,17 +22,21 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
+from click.testing import CliRunner
+from helpers import run_builder
 from host.hostlayouts import H200, MAX1550, MI300X, make_dev, make_sysfs
 
+from builder.cli.host import run_cmd
 from builder.config.project import Project
 from builder.host import cdi, devices, doctor, hardware
 from builder.host.launch import run_streamed
-from builder.host.runspec import RunSpec, run_spec
-from builder.oci.engine import DockerEngine
+from builder.host.runspec import RunSpec, format_dry_run, run_spec
+from builder.oci.engine import DockerEngine, PodmanEngine
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import fail_or_skip
 
@@ -92,11 +96,12 @@ def amd_host(tmp_path: Path) -> hardware.HostGpus:
                            make_dev(tmp_path / "dev", "kfd", "dri/card0", "dri/renderD128"), nvidia_runtime=False)
 
 
-def plan_argv(project: Project, target: str, host: hardware.HostGpus, dirs: tuple[str, str], info) -> list[str]:
+def plan_argv(project: Project, target: str, host: hardware.HostGpus, dirs: tuple[str, str], info,
+              engine: str = "docker") -> list[str]:
     plan = run_spec(project, ["python", "-V"], target=target, host=host, environ={}, cwd="/tmp",
-                      engine_info=lambda: info, cdi_dirs=dirs)
+                    engine_info=lambda: info, cdi_dirs=dirs, engine=engine)
     assert not plan.problems, plan.problems
-    return plan.docker_argv()
+    return plan.argv()
 
 
 def test_nvidia_spec_and_cdi_engine_use_the_cdi_name(project: Project, tmp_path: Path) -> None:
@@ -191,7 +196,7 @@ def test_a_spec_without_all_names_each_device(project: Project, tmp_path: Path) 
     plan = run_spec(project, ["true"], target="intel-oneapi", host=host, environ={}, cwd="/tmp",
                     engine_info=lambda: CDI_ENGINE, cdi_dirs=(etc, run))
     assert plan.cdi_devices == ("intel.com/gpu=card0", "intel.com/gpu=card1") and plan.devices == ()
-    assert "--device intel.com/gpu=card0 --device intel.com/gpu=card1" in shlex.join(plan.docker_argv())
+    assert "--device intel.com/gpu=card0 --device intel.com/gpu=card1" in shlex.join(plan.argv())
     ctx = doctor.Context(host, info=CDI_ENGINE, cdi_dirs=(etc, run))
     assert doctor.check_cdi(ctx)[0].found.startswith(
         "builder run uses --device intel.com/gpu=card0 --device intel.com/gpu=card1: CDI spec")
@@ -221,11 +226,137 @@ def test_a_spec_that_declares_no_device_keeps_the_classic_flags(tmp_path: Path) 
 
 def test_podman_reads_cdi_specs_without_a_setting(project: Project, tmp_path: Path) -> None:
     """Podman's Docker-compatible ``info`` (as ``podman system service`` 4.3.1 answers it) lists no
-    ``CDISpecDirs``: podman reads ``/etc/cdi`` and ``/var/run/cdi`` always."""
+    ``CDISpecDirs``: podman reads ``/etc/cdi`` and ``/var/run/cdi`` always, so a plan for podman never asks it."""
     podman = {"ServerVersion": "4.3.1", "BuildahVersion": "1.28.2", "Rootless": False}
     assert devices.engine_cdi(podman) == (True, "podman 4.3.1 reads CDI specs from /etc/cdi, /var/run/cdi")
-    argv = plan_argv(project, "nvidia-cu130", nvidia_host(tmp_path), cdi_tree(tmp_path, nvidia=True), podman)
-    assert "--device nvidia.com/gpu=all" in shlex.join(argv)
+
+    def boom():
+        raise AssertionError("podman must not be asked whether it reads CDI specs")
+    argv = plan_argv(project, "nvidia-cu130", nvidia_host(tmp_path), cdi_tree(tmp_path, nvidia=True), None,
+                     engine="podman")
+    assert argv[:3] == ["podman", "run", "--rm"] and "--device nvidia.com/gpu=all" in shlex.join(argv)
+    assert devices.host_cdi("nvidia", boom, cdi_tree(tmp_path / "again", nvidia=True), "podman").use
+
+
+# --- each engine's own line: builder run --dry-run --engine podman|docker on a laid-out NVIDIA host ------------
+
+#: What builder run says on podman when the host has no CDI spec for NVIDIA's GPUs.
+NO_SPEC = ("podman gives nvidia GPUs by CDI name only, and no CDI spec for nvidia.com/gpu in /etc/cdi or "
+           "/var/run/cdi: make the spec with 'nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml' (as root), "
+           "or pass --no-gpus")
+
+
+def dry_run(project_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, dirs: tuple[str, str],
+            *args: str) -> list[str]:
+    """``builder run --dry-run --engine ENGINE -t nvidia-cu130 ARGS -- python -V`` (click, in this process) on an
+    H200 host laid out under *tmp_path*, reading CDI specs from *dirs*; its output lines."""
+    sysfs, dev = make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0", "nvidiactl")
+    monkeypatch.setenv("BUILDER_ENGINE", engine)  # --engine sets it for the process: undone after the test
+    monkeypatch.chdir(tmp_path)
+    argv = ["--matrix", str(project_dir / "matrix.yaml"), "--allow-unpinned", "--engine", engine, "--sysfs-root",
+            str(sysfs), "--dev-root", str(dev), "--dry-run", "-t", "nvidia-cu130", *args, "--", "python", "-V"]
+    result = CliRunner().invoke(run_cmd, argv, env={"BUILDER_CDI_DIRS": " ".join(dirs)})
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+def test_dry_run_on_podman_names_nvidia_gpus_by_cdi(project_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 run: ``--dry-run --engine podman`` printed ``docker run ... --gpus all``. Now podman's own line,
+    NVIDIA's GPUs by their CDI name, and no engine asked (podman reads the specs always)."""
+    lines = dry_run(project_dir, tmp_path, monkeypatch, "podman", cdi_tree(tmp_path, nvidia=True))
+    assert not [line for line in lines if line.startswith("# problem")], lines
+    argv = shlex.split(lines[-1])
+    assert argv[:3] == ["podman", "run", "--rm"] and "--gpus" not in argv
+    assert ["--device", "nvidia.com/gpu=all"] in [argv[i:i + 2] for i in range(len(argv))]
+    assert argv[-3:] == ["localhost:5999" + argv[-3].split("localhost:5999", 1)[1], "python", "-V"]
+
+
+def test_dry_run_on_podman_without_a_spec_says_how_to_make_one(project_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CDI spec for NVIDIA: one line says why podman gives no GPU and the command that makes the spec; the line
+    below carries no ``--gpus`` (a no-op before podman 5). ``builder run`` itself refuses with that line (exit 2),
+    before any engine is asked."""
+    etc, run = cdi_tree(tmp_path, amd=True)  # an AMD spec does not name NVIDIA GPUs
+    lines = dry_run(project_dir, tmp_path, monkeypatch, "podman", (etc, run))
+    assert [line for line in lines if line.startswith("# problem")] == [
+        "# problem: " + NO_SPEC]
+    assert lines[-1].startswith("podman run --rm ") and "--gpus" not in lines[-1] and "--device" not in lines[-1]
+    proc = run_builder("run", "--matrix", str(project_dir / "matrix.yaml"), "--allow-unpinned", "--engine", "podman",
+                       "--sysfs-root", str(tmp_path / "sys"), "--dev-root", str(tmp_path / "dev"), "-t",
+                       "nvidia-cu130", "--", "true", cwd=tmp_path, env={"BUILDER_CDI_DIRS": f"{etc} {run}"})
+    assert proc.returncode == 2 and proc.stderr == f"error: {NO_SPEC}\n", proc.stderr
+
+
+def test_dry_run_on_docker_keeps_its_line(project_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker without a CDI spec: ``--gpus all`` (the NVIDIA runtime), the line as it was, word for word."""
+    lines = dry_run(project_dir, tmp_path, monkeypatch, "docker", cdi_tree(tmp_path))
+    ref = lines[0].split("(")[1].rstrip(")")
+    assert lines[-1] == shlex.join([
+        "docker", "run", "--rm", "--label", "io.ml-image-builder.run=1", "--label",
+        "io.ml-image-builder.run.target=nvidia-cu130", "--label", f"io.ml-image-builder.run.image={ref}",
+        "--gpus", "all", "--shm-size", "8g", "--mount", f"type=bind,source={tmp_path.resolve()},target=/workspace",
+        "--workdir", "/workspace", "--env", "WORLD_SIZE=1", "--env", "RANK=0", "--env", "LOCAL_RANK=0", "--env",
+        "MASTER_ADDR=127.0.0.1", "--env", f"MASTER_PORT={os.environ.get('MASTER_PORT', '29500')}", ref, "python",
+        "-V"])
+
+
+def test_amd_on_podman_keeps_its_nodes_or_takes_its_cdi_name(project: Project, tmp_path: Path) -> None:
+    """AMD's GPUs are device nodes podman can pass as they are: without a spec, the nodes (no line about CDI);
+    with amd-ctk's spec, the CDI name; the groups and IPC stay either way."""
+    host = amd_host(tmp_path)
+    nodes = run_spec(project, ["true"], target="amd-rocm5.7", host=host, environ={}, cwd="/tmp",
+                     cdi_dirs=cdi_tree(tmp_path / "none"), engine="podman")
+    assert nodes.problems == () and nodes.devices == ("/dev/kfd", "/dev/dri") and not nodes.cdi_devices
+    line = shlex.join(nodes.argv())
+    assert line.startswith("podman run --rm ") and "--device /dev/kfd --device /dev/dri" in line
+    named = run_spec(project, ["true"], target="amd-rocm5.7", host=host, environ={}, cwd="/tmp",
+                     cdi_dirs=cdi_tree(tmp_path / "amd", amd=True), engine="podman")
+    assert named.cdi_devices == ("amd.com/gpu=all",) and named.devices == () and named.ipc_mode == "host"
+    assert "--device amd.com/gpu=all" in shlex.join(named.argv())
+
+
+def test_podman_turns_labelling_off_where_selinux_enforces(project: Project, tmp_path: Path) -> None:
+    """A host whose selinuxfs says it enforces (``/sys/fs/selinux/enforce`` is ``1``): podman labels the
+    container, so its GPUs come with ``--security-opt label=disable`` (NVIDIA's podman recipe) and a note; Docker
+    (whose daemon labels only with --selinux-enabled) and a permissive host get none."""
+    sysfs = make_sysfs(tmp_path / "sys", H200)
+    (sysfs / "fs" / "selinux").mkdir(parents=True)
+    enforce = sysfs / "fs" / "selinux" / "enforce"
+    dev = make_dev(tmp_path / "dev", "nvidia0", "nvidiactl")
+    dirs = cdi_tree(tmp_path, nvidia=True)
+
+    def plan(engine: str):
+        host = hardware.detect(sysfs, dev, nvidia_runtime=True)
+        return run_spec(project, ["true"], target="nvidia-cu130", host=host, environ={}, cwd="/tmp", cdi_dirs=dirs,
+                        engine_info=lambda: CDI_ENGINE, engine=engine)
+
+    enforce.write_text("1")
+    labelled = plan("podman")
+    assert "--security-opt label=disable --shm-size" in shlex.join(labelled.argv())
+    assert any(n.startswith("SELinux enforces here: --security-opt label=disable") for n in labelled.notes)
+    assert "--security-opt" not in plan("docker").argv()
+    enforce.write_text("0")
+    assert "--security-opt" not in plan("podman").argv()
+
+
+def test_doctor_on_podman_without_a_spec_fails_with_the_fix(tmp_path: Path) -> None:
+    """``builder doctor`` on podman: no "builder run uses --gpus all" (podman has none); one FAIL with the fix."""
+    dirs = cdi_tree(tmp_path)
+    engine = PodmanEngine(docker.DockerClient(base_url="unix:///nonexistent", version="1.41"), "unix:///nonexistent")
+    ctx = doctor.Context(nvidia_host(tmp_path), engine=engine, info={"ServerVersion": "4.3.1",
+                                                                     "BuildahVersion": "1.28.2"}, cdi_dirs=dirs)
+    checks = [c for c in doctor.check_nvidia(ctx) + doctor.check_cdi(ctx) if c.item != "nvidia driver"]
+    assert [c.line() for c in checks] == [(
+        "[FAIL] nvidia runtime: podman gives nvidia GPUs by CDI name only, and no CDI spec for nvidia.com/gpu in "
+        "/etc/cdi or /var/run/cdi\n       fix: apt-get install nvidia-container-toolkit && nvidia-ctk cdi generate "
+        "--output=/var/run/cdi/nvidia.yaml")]
+    (Path(dirs[0]) / "nvidia.yaml").write_text(NVIDIA_SPEC)
+    lines = [c.line() for c in doctor.check_nvidia(ctx) + doctor.check_cdi(ctx)]
+    assert lines[1:] == [f"[OK]   nvidia runtime: CDI spec for nvidia.com/gpu: {dirs[0]}/nvidia.yaml",
+                         ("[OK]   nvidia devices: builder run uses --device nvidia.com/gpu=all: CDI spec "
+                          f"{dirs[0]}/nvidia.yaml for nvidia.com/gpu and podman 4.3.1 reads CDI specs from /etc/cdi, "
+                          "/var/run/cdi")]
 
 
 def test_doctor_run_checks_reports_cdi_for_a_laid_out_host(tmp_path: Path, project_dir: Path) -> None:
@@ -322,7 +453,7 @@ def build_busybox(client: docker.DockerClient, tmp_path: Path, ref: str) -> None
     client.images.build(path=str(context), tag=ref, rm=True, forcerm=True)
 
 
-#: What the podman test runs in its namespace: ``builder run``'s plan (pickled) through PodmanEngine.
+#: What a podman test runs in its namespace: ``builder run``'s plan (pickled) through PodmanEngine.
 RUN_WITH_PODMAN = """
 import pickle, sys
 from builder.host.launch import run_streamed
@@ -337,18 +468,43 @@ finally:
 """
 
 
-@pytest.mark.engine
-@pytest.mark.slow
-def test_podman_injects_the_device_builder_run_names(project: Project, tmp_path: Path, test_spec: Path) -> None:
-    """Podman 4.3 (Debian 12's) through ``PodmanEngine``, as ``builder run --engine podman`` drives it:
-    podman reads CDI specs from ``/etc/cdi`` and ``/var/run/cdi`` only (``--cdi-spec-dir`` came later),
-    so the test's spec folder is bind-mounted on ``/var/run/cdi`` in a mount namespace of the test's
-    own (``unshare``) and no other process on the machine sees it; the plan runs there in a child
-    Python (``run_streamed`` on ``connect_podman()``). ``builder run``'s choice comes from what podman's
-    Docker-compatible API answers to ``info``. That API drops a device request of driver ``cdi``
-    without a word (the container starts without the node), so PodmanEngine creates such a container
-    with the CLI; this test fails if it goes back to the API. Storage and run state are the test's own
-    (``CONTAINERS_STORAGE_CONF``), removed after."""
+@dataclasses.dataclass
+class PodmanSandbox:
+    """A rootful podman 4.3 (Debian 12's) of the test's own: storage and run state in *state*
+    (``CONTAINERS_STORAGE_CONF``), and a mount namespace per command where the test's spec folder is
+    ``/var/run/cdi`` (podman reads CDI specs from ``/etc/cdi`` and ``/var/run/cdi`` only; ``--cdi-spec-dir``
+    came later), which no other process on the machine sees."""
+
+    podman: list[str]
+    unshare: str
+    spec: Path
+    state: Path
+    env: dict[str, str]
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """*argv* in a mount namespace of its own, with the spec folder on /var/run/cdi."""
+        script = f'mount --bind "$0" {MOUNT_POINT} && exec "$@"'
+        return subprocess.run([self.unshare, "--mount", "--propagation", "private", "sh", "-c", script,
+                               str(self.spec), *argv], capture_output=True, text=True, check=False, timeout=300,
+                              env=self.env)
+
+    def import_busybox(self, tmp_path: Path, ref: str) -> None:
+        """*ref* on FROM scratch + static busybox (its entrypoint runs the command), imported offline."""
+        tar = tmp_path / "busybox.tar"
+        with tarfile.open(tar, "w") as archive:
+            archive.add(busybox_binary(), arcname="bin/busybox")
+        imported = self.run(*self.podman, "import", "--change", 'ENTRYPOINT ["/bin/busybox"]', str(tar), ref)
+        assert imported.returncode == 0, imported.stderr
+
+    def left(self) -> list[str]:
+        """The containers podman still holds."""
+        return subprocess.run([*self.podman, "ps", "-aq"], capture_output=True, text=True, check=False,
+                              env=self.env).stdout.split()
+
+
+@pytest.fixture
+def podman_sandbox(test_spec: Path) -> Iterator[PodmanSandbox]:
+    """:class:`PodmanSandbox` for the test's spec; its images, storage and the mount point it made go after."""
     binary = shutil.which("podman")
     unshare = shutil.which("unshare")
     if binary is None or unshare is None or os.geteuid() != 0:
@@ -358,41 +514,65 @@ def test_podman_injects_the_device_builder_run_names(project: Project, tmp_path:
                                         f'runroot = "{state / "run"}"\n')
     env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(state / "storage.conf"), "TMPDIR": str(state)}
     env.pop("CONTAINER_HOST", None)
-    podman = [binary]
+    sandbox = PodmanSandbox([binary], unshare, test_spec, state, env)
     made = not MOUNT_POINT.exists()
     try:
         MOUNT_POINT.mkdir(exist_ok=True)  # empty outside the test's namespace
-
-        def in_namespace(*argv: str) -> subprocess.CompletedProcess[str]:
-            script = f'mount --bind "$0" {MOUNT_POINT} && exec "$@"'
-            return subprocess.run([unshare, "--mount", "--propagation", "private", "sh", "-c", script, str(test_spec),
-                                   *argv], capture_output=True, text=True, check=False, timeout=300, env=env)
-
-        info = podman_info(podman, state, env)
-        plan = cdi_plan(project, tmp_path, test_spec, info)
-        tar = tmp_path / "busybox.tar"
-        with tarfile.open(tar, "w") as archive:
-            archive.add(busybox_binary(), arcname="bin/busybox")
-        imported = in_namespace(*podman, "import", "--change", 'ENTRYPOINT ["/bin/busybox"]', str(tar), plan.image)
-        assert imported.returncode == 0, imported.stderr
-
-        def run(spec: RunSpec) -> subprocess.CompletedProcess[str]:
-            pickled = tmp_path / "plan.pickle"
-            pickled.write_bytes(pickle.dumps(spec))
-            return in_namespace(sys.executable, "-c", RUN_WITH_PODMAN, str(pickled))
-
-        ran = run(plan)
-        assert ran.returncode == 0 and NODE.search(ran.stdout), ran.stdout + ran.stderr
-        without = run(dataclasses.replace(plan, cdi_devices=()))
-        assert without.returncode != 0 and "/dev/accel-test0: No such file or directory" in without.stderr
-        left = subprocess.run([*podman, "ps", "-aq"], capture_output=True, text=True, check=False, env=env).stdout
-        assert not left.split(), f"containers left behind: {left}"
+        yield sandbox
     finally:
-        subprocess.run([*podman, "rmi", "--all", "--force"], capture_output=True, check=False, timeout=120, env=env)
+        subprocess.run([binary, "rmi", "--all", "--force"], capture_output=True, check=False, timeout=120, env=env)
         shutil.rmtree(state, ignore_errors=True)
         if made:
             with contextlib.suppress(OSError):
                 MOUNT_POINT.rmdir()
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_podman_injects_the_device_builder_run_names(project: Project, tmp_path: Path,
+                                                     podman_sandbox: PodmanSandbox) -> None:
+    """Podman 4.3 (Debian 12's) through ``PodmanEngine``, as ``builder run --engine podman`` drives it, in
+    :class:`PodmanSandbox`: the plan runs there in a child Python (``run_streamed`` on ``connect_podman()``).
+    ``builder run``'s choice comes from what podman's Docker-compatible API answers to ``info``. That API
+    drops a device request of driver ``cdi`` without a word (the container starts without the node), so
+    PodmanEngine creates such a container with the CLI; this test fails if it goes back to the API."""
+    sandbox = podman_sandbox
+    info = podman_info(sandbox.podman, sandbox.state, sandbox.env)
+    plan = cdi_plan(project, tmp_path, sandbox.spec, info)
+    sandbox.import_busybox(tmp_path, plan.image)
+
+    def run(spec: RunSpec) -> subprocess.CompletedProcess[str]:
+        pickled = tmp_path / "plan.pickle"
+        pickled.write_bytes(pickle.dumps(spec))
+        return sandbox.run(sys.executable, "-c", RUN_WITH_PODMAN, str(pickled))
+
+    ran = run(plan)
+    assert ran.returncode == 0 and NODE.search(ran.stdout), ran.stdout + ran.stderr
+    without = run(dataclasses.replace(plan, cdi_devices=()))
+    assert without.returncode != 0 and "/dev/accel-test0: No such file or directory" in without.stderr
+    assert not sandbox.left(), f"containers left behind: {sandbox.left()}"
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_podman_runs_the_dry_run_line_as_printed(project: Project, tmp_path: Path,
+                                                 podman_sandbox: PodmanSandbox) -> None:
+    """What ``builder run --dry-run`` prints on podman, run by sh as a user would paste it (in
+    :class:`PodmanSandbox`): a ``podman run`` that names the device by its CDI name, and the engine injects the
+    spec's node; the container is gone after (``--rm``). Planned for podman, nothing asks the engine."""
+    sandbox = podman_sandbox
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    plan = run_spec(project, ["ls", "-l", "/dev/accel-test0"], target="nvidia-cu130", host=nvidia_host(tmp_path),
+                    environ={}, cwd=workspace, cdi_dirs=[sandbox.spec], engine="podman")
+    assert plan.cdi_devices == (f"{TEST_KIND}=0",) and not plan.problems, plan
+    text = format_dry_run(plan)
+    line = text.splitlines()[-1]
+    assert line.startswith("podman run --rm ") and f"--device {TEST_KIND}=0" in line, text
+    sandbox.import_busybox(tmp_path, plan.image)
+    ran = sandbox.run("sh", "-c", text)
+    assert ran.returncode == 0 and NODE.search(ran.stdout), text + "\n" + ran.stdout + ran.stderr
+    assert not sandbox.left(), f"containers left behind: {sandbox.left()}"
 
 
 def podman_info(podman: list[str], state: Path, env: dict[str, str]) -> dict:

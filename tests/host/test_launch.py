@@ -25,6 +25,7 @@ from builder.host import hardware, launch
 from builder.host.devices import device_flags
 from builder.host.runspec import RUN_LABEL, format_dry_run, parse_env, run_spec
 from builder.host.targets import choose_target
+from builder.oci.engine import run_argv
 from devtools.support import fail_or_skip
 
 NVIDIA_NODES = ("nvidia0", "nvidiactl")
@@ -105,7 +106,7 @@ def test_nvidia_flags(project: Project, tmp_path: Path) -> None:
     assert kwargs["devices"] is None and kwargs["group_add"] is None and kwargs["ipc_mode"] is None
     assert kwargs["shm_size"] == "8g"
     assert plan.problems == ()
-    argv = plan.docker_argv()
+    argv = plan.argv()
     assert argv[argv.index("--gpus") + 1] == "all"
 
 
@@ -257,6 +258,28 @@ def test_dry_run(
     ):
         assert any(argv[i : i + 2] == flag for i in range(len(argv))), flag
     assert "--gpus" not in argv
+
+
+def test_rootless_podman_keeps_the_user_s_ids_and_groups(project: Project, tmp_path: Path) -> None:
+    """A rootless podman runs the user's own UID as itself only with ``--userns keep-id`` (else it is a subordinate
+    ID and /workspace is not writable), and keeps the user's groups (video, render) only with ``--group-add
+    keep-groups`` (a host GID names a subordinate one in its user namespace); rootful, and on Docker, the GIDs."""
+    host = fake_host(tmp_path, MI300X, nodes=AMD_NODES, gid=4242)
+    me = f"{os.getuid()}:{os.getgid()}"
+    flags = device_flags(project.target("amd-rocm5.7"), host, environ={}, engine="podman", rootless=True)
+    assert flags.group_add == ("keep-groups",)
+    rootful = device_flags(project.target("amd-rocm5.7"), host, environ={}, engine="podman", rootless=False)
+    assert rootful.group_add and all(isinstance(g, int) for g in rootful.group_add)
+    on_docker = device_flags(project.target("amd-rocm5.7"), host, environ={}, engine="docker", rootless=True)
+    assert on_docker.group_add == rootful.group_add
+    plan = dataclasses.replace(run_spec(project, ["id"], target="cpu", host=host, environ={}, cwd=tmp_path,
+                                        engine="podman"), user=me, group_add=flags.group_add)
+    argv = run_argv("podman", plan.create_kwargs(), rootless=True)
+    pairs = [argv[i:i + 2] for i in range(len(argv))]
+    assert argv[:3] == ["podman", "run", "--rm"] and ["--userns", "keep-id"] in pairs
+    assert ["--group-add", "keep-groups"] in pairs and ["--user", me] in pairs
+    assert "--userns" not in run_argv("podman", plan.create_kwargs(), rootless=False)
+    assert "--userns" not in run_argv("docker", plan.create_kwargs(), rootless=True)
 
 
 def test_run_needs_a_command(project_dir: Path) -> None:
