@@ -12,10 +12,19 @@
 #   scripts/setup-host.sh            install what is missing (root: apt-get; else print the line)
 #                                    and start dockerd when no engine answers (root only)
 #   SETUP_HOST_PIDFILE=F ...         write the PID of a dockerd this script started to F
+#   SETUP_HOST_POLICY_RC=F ...       the policy-rc.d that keeps the install from starting services
+#                                    (default /usr/sbin/policy-rc.d)
 #   ENGINE=podman ...                the engine is podman (+ buildah): installed beside whatever is
 #                                    there (Docker's packages stay), and no dockerd is started
 #   CI=true ...                      also upgrade an engine older than 26 in place (CI machines are
 #                                    reused); on a user's machine that is only ever printed
+#
+# What it changes, each said when done (docs/building.md#what-make-host-changes has how to undo each):
+# Debian packages (apt-get install, never a removal); on Debian 12 Debian 13's suite and its pin
+# (/etc/apt/sources.list.d/ml-image-builder-trixie.sources, /etc/apt/preferences.d/ml-image-builder-trixie);
+# the services of packages it installed in this run, masked; /etc/docker/daemon.json of Debian's
+# docker.io (the old file kept beside it); qemu's binfmt_misc handler; a dockerd it starts; with
+# ENGINE=podman where root lacks CAP_SYS_RESOURCE, /etc/containers/containers.conf.
 #
 # Exit 0 when the host is ready, 1 with one line naming the fix when it is not.
 set -euo pipefail
@@ -63,8 +72,9 @@ OTHER_ENGINE=(docker-ce docker-ce-cli containerd.io docker-buildx-plugin moby-en
 #   slurm-wlm munge  a real Slurm cluster on loopback for the `builder slurm` tests (slurmctld, two
 #                    slurmd, munged: started and stopped by the tests, never as services)
 PACKAGES=(mmdebstrap arch-test docker-registry busybox-static qemu-user-static skopeo slurm-wlm munge)
-# Their services, which the tests start and stop themselves: the install neither starts nor enables them.
-declare -A SERVICES=([docker-registry]=docker-registry [slurm-wlm]="slurmctld slurmd" [munge]=munge)
+# Their services, by the package that ships each (slurm-wlm depends on slurmctld and slurmd): the
+# tests start and stop them themselves, so an install neither starts nor enables them (quiet_services).
+declare -A SERVICES=([docker-registry]=docker-registry [slurmctld]=slurmctld [slurmd]=slurmd [munge]=munge)
 MIN_ENGINE=26
 
 say() { printf 'setup-host: %s\n' "$*" >&2; }
@@ -75,19 +85,49 @@ codename=$(. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}")
 
 TRIXIE_SOURCES=/etc/apt/sources.list.d/ml-image-builder-trixie.sources
 TRIXIE_PIN=/etc/apt/preferences.d/ml-image-builder-trixie
-# Debian 12 only: Debian 13's suite at priority 100 (never chosen on its own), the engine's
-# packages at 500 (the newer version wins, so they come from trixie and stay current there).
-trixie_suite() {
-  [ "$codename" = bookworm ] || return 0
-  # Current when both files name trixie-security (those an earlier version wrote lack it).
-  grep -qs trixie-security "$TRIXIE_SOURCES" && grep -qs trixie-security "$TRIXIE_PIN" && return 0
-  local pinned="${ENGINE_PACKAGES[*]} ${TOOL_PACKAGES[*]}"
-  say "Debian 12 ships Docker 20.10: adding Debian 13's suite and trixie-security to apt ($TRIXIE_SOURCES),"
-  say "  pinned ($TRIXIE_PIN) so that only $pinned come from them; everything else stays on bookworm"
-  cat >"$TRIXIE_SOURCES" <<'EOF'
+PINNED="${ENGINE_PACKAGES[*]} ${TOOL_PACKAGES[*]}"
+# Writes stdin to the file $1 whole or not at all: a hidden temp file beside it (apt skips dotfiles),
+# flushed to disk, then renamed over it; mode 0644 (apt's tools read it as any user).
+put() {
+  local tmp
+  tmp=$(mktemp -p "$(dirname "$1")" ".$(basename "$1").XXXXXX") || return 1
+  if cat >"$tmp" && chmod 644 "$tmp" && sync "$tmp" && mv -f "$tmp" "$1"; then return 0; fi
+  rm -f "$tmp"
+  return 1
+}
+# Debian 12 only: Debian 13's suites at priority 1, the engine's packages and the tools at 500.
+# apt_preferences(5): an installed version has 100, and a candidate below 100 never replaces it (at
+# 100 it did whenever its version was higher: a backport, a package bookworm dropped or one installed
+# by hand went to Debian 13's with the next apt-get upgrade); below 100 nothing is installed from
+# the suite unless no other version exists or it is asked for (-t trixie). At 500 the named
+# packages compete with bookworm's by version: the newer, Debian 13's, wins, security updates too.
+trixie_pin() {
+  cat <<EOF
+# Added by ml-image-builder's scripts/setup-host.sh: $PINNED come from Debian 13
+# (trixie, trixie-security); the rest of it at 1 never replaces a version installed here, nor is
+# installed unless asked for (apt-get install -t trixie). Undo: remove this file and
+# $TRIXIE_SOURCES.
+Package: *
+Pin: release n=trixie
+Pin-Priority: 1
+
+Package: *
+Pin: release n=trixie-security
+Pin-Priority: 1
+
+Package: $PINNED
+Pin: release n=trixie
+Pin-Priority: 500
+
+Package: $PINNED
+Pin: release n=trixie-security
+Pin-Priority: 500
+EOF
+}
+trixie_sources() {
+  cat <<EOF
 # Added by ml-image-builder's scripts/setup-host.sh: Docker 26 and cosign/oras from Debian 13, with
-# its security updates. The pin beside it (/etc/apt/preferences.d/ml-image-builder-trixie) keeps
-# the rest on bookworm.
+# its security updates. The pin beside it ($TRIXIE_PIN) keeps the rest on bookworm.
 Types: deb
 URIs: http://deb.debian.org/debian
 Suites: trixie
@@ -100,38 +140,62 @@ Suites: trixie-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
-  cat >"$TRIXIE_PIN" <<EOF
-# Added by ml-image-builder's scripts/setup-host.sh: only the engine's packages and the tools from
-# trixie and trixie-security.
-Package: *
-Pin: release n=trixie
-Pin-Priority: 100
-
-Package: *
-Pin: release n=trixie-security
-Pin-Priority: 100
-
-Package: $pinned
-Pin: release n=trixie
-Pin-Priority: 500
-
-Package: $pinned
-Pin: release n=trixie-security
-Pin-Priority: 500
-EOF
+}
+# $1 = install: packages are installed now (root), and the suite is added where it is missing.
+# Otherwise only the files a run (of this or an earlier version) left are brought up to date.
+trixie_suite() {
+  if [ -n "$codename" ] && [ "$codename" != bookworm ]; then
+    # Upgraded from Debian 12 since: the pin would now hold back the host's own suite (trixie at 1).
+    [ -e "$TRIXIE_PIN" ] || [ -e "$TRIXIE_SOURCES" ] || return 0
+    if root; then
+      rm -f "$TRIXIE_PIN" "$TRIXIE_SOURCES"
+      say "removed $TRIXIE_PIN and $TRIXIE_SOURCES: they were for Debian 12, and this host is $codename now"
+    else
+      say "this host is $codename now: remove the Debian 12 pin (it holds back $codename): sudo rm -f $TRIXIE_PIN $TRIXIE_SOURCES"
+    fi
+    return 0
+  fi
+  [ "$codename" = bookworm ] || return 0
+  if [ "${1:-}" = install ] && ! grep -qs trixie-security "$TRIXIE_SOURCES"; then
+    say "Debian 12 ships Docker 20.10: adding Debian 13's suite and trixie-security to apt ($TRIXIE_SOURCES),"
+    say "  pinned ($TRIXIE_PIN): only $PINNED come from them, the rest never replaces a package installed here"
+    trixie_sources | put "$TRIXIE_SOURCES"
+  elif [ ! -e "$TRIXIE_SOURCES" ] && [ ! -e "$TRIXIE_PIN" ]; then
+    return 0
+  fi
+  [ "$(cat "$TRIXIE_PIN" 2>/dev/null)" != "$(trixie_pin)" ] || return 0
+  if ! root; then
+    say "$TRIXIE_PIN is an earlier setup-host's (Debian 13 at priority 100: apt-get upgrade can move a package"
+    say "  installed here to Debian 13's); run: sudo $0 (it rewrites the pin: Debian 13 at 1)"
+    return 0
+  fi
+  [ ! -e "$TRIXIE_PIN" ] ||
+    say "lowered Debian 13's suites to priority 1 in $TRIXIE_PIN (at 100 apt-get upgrade could move a package installed here to Debian 13's); $PINNED stay at 500"
+  trixie_pin | put "$TRIXIE_PIN"
 }
 
-# The install neither starts nor enables the SERVICES of the packages it installs: for its time a
-# policy-rc.d answers 101 (action forbidden) for them, which invoke-rc.d and deb-systemd-invoke
-# obey, with or without systemd; where systemd runs they are masked too (no start at boot:
-# `systemctl unmask` to run one as a service). A policy-rc.d already there (containers have one)
-# is the host's and stays as it is.
+# Where this run installs a package that ships one of SERVICES, that service is neither started nor
+# enabled: for the install's time a policy-rc.d answers 101 (action forbidden) for it, which
+# invoke-rc.d and deb-systemd-invoke obey, with or without systemd; where systemd runs it is masked
+# after (no start at boot), and the script prints how to undo that. Only a service that no package
+# and no unit provided before the run: one already there (slurmd on a compute node, a unit of your
+# own) is neither refused nor masked. A policy-rc.d already there (containers have one) is the
+# host's and stays as it is.
 POLICY=${SETUP_HOST_POLICY_RC:-/usr/sbin/policy-rc.d}
 policy_ours=
+systemd() { command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; }
+unit_known() { systemd && systemctl list-unit-files --no-legend --no-pager "$1.service" 2>/dev/null | grep -q "^$1\.service"; }
+declare -A fresh=() # a package not installed before this run -> its services that no unit provided
 quiet_services() {
-  local services=() package
-  # shellcheck disable=SC2206 # a package's services: words
-  for package in "$@"; do services+=(${SERVICES[$package]:-}); done
+  local package service services=()
+  for package in "${!SERVICES[@]}"; do
+    installed "$package" && continue
+    for service in ${SERVICES[$package]}; do
+      unit_known "$service" && continue
+      fresh[$package]+="$service "
+      services+=("$service")
+    done
+  done
   ((${#services[@]})) || return 0
   if [ ! -e "$POLICY" ]; then
     printf '#!/bin/sh\n# Written by ml-image-builder scripts/setup-host.sh for its apt-get install; removed after it.\ncase "$1" in %s) exit 101 ;; esac\nexit 0\n' \
@@ -139,11 +203,20 @@ quiet_services() {
     chmod 755 "$POLICY"
     policy_ours=1
   fi
-  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    systemctl mask --quiet "${services[@]/%/.service}" || true
-    say "masked ${services[*]}: the tests start them themselves (systemctl unmask to run one as a service)"
+}
+# After the install: the services of the packages it installed are masked (systemd), or said to be stopped.
+mask_installed() {
+  local package units=()
+  for package in "${!fresh[@]}"; do
+    # shellcheck disable=SC2206 # a package's services: words
+    installed "$package" && units+=(${fresh[$package]})
+  done
+  ((${#units[@]})) || return 0
+  if systemd; then
+    systemctl mask --quiet "${units[@]/%/.service}" || true
+    say "masked ${units[*]}, installed now (the tests start them themselves); undo: systemctl unmask ${units[*]/%/.service}"
   else
-    say "the install does not start ${services[*]}: the tests start them themselves"
+    say "the install does not start ${units[*]}: the tests start them themselves"
   fi
 }
 trap '[ -z "$policy_ours" ] || rm -f "$POLICY"' EXIT
@@ -187,6 +260,7 @@ else
   done
 fi
 
+if ((${#missing[@]})) && root; then trixie_suite install; else trixie_suite; fi
 new_engine=
 if ((${#missing[@]})); then
   if ! root; then
@@ -194,8 +268,7 @@ if ((${#missing[@]})); then
     say "missing Debian packages; run: sudo apt-get install -y --no-install-recommends ${missing[*]}"
     exit 1
   fi
-  trixie_suite
-  quiet_services "${missing[@]}"
+  quiet_services
   say "installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -205,41 +278,32 @@ if ((${#missing[@]})); then
     "${missing[@]}" >"$apt_out" 2>&1; then
     tail -n 25 "$apt_out" >&2
     rm -f "$apt_out"
+    mask_installed
     say "apt-get cannot install ${missing[*]} without removing a package (its output above); nothing was removed: resolve that, then run $0 again"
     exit 1
   fi
   rm -f "$apt_out"
+  mask_installed
   [[ " ${missing[*]} " == *" docker.io "* ]] && new_engine=1
 fi
 
-# A new install gets the containerd image store, as Engine 29 and Docker Desktop do for new
-# installs, and a bound on BuildKit's cache: 30GB holds two full sets of cpu + nvidia-cu130
-# (layers and wheel copies, ~13 GB a set, estimated): today's and the one before a relock; older records
-# go first (docs/commands.md#what-the-builder-keeps). An existing daemon.json is the user's: never changed
-# (switching stores hides images); the line to add is printed. The one exception is the file this
-# script wrote before it set the bound (byte for byte): that one is ours, and gets the bound.
-gc_policy='"builder": {"gc": {"enabled": true, "defaultKeepStorage": "30GB"}}'
-ours_before=$'{\n  "features": {"containerd-snapshotter": true}\n}'
-ours_now=$(printf '{\n  "features": {"containerd-snapshotter": true},\n  %s\n}' "$gc_policy")
-if [ -n "$new_engine" ] && [ ! -s /etc/docker/daemon.json ]; then
-  mkdir -p /etc/docker
-  printf '%s\n' "$ours_now" >/etc/docker/daemon.json
-  say "wrote /etc/docker/daemon.json: the containerd image store (Engine 29's default for new installs), BuildKit's cache kept under 30GB"
-elif root && [ "$(cat /etc/docker/daemon.json 2>/dev/null)" = "$ours_before" ]; then
-  printf '%s\n' "$ours_now" >/etc/docker/daemon.json
-  say "added BuildKit's 30GB bound to /etc/docker/daemon.json (an earlier setup-host wrote it; the image store is unchanged);"
-  say "  it holds from dockerd's next start"
-elif [ -s /etc/docker/daemon.json ] && ! grep -q '"defaultKeepStorage"' /etc/docker/daemon.json; then
-  say "BuildKit's cache is unbounded here: add $gc_policy to /etc/docker/daemon.json, then restart dockerd"
-fi
-
-# CDI device names (--device vendor.com/gpu=all: builder run and the Slurm script use them where the
-# host has a CDI spec): Docker reads CDI specs only with "features": {"cdi": true} in daemon.json, until
-# 28.2 turned it on by default. Below 28.2 it is merged into daemon.json (made if absent; every other key
-# stays as it is, a "cdi" already there too); it holds from dockerd's next start. python3 merges it (the
-# builder needs it anyway).
+# /etc/docker/daemon.json. What this script sets there:
+# - a new install gets the containerd image store, as Engine 29 and Docker Desktop do for new
+#   installs, and a bound on BuildKit's cache: 30GB holds two full sets of cpu + nvidia-cu130 (layers
+#   and wheel copies, ~13 GB a set, estimated): today's and the one before a relock; older records go
+#   first (docs/commands.md#what-the-builder-keeps). The file an earlier version wrote before it set
+#   the bound (byte for byte) gets the bound. Any other daemon.json keeps its store (switching stores
+#   hides images) and its cache: the line to add is printed.
+# - CDI device names (--device vendor.com/gpu=all: builder run and the Slurm script use them where the
+#   host has a CDI spec): Docker reads CDI specs only with "features": {"cdi": true}, until 28.2 turned
+#   it on by default. Below 28.2 it is merged in (every other key stays, a "cdi" already there too).
+# Only for the engine this script installs (Debian's docker.io) and as root: another engine's file
+# (Docker CE, Moby, Desktop) is that engine's, and gets the lines to add printed instead. An edit is
+# one rename (merge_daemon_json), and the file it replaces is kept beside it.
 daemon_json=/etc/docker/daemon.json
+gc_policy='"builder": {"gc": {"enabled": true, "defaultKeepStorage": "30GB"}}'
 cdi_line='"features": {"cdi": true}'
+ours_before=$'{\n  "features": {"containerd-snapshotter": true}\n}'
 engine_version=$answering
 if [ -z "$engine_version" ]; then
   for package in docker.io docker-ce moby-engine; do
@@ -254,47 +318,130 @@ cdi_by_default() {
   mi=$(printf '%s' "$1" | cut -d. -f2 | tr -cd 0-9)
   [ "${ma:-0}" -gt 28 ] || { [ "${ma:-0}" -eq 28 ] && [ "${mi:-0}" -ge 2 ]; }
 }
-# Sets features.cdi in the daemon.json $1, keeping the rest: exit 3 when it has a "cdi" already, 4 when
-# it is not a JSON object.
-cdi_on() {
-  python3 - "$1" <<'PY'
+# Sets each KEY=JSON (a dotted path) the daemon.json $1 lacks, keeping every other key and value:
+# the new text goes to a temp file beside it (flushed), the old file is kept as
+# $1.ml-image-builder-<UTC time>.bak (a hard link), and the temp file is renamed over $1: a reader
+# (dockerd) sees the old file or the new one, whole. Prints "set KEY" for each key set and "kept
+# BACKUP"; nothing when it lacks none. Exit 4 with the reason on stdout where $1 is no JSON object
+# (then nothing is written).
+merge_daemon_json() {
+  python3 - "$@" <<'PY'
 import json
+import os
+import shutil
 import sys
+import tempfile
+import time
 
-path = sys.argv[1]
+path, edits = sys.argv[1], sys.argv[2:]
+path = os.path.realpath(path)  # a link stays a link: the file it names is edited
 try:
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
+    with open(path, "rb") as handle:
+        old = handle.read()
 except FileNotFoundError:
-    text = ""
+    old = None
 try:
-    conf = json.loads(text) if text.strip() else {}
-except ValueError:
+    conf = json.loads(old) if old and old.strip() else {}
+except ValueError as err:
+    print(f"is not valid JSON ({err})")
     sys.exit(4)
-if not isinstance(conf, dict) or not isinstance(conf.setdefault("features", {}), dict):
+if not isinstance(conf, dict):
+    print("is not a JSON object")
     sys.exit(4)
-if "cdi" in conf["features"]:
-    sys.exit(3)
-conf["features"]["cdi"] = True
-with open(path, "w", encoding="utf-8") as handle:
-    handle.write(json.dumps(conf, indent=2) + "\n")
+done = []
+for edit in edits:
+    key, _, value = edit.partition("=")
+    *parents, leaf = key.split(".")
+    node = conf
+    for name in parents:
+        node = node.setdefault(name, {})
+        if not isinstance(node, dict):
+            print(f'is not what Docker reads: its "{name}" is not a JSON object')
+            sys.exit(4)
+    if leaf not in node:
+        node[leaf] = json.loads(value)
+        done.append(f"set {key}")
+if not done:
+    sys.exit(0)
+folder = os.path.dirname(path)
+os.makedirs(folder, exist_ok=True)
+handle, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+try:
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(json.dumps(conf, indent=2) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    if old is None:
+        os.chmod(tmp, 0o644)
+    else:
+        state = os.stat(path)
+        os.chmod(tmp, state.st_mode & 0o7777)
+        os.chown(tmp, state.st_uid, state.st_gid)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        backup, n = f"{path}.ml-image-builder-{stamp}.bak", 1
+        while os.path.lexists(backup):
+            n += 1
+            backup = f"{path}.ml-image-builder-{stamp}-{n}.bak"
+        try:
+            os.link(path, backup)
+        except OSError:
+            shutil.copy2(path, backup)
+        done.append(f"kept {backup}")
+    os.replace(tmp, path)
+except BaseException:
+    os.unlink(tmp)
+    raise
+folder_fd = os.open(folder, os.O_RDONLY)
+try:
+    os.fsync(folder_fd)
+finally:
+    os.close(folder_fd)
+print("\n".join(done))
 PY
 }
-if [ -n "$engine_version" ] && ! cdi_by_default "$engine_version"; then
-  if ! root || ! command -v python3 >/dev/null 2>&1; then
-    grep -qs '"cdi"' "$daemon_json" ||
-      say "Docker $engine_version reads CDI specs only with $cdi_line in $daemon_json: add it (sudo $0 does), then restart dockerd"
+edits=()
+if [ -n "$new_engine" ] && [ ! -s "$daemon_json" ]; then
+  edits+=('features.containerd-snapshotter=true' 'builder.gc={"enabled": true, "defaultKeepStorage": "30GB"}')
+elif [ "$(cat "$daemon_json" 2>/dev/null)" = "$ours_before" ]; then
+  edits+=('builder.gc={"enabled": true, "defaultKeepStorage": "30GB"}')
+fi
+cdi=
+if [ -n "$engine_version" ] && ! cdi_by_default "$engine_version" && ! grep -qs '"cdi"' "$daemon_json"; then
+  cdi="Docker $engine_version reads CDI specs only with $cdi_line in $daemon_json"
+  edits+=('features.cdi=true')
+fi
+if [ -n "$as_is" ] || ! installed docker.io || ! root || ! command -v python3 >/dev/null 2>&1; then
+  edits=() # printed, not made
+  if [ -n "$as_is" ] || ! installed docker.io; then
+    mine="setup-host edits only the daemon.json of Debian's docker.io"
   else
-    mkdir -p "$(dirname "$daemon_json")"
-    cdi=0
-    cdi_on "$daemon_json" || cdi=$?
-    case $cdi in
-      0) say "turned on Docker's CDI ($cdi_line) in $daemon_json: CDI device names work from dockerd's next start" ;;
-      3) ;;
-      4) say "$daemon_json is not a JSON object: add $cdi_line to it yourself (CDI device names), then restart dockerd" ;;
-      *) say "python3 could not merge $cdi_line into $daemon_json (its error above): add it yourself, then restart dockerd" ;;
-    esac
+    mine="sudo $0 does"
   fi
+  [ -z "$cdi" ] || say "$cdi: add it ($mine), then restart dockerd"
+fi
+merged=0
+if ((${#edits[@]})); then
+  merge_out=$(merge_daemon_json "$daemon_json" "${edits[@]}") || merged=$?
+  case $merged in
+    0)
+      if [[ $merge_out == *"set features.containerd-snapshotter"* ]]; then
+        say "wrote $daemon_json: the containerd image store (Engine 29's default for new installs), BuildKit's cache kept under 30GB"
+      elif [[ $merge_out == *"set builder.gc"* ]]; then
+        say "added BuildKit's 30GB bound to $daemon_json (an earlier setup-host wrote it; the image store is unchanged)"
+      fi
+      [[ $merge_out != *"set features.cdi"* ]] ||
+        say "turned on Docker's CDI ($cdi_line) in $daemon_json: CDI device names work from dockerd's next start"
+      if [[ $merge_out == *"kept "* ]]; then
+        backup=${merge_out##*kept }
+        say "  the file before is kept as $backup (undo: mv $backup ${backup%.ml-image-builder-*}, then restart dockerd)"
+      fi
+      ;;
+    4) say "$daemon_json $merge_out: fix it (dockerd does not start with it), then run $0 again; it was not changed" ;;
+    *) say "python3 could not edit $daemon_json (its error above); it was not changed${cdi:+: $cdi, add it yourself}" ;;
+  esac
+fi
+if [ "$merged" != 4 ] && [ -s "$daemon_json" ] && ! grep -q '"defaultKeepStorage"' "$daemon_json"; then
+  say "BuildKit's cache is unbounded here: add $gc_policy to $daemon_json, then restart dockerd"
 fi
 
 # Emulation of the other architecture: qemu's handler registered with binfmt_misc, with the F
