@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_builder
 
 from builder.config.errors import TargetFailed
 from builder.config.project import load_project
@@ -487,3 +488,31 @@ def test_removing_a_staged_folder_keeps_the_stamps_of_its_wheels(tmp_path, monke
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
     assert wheelhouse.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s)) == kept
+
+
+@pytest.mark.parametrize("how", ["../ up to /", "absolute"])
+def test_a_lock_line_naming_a_path_is_bad_input_and_nothing_outside_is_touched(project, tmp_path, how):
+    """A lock line's ``# <file>`` names a file in the wheelhouse: one naming ``../../…/victim.whl`` (or
+    ``/…/victim.whl``) with a wrong hash made the builder hash that file, find it wrong and delete it.
+    It is bad input, said before anything is fetched: exit 2, one line naming the lock file and line."""
+    house = tmp_path / "house"
+    house.mkdir()
+    victim = tmp_path / "elsewhere" / "victim-1.0-py3-none-any.whl"
+    victim.parent.mkdir()
+    victim.write_bytes(b"not the builder's")
+    named = str(victim) if how == "absolute" else "../" * len(house.parts) + str(victim).lstrip("/")
+    assert (house / named).resolve() == victim
+    lock = project / "images" / "cpu" / "requirements.amd64.lock"
+    lines = lock.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, 1) if line.startswith("torch=="))
+    lines[number - 1] = re.sub(r"  # \S+", f"  # {named}", lines[number - 1])
+    lock.write_text("\n".join(lines) + "\n")
+    proc = run_builder("lock", "-t", "cpu", "--platform", "linux/amd64", cwd=project,
+                       env={"BUILDER_WHEELHOUSE": str(house), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    where = "images/cpu/requirements.amd64.lock"
+    said = (f"error: {where} line {number}: {named!r} is not {lockfile.WHEEL_NAME}; a lock names wheels in the "
+            f"wheelhouse, never paths: delete {where} and run `builder lock` to resolve it again")
+    assert proc.stderr.splitlines() == [said]
+    assert victim.read_bytes() == b"not the builder's"
+    assert not [p for p in house.iterdir() if not p.name.startswith(".")], "nothing was fetched"

@@ -257,7 +257,12 @@ def lock_all(
     """Lock tools, common and every target view, per platform; return {view's unit: error} for those that failed.
 
     ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
+    A lock line that names a path rather than a wheel (:func:`builder.images.lockfile.read_lock`)
+    stops it before anything is resolved or fetched.
     """
+    for path in dict.fromkeys([*(shared_lock_path(project, name, v.platform) for v in views for name in ("tools", "common")),
+                               *(project.root / v.lock for v in views)]):
+        read_lock(path)
     common: dict[str, list[Pin]] = {}
     for platform in dict.fromkeys(v.platform for v in views):
         try:

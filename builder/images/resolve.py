@@ -29,11 +29,11 @@ from packaging.utils import canonicalize_name
 from uv import find_uv_bin
 
 from builder.config import platforms
-from builder.config.errors import TargetFailed
+from builder.config.errors import TargetFailed, UserError
 from builder.config.project import Project
 from builder.config.urls import public, redact
 from builder.images import wheelhouse
-from builder.images.lockfile import Pin
+from builder.images.lockfile import Pin, wheel_name_problem
 from builder.images.progress import HEARTBEAT_S, heartbeat
 
 
@@ -229,8 +229,14 @@ def _locked_wheels(annotated: Path, pylock: Path) -> list[tuple[Pin, str, int | 
     wanted = []
     for package in tomllib.loads(pylock.read_text())["packages"]:
         wheel = package["wheels"][0]
+        # The wheelhouse's name for the file pip saves from this URL: its last segment, decoded as pip does.
         filename = urllib.parse.unquote(urllib.parse.urlsplit(wheel["url"]).path.rsplit("/", 1)[-1])
         index = indexes.get(canonicalize_name(package["name"]))
+        if problem := wheel_name_problem(filename, package["name"], package["version"]):
+            source = public(index or package.get("index") or wheel["url"])
+            raise UserError(f"the index {source} serves {package['name']} {package['version']} as "
+                            f"{public(wheel['url'])}: {problem}; its file URLs must end in the wheel's own file "
+                            "name: fix the index, or use another one (--index, BUILDER_INDEX_*, pip's configuration)")
         wanted.append((Pin(package["name"], package["version"], wheel["hashes"]["sha256"], filename,
                            public(index) if index else None), wheel["url"], wheel.get("size")))
     return wanted
