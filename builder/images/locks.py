@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
+from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
@@ -52,7 +53,7 @@ def _ensure(project: Project, platform: str, path: Path, what: str, fingerprint:
     """
     recorded, pins = read_lock(path)
     if recorded == fingerprint and pins:
-        missing = missing_wheels(pins) if fetch else []
+        missing = missing_wheels(pins, clone_id(project.root)) if fetch else []
         if missing:
             # Locked but not downloaded (fresh clone, new runner) or damaged: fetch exactly the locked files.
             fetch_locked(project, missing, path, index(), platform)
