@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -189,3 +190,32 @@ def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: 
     with (folder / "image.tar").open("rb") as handle:
         engine.client.api.load_image(handle)
     return image_id
+
+
+def fetch_wheels(files: Mapping[str, bytes | Path], clone: str | None = None, house: Path | None = None,
+                 link: bool = False) -> None:
+    """Bring *files* (bytes, or a file to copy, or with *link* to hard-link) into the wheelhouse (*house*,
+    else ``BUILDER_WHEELHOUSE``) as an earlier run's fetch did: downloaded into a folder of their own, then
+    adopted, which records each as the builder's (used by *clone*)."""
+    import shutil
+    import tempfile
+    from unittest import mock
+
+    from builder.images import wheelhouse
+
+    target = house or Path(os.environ.get("BUILDER_WHEELHOUSE") or tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix=".fetched-", dir=target if link else None) as downloads, \
+            mock.patch.dict(os.environ, {"BUILDER_WHEELHOUSE": str(house)} if house else {}):
+        for name, data in files.items():
+            if isinstance(data, Path) and link:
+                os.link(data, Path(downloads) / name)
+            elif isinstance(data, Path):
+                shutil.copyfile(data, Path(downloads) / name)
+            else:
+                (Path(downloads) / name).write_bytes(data)
+        if clone is None:
+            wheelhouse.adopt(Path(downloads))
+        else:
+            wheelhouse.adopt(Path(downloads), clone)
+        if hasattr(wheelhouse, "release"):
+            wheelhouse.release()  # a fetch of a run that has ended: it holds them no more

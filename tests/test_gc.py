@@ -8,16 +8,21 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import fetch_wheels
 
+from builder.config.ownership import Record
 from builder.config.project import load_project
-from builder.images import gc, wheelhouse
-from devtools.support import edit_matrix, free_port
+from builder.images import gc, lockfile, wheelhouse
+from devtools.support import copy_project, edit_matrix, free_port
 
 DAY = 86400
 
@@ -28,28 +33,45 @@ def _old(path: Path, days: float) -> Path:
     return path
 
 
-def test_select_files_keeps_referenced_young_and_linked(tmp_path):
+def test_select_files_takes_only_the_builder_s_that_nothing_wants_holds_or_used_lately(tmp_path):
+    """What goes: recorded (a wheel the builder fetched), not wanted by this checkout, held by no live run,
+    used by no other clone within keep_days; a wheel a kept folder links stays. Nothing unrecorded goes."""
     house = tmp_path / "house"
     (house / ".contexts").mkdir(parents=True)
-    wanted, stale, young, linked = (house / f"{n}-1.0-py3-none-any.whl" for n in "abcd")
-    for p in (wanted, stale, young, linked):
-        p.write_bytes(b"x" * 100)
-    for p in (wanted, stale, linked):
-        _old(p, 30)
-    current = house / ".contexts" / ("1" * 32)
-    (current / "pkg").mkdir(parents=True)
-    other_clone = house / ".contexts" / ("2" * 32)  # not ours, but used by a build today
-    (other_clone / "pkg").mkdir(parents=True)
-    os.link(linked, other_clone / "pkg" / linked.name)
-    old_folder = _old(_mk(house / ".contexts" / ("3" * 32)), 30)
-    (house / ".verified.json").write_text("{}")
-    folders, wheels = gc.select_files(house, {wanted.name}, {current.name}, keep_days=7)
-    assert folders == [old_folder]
-    assert wheels == [stale]
-    # --keep-days 0: only this checkout counts, the other clone's folder and the young wheel go too.
-    folders, wheels = gc.select_files(house, {wanted.name}, {current.name}, keep_days=0)
-    assert set(folders) == {other_clone, old_folder}
-    assert set(wheels) == {stale, young, linked}
+    one, two, long_ago = "/src/one", "/src/two", time.time() - 30 * DAY
+    records: dict[str, Record] = {}
+
+    def wheel(name: str, **clones: float) -> Path:
+        path = house / f"{name}-1.0-py3-none-any.whl"
+        path.write_bytes(b"x" * 100)
+        records[path.name] = Record({"fetched": True}, long_ago, {one: long_ago, **clones})
+        return path
+
+    def folder(name: str, **clones: float) -> Path:
+        path = _mk(house / ".contexts" / (name * 32))
+        records[f".contexts/{path.name}"] = Record({}, long_ago, {one: long_ago, **clones})
+        return path
+
+    wanted, stale, used_by_two, linked = wheel("a"), wheel("b"), wheel("c", **{two: time.time()}), wheel("d")
+    theirs = house / "e-1.0-py3-none-any.whl"  # not recorded: another project's
+    theirs.write_bytes(b"e")
+    found = house / "f-1.0-py3-none-any.whl"  # verified against a lock, but found there: not fetched
+    found.write_bytes(b"f")
+    records[found.name] = Record({"verified": [*wheelhouse._key(found.stat()), "f" * 64]}, long_ago, {one: long_ago})
+    (house / "NOTES.txt").write_text("ours, not the builder's")
+    current, old = folder("1"), folder("3")
+    other_clone = folder("2", **{two: time.time()})  # another clone staged it today
+    os.link(linked, other_clone / "torch" / linked.name)
+    unrecorded = _mk(house / ".contexts" / ("4" * 32))
+    (house / ".ledger.json").write_text("{}")
+    chosen = gc.select_files(house, records, {wanted.name}, {current.name}, one, keep_days=7)
+    assert (chosen.folders, chosen.wheels, chosen.held) == ([old], [stale], [])
+    assert set(chosen.foreign) == {theirs, found, house / "NOTES.txt", unrecorded}
+    # --keep-days 0: only this checkout counts; the other clone's folder and wheel go too, never what isn't ours.
+    chosen = gc.select_files(house, records, {wanted.name}, {current.name}, one, keep_days=0)
+    assert set(chosen.folders) == {other_clone, old}
+    assert set(chosen.wheels) == {stale, used_by_two, linked}
+    assert set(chosen.foreign) == {theirs, found, house / "NOTES.txt", unrecorded}
 
 
 def test_freed_bytes_counts_an_inode_once_and_only_with_all_its_links(tmp_path):
@@ -157,19 +179,20 @@ def test_registry_unreferenced_blob_is_collected_and_the_registry_runs_again(pro
             os.kill(pid, 15)
 
 
-def test_after_build_removes_only_unreferenced_folders_older_than_a_day(project, tmp_path, monkeypatch):
+def test_after_build_removes_only_the_builder_s_unwanted_folders_no_other_clone_used_lately(project, tmp_path,
+                                                                                              monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
     p = load_project(project / "matrix.yaml")
-    cpu = p.target("cpu").views()
-    contexts = wheelhouse.location() / ".contexts"
-    current = contexts / min(gc.current_contexts(p, cpu))
-    current.mkdir(parents=True)
-    _old(current, 30)
-    stale = _old(_mk(contexts / ("9" * 32)), 2)
-    fresh = _mk(contexts / ("8" * 32))  # another clone's, staged today
-    gc.after_build(p, cpu)
-    assert current.is_dir() and time.time() - current.stat().st_mtime < 60  # marked as used now
-    assert not stale.exists() and fresh.is_dir()
+    pin = lockfile.Pin("a", "1.0", hashlib.sha256(b"a").hexdigest(), "a-1.0-py3-none-any.whl")
+    fetch_wheels({pin.filename: b"a"})
+    this, other = str(project.resolve()), str(tmp_path / "other-clone")
+    mine = wheelhouse.build_context({"torch": [pin]}, this)  # staged by this checkout, no current view's
+    theirs = wheelhouse.build_context({"torch": [pin], "packages": []}, other)  # another clone's, staged now
+    unrecorded = _mk(wheelhouse.location() / ".contexts" / ("8" * 32))
+    wheelhouse.release()  # the engine is done with them
+    gc.after_build(p)
+    assert not mine.exists() and theirs.is_dir() and unrecorded.is_dir()
 
 
 def _mk(folder: Path) -> Path:
@@ -185,3 +208,112 @@ def test_doctor_store_lines():
                      "[OK]   store build cache: 0.0 GB; builder gc --dry-run: what can go"]
     assert store_checks(None, "no engine")[0].status == "warn"
     assert re.search("not measured", store_checks(None, "x")[0].line())
+
+
+@pytest.fixture
+def own_state(tmp_path, monkeypatch) -> Path:
+    """A state folder (run leases, no loopback registry) and a wheelhouse of this test's own; the wheelhouse."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    return wheelhouse.location()
+
+
+def test_gc_leaves_what_the_builder_did_not_fetch_and_says_so_once(project, own_state):
+    """``BUILDER_WHEELHOUSE=/srv/team-wheels builder gc``: a note and another project's month-old wheel
+    were taken for the builder's by their age; only a wheel the builder fetched goes."""
+    house = own_state
+    note = house / "README.txt"
+    note.write_text("team wheels, ask Ana\n")
+    _old(note, 30)
+    theirs = house / "otherproject-2.0-py3-none-any.whl"
+    theirs.write_bytes(b"their wheel" * 100)
+    _old(theirs, 30)
+    fetch_wheels({"stale-1.0-py3-none-any.whl": b"s" * 100})  # the builder's; no lock of this checkout pins it
+    p = load_project(project / "matrix.yaml")
+    found = gc.collect(None, p, keep_days=7)
+    assert [(i.store, i.name) for i in found.items] == [("wheelhouse", "stale-1.0-py3-none-any.whl")]
+    lines = gc.report_lines(found, verbose=False, dry_run=True)
+    assert [line for line in lines if line.startswith("kept")] == [
+        f"kept wheelhouse: {house}: 2 files the builder did not fetch: never touched"]
+    assert gc.remove(None, p, found) == []
+    assert note.read_text() == "team wheels, ask Ana\n"
+    assert theirs.read_bytes() == b"their wheel" * 100
+    assert not (house / "stale-1.0-py3-none-any.whl").exists()
+
+
+def test_wheels_fetched_before_the_ledger_are_the_builder_s_only_where_it_can_prove_it(project, own_state):
+    """A wheelhouse from before the ledger: the builder stamped in ``.verified.json`` each file it had
+    verified against a lock's sha256. A file whose stat is still its stamp, or whose bytes still hash to
+    it, is the builder's (and keeps its age for --keep-days); an altered or unstamped one is not."""
+    house = own_state
+    files = {name: name.encode() * 100 for name in ("same", "linked", "altered", "young", "unstamped")}
+    paths = {name: house / f"{name}-1.0-py3-none-any.whl" for name in files}
+    for name, path in paths.items():
+        path.write_bytes(files[name])
+        if name != "young":
+            _old(path, 30)
+    stamps = {paths[n].name: wheelhouse.stamp(paths[n], hashlib.sha256(files[n]).hexdigest())
+              for n in ("same", "linked", "altered", "young")}
+    (house / ".verified.json").write_text(json.dumps(stamps))
+    os.link(paths["linked"], house.parent / "a-link")  # moves its ctime: the stamp no longer matches its stat
+    with paths["altered"].open("r+b") as handle:
+        handle.write(b"X")
+    p = load_project(project / "matrix.yaml")
+    found = gc.collect(None, p, keep_days=7)
+    assert sorted(i.name for i in found.items) == [paths["linked"].name, paths["same"].name]
+    assert not (house / ".verified.json").exists() and (house / wheelhouse.LEDGER).is_file()
+    gc.remove(None, p, found)
+    assert sorted(p.name for p in house.iterdir() if not p.name.startswith(".")) == [
+        paths["altered"].name, paths["unstamped"].name, paths["young"].name]
+    assert gc.collect(None, p, keep_days=0).items == [gc.Item("wheelhouse", paths["young"].name, 500)]
+
+
+HOLDER = """
+import json, sys
+from builder.images import wheelhouse
+from builder.images.lockfile import Pin
+folder = wheelhouse.build_context({"torch": [Pin(**p) for p in json.loads(sys.argv[2])]}, sys.argv[1])
+print(folder, flush=True)
+sys.stdin.readline()  # holds what it staged (its run lease) until told to end
+"""
+
+
+@pytest.mark.parametrize("end", ["ends", "is killed"])
+def test_a_folder_another_clone_s_live_build_holds_stays_until_that_build_ends(tmp_path, own_state, end):
+    """Two clones share the wheelhouse. The other one's build (a process holding its run lease) staged a
+    folder long ago and reads it now (a reused folder keeps its old mtime); this clone's ``builder gc``
+    and the clean-up after its builds leave it, even with --keep-days 0, until that build ends (or is
+    killed: SIGKILL); then the next gc removes it."""
+    one, two = copy_project(tmp_path / "one"), copy_project(tmp_path / "two")
+    p = load_project(one / "matrix.yaml")
+    pin = lockfile.Pin("extra", "1.0", hashlib.sha256(b"extra").hexdigest(), "extra-1.0-py3-none-any.whl")
+    fetch_wheels({pin.filename: b"extra"})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(two.resolve()), json.dumps([vars(pin)])],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        folder = Path(holder.stdout.readline().strip())
+        assert folder.parent == own_state / ".contexts" and folder.name not in gc.current_contexts(p)
+        _old(folder, 30)
+        gc.after_build(p, keep_days=0)
+        assert folder.is_dir()
+        found = gc.collect(None, p, keep_days=0)
+        assert str(folder) not in {i.name for i in found.items}
+        assert gc.Item("contexts", str(folder), 0, "a live build holds it") in found.kept
+        gc.remove(None, p, found)
+        assert folder.is_dir()
+        if end == "is killed":
+            holder.send_signal(signal.SIGKILL)
+        else:
+            holder.stdin.write("done\n")
+            holder.stdin.flush()
+        holder.wait(timeout=60)
+        assert str(folder) not in {i.name for i in gc.collect(None, p, keep_days=7).items}  # clone two used it today
+        found = gc.collect(None, p, keep_days=0)
+        assert str(folder) in {i.name for i in found.items}
+        gc.remove(None, p, found)
+        assert not folder.exists()
+    finally:
+        holder.kill()
+        holder.wait()

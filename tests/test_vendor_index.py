@@ -11,16 +11,18 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import threading
 import zipfile
 from collections.abc import Generator, Iterator
 from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
+from builder.config.errors import UserError
 from builder.config.project import load_project
 from builder.images import layers, lockfile, locks, resolve, wheelhouse
 from devtools.support import edit_matrix
@@ -275,3 +277,66 @@ def test_the_host_pip_sources_are_read_from_its_configuration(monkeypatch):
     assert config.index("vendor.example") < config.index("a.example") < config.index("mirror.example")
     assert 'index-strategy = "first-index"' in config and "/nonexistent" not in config
     assert resolve.public("https://u:secret@vendor.example/whl") == "https://vendor.example/whl"
+
+
+class _PathIndex(BaseHTTPRequestHandler):
+    """A PEP 691 (JSON) index whose one file's URL decodes to a path, not a wheel's name: ``foo 1.0`` is
+    ``foo-1.0-py3-none-any.whl`` by its ``filename``, but its ``url`` ends in ``..%2F..%2F..%2Fvictim.txt``
+    (uv copies that URL into its pylock); any URL under ``/files/`` serves the wheel."""
+
+    wheel = b""
+
+    def do_HEAD(self) -> None:  # uv asks for range support first
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        if self.path.rstrip("/") == "/simple/foo":
+            data = json.dumps({"meta": {"api-version": "1.0"}, "name": "foo", "files": [
+                {"filename": "foo-1.0-py3-none-any.whl", "url": "/files/..%2F..%2F..%2Fvictim.txt",
+                 "hashes": {"sha256": hashlib.sha256(self.wheel).hexdigest()}}]}).encode()
+            kind = "application/vnd.pypi.simple.v1+json"
+        elif self.path.startswith("/files/"):
+            data, kind = self.wheel, "application/octet-stream"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_an_index_serving_a_path_for_a_file_name_is_refused_and_nothing_outside_is_touched(
+        project, indexes, tmp_path, monkeypatch):
+    """The index's URL of a wheel names the wheelhouse file, after percent-decoding: one that decodes to
+    ``../../../victim.txt`` made the builder take a file three folders above the wheelhouse for the wheel,
+    find its hash wrong, and delete it. It is bad input: one line naming the index, nothing written."""
+    _wheel(tmp_path / "built", "foo", "1.0")
+    handler = type("Handler", (_PathIndex,), {"wheel": (tmp_path / "built" / "foo" / "foo-1.0-py3-none-any.whl")
+                                                        .read_bytes()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    house = tmp_path / "a" / "b" / "c" / "house"
+    house.mkdir(parents=True)
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(house))
+    victim = tmp_path / "a" / "victim.txt"  # house/../../../victim.txt
+    victim.write_text("not the builder's\n")
+    index = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    try:
+        with pytest.raises(UserError) as raised:
+            resolve.resolve(load_project(project / "matrix.yaml"), ["foo"], "linux/amd64", vendor_index=index)
+    finally:
+        server.shutdown()
+        server.server_close()
+    (line,) = raised.value.lines
+    assert f"the index {index} serves foo 1.0 as" in line and "'../../../victim.txt' is not a wheel file name" in line
+    assert victim.read_text() == "not the builder's\n"
+    assert not [p for p in house.rglob("*") if not p.name.startswith(".")], "nothing fetched into the wheelhouse"

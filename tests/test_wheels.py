@@ -7,10 +7,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import fetch_wheels, run_builder
 
 from builder.config.errors import TargetFailed
 from builder.config.project import load_project
@@ -46,13 +48,19 @@ def test_lock_round_trip(tmp_path):
 
 
 def _house_with(tmp_path, monkeypatch, files: dict[str, bytes]):
-    """A private wheelhouse holding *files*; returns its path."""
+    """A private wheelhouse holding *files*, fetched by the builder; returns its path."""
     house = tmp_path / "house"
     house.mkdir()
     monkeypatch.setenv("BUILDER_WHEELHOUSE", str(house))
-    for name, data in files.items():
-        (house / name).write_bytes(data)
+    fetch_wheels(files)
     return house
+
+
+def _downloads(args: list[str]) -> Path:
+    """The folder ``pip download -d`` writes into."""
+    folder = Path(args[args.index("-d") + 1])
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _no_resolve():
@@ -119,14 +127,14 @@ def test_fetching_locked_wheels_uses_the_image_platform_tags(proj, tmp_path, mon
     """A fresh machine fetches the files resolution picked (image platform), not the host's best match."""
     data = b"locked wheel"
     pin = _pin("psutil", "7.2.2", data, "psutil-7.2.2-cp36-abi3-manylinux_2_28_x86_64.whl")
-    house = _house_with(tmp_path, monkeypatch, {})
+    _house_with(tmp_path, monkeypatch, {})
     lock = tmp_path / "common.lock"
     lockfile.write_lock(lock, "common", "sha256:same", [pin])
     calls = []
 
     def fake_pip(args, env=None):
         calls.append(args)
-        (house / pin.filename).write_bytes(data)
+        (_downloads(args) / pin.filename).write_bytes(data)
         return subprocess.CompletedProcess(args, 0, "", "")
 
     monkeypatch.setattr(resolve, "_pip", fake_pip)
@@ -154,7 +162,7 @@ def test_truncated_wheel_is_detected_and_fetched_again(proj, tmp_path, monkeypat
         req = Path(args[args.index("-r") + 1]).read_text()
         fetched.append(req)
         assert not (house / pin.filename).exists(), "the bad file must be gone before pip runs"
-        (house / pin.filename).write_bytes(data)
+        (_downloads(args) / pin.filename).write_bytes(data)
         return subprocess.CompletedProcess(args, 0, "", "")
 
     monkeypatch.setattr(resolve, "_pip", fake_pip)
@@ -340,7 +348,7 @@ def _staged_house(tmp_path, monkeypatch):
     pins = {}
     for name in ("a", "b"):
         data = name.encode() * 100
-        (house / f"{name}-1.0-py3-none-any.whl").write_bytes(data)
+        fetch_wheels({f"{name}-1.0-py3-none-any.whl": data})
         pins[name] = lockfile.Pin(name, "1.0", hashlib.sha256(data).hexdigest(), f"{name}-1.0-py3-none-any.whl")
     assert wheelhouse.missing(list(pins.values())) == []
     return house, pins, {"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}
@@ -423,8 +431,8 @@ def test_a_staged_folder_of_a_wheel_fetched_again_is_replaced(tmp_path, monkeypa
     good = path.read_bytes()
     _alter(path, in_place=True, keep_mtime=False)
     assert wheelhouse.missing(list(pins.values()), say=lambda s: None) == [pins["a"]]
-    path.write_bytes(good)  # what fetching it again does
-    wheelhouse.remember(house, {path.name: wheelhouse.stamp(path, pins["a"].sha256)})
+    fetch_wheels({path.name: good})
+    assert wheelhouse.missing(list(pins.values())) == []
     said: list[str] = []
     wheelhouse.build_context(layers, say=said.append)
     assert len(said) == 1 and pins["a"].filename in said[0]
@@ -463,17 +471,23 @@ def test_a_killed_run_s_staging_folders_and_temporary_files_are_removed(tmp_path
     house, _, layers = _staged_house(tmp_path, monkeypatch)
     (house / ".contexts" / ".staging-x1y2z3" / "torch").mkdir(parents=True)
     (house / ".contexts" / ".staging-x1y2z3" / "torch" / "LAYER").write_text("torch\n")
-    (house / f".{wheelhouse.VERIFIED}.k2j3h4g5").write_text('{"half": [')
+    (house / f".{wheelhouse.LEDGER}.k2j3h4g5.tmp").write_text('{"half": [')
+    (house / ".staging-a-1.0-py3-none-any.whl").write_bytes(b"half a copy")
     folder = wheelhouse.build_context(layers)
     assert sorted(p.name for p in (house / ".contexts").iterdir()) == [folder.name]
-    assert not list(house.glob(f".{wheelhouse.VERIFIED}.*"))
+    assert sorted(p.name for p in house.glob(".*")) == [".contexts", ".ledger.json", ".lock"]
 
 
-def test_a_half_written_stamps_file_only_costs_a_hash(tmp_path, monkeypatch):
+def test_a_damaged_ledger_only_costs_a_hash_and_owns_nothing(tmp_path, monkeypatch):
+    """Atomic writes never leave a half-written ledger, but a damaged one (a full disk, a hand edit) proves
+    nothing: the wheels are hashed once more and used, and never removed as the builder's."""
     house, pins, _ = _staged_house(tmp_path, monkeypatch)
-    (house / wheelhouse.VERIFIED).write_text('{"a-1.0-py3-none-any.whl": [1, ')
+    (house / wheelhouse.LEDGER).write_text('{"records": {"a-1.0-py3-none-any.whl": [1, ')
     assert wheelhouse.missing(list(pins.values())) == []
-    assert set(json.loads((house / wheelhouse.VERIFIED).read_text())) == {p.filename for p in pins.values()}
+    records = json.loads((house / wheelhouse.LEDGER).read_text())["records"]
+    assert set(records) == {p.filename for p in pins.values()}
+    assert all("verified" in r["facts"] and "fetched" not in r["facts"] for r in records.values())
+    assert wheelhouse.remove_wheels(p.filename for p in pins.values()) == []
 
 
 def test_removing_a_staged_folder_keeps_the_stamps_of_its_wheels(tmp_path, monkeypatch):
@@ -487,3 +501,67 @@ def test_removing_a_staged_folder_keeps_the_stamps_of_its_wheels(tmp_path, monke
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
     assert wheelhouse.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s)) == kept
+
+
+@pytest.mark.parametrize("how", ["../ up to /", "absolute"])
+def test_a_lock_line_naming_a_path_is_bad_input_and_nothing_outside_is_touched(project, tmp_path, how):
+    """A lock line's ``# <file>`` names a file in the wheelhouse: one naming ``../../…/victim.whl`` (or
+    ``/…/victim.whl``) with a wrong hash made the builder hash that file, find it wrong and delete it.
+    It is bad input, said before anything is fetched: exit 2, one line naming the lock file and line."""
+    house = tmp_path / "house"
+    house.mkdir()
+    victim = tmp_path / "elsewhere" / "victim-1.0-py3-none-any.whl"
+    victim.parent.mkdir()
+    victim.write_bytes(b"not the builder's")
+    named = str(victim) if how == "absolute" else "../" * len(house.parts) + str(victim).lstrip("/")
+    assert (house / named).resolve() == victim
+    lock = project / "images" / "cpu" / "requirements.amd64.lock"
+    lines = lock.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, 1) if line.startswith("torch=="))
+    lines[number - 1] = re.sub(r"  # \S+", f"  # {named}", lines[number - 1])
+    lock.write_text("\n".join(lines) + "\n")
+    proc = run_builder("lock", "-t", "cpu", "--platform", "linux/amd64", cwd=project,
+                       env={"BUILDER_WHEELHOUSE": str(house), "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    where = "images/cpu/requirements.amd64.lock"
+    said = (f"error: {where} line {number}: {named!r} is not {lockfile.WHEEL_NAME}; a lock names wheels in the "
+            f"wheelhouse, never paths: delete {where} and run `builder lock` to resolve it again")
+    assert proc.stderr.splitlines() == [said]
+    assert victim.read_bytes() == b"not the builder's"
+    assert not [p for p in house.iterdir() if not p.name.startswith(".")], "nothing was fetched"
+
+
+def test_a_file_the_builder_did_not_fetch_is_used_if_it_matches_and_never_removed(tmp_path, monkeypatch):
+    """A wheelhouse shared beyond the builder (BUILDER_WHEELHOUSE=/srv/team-wheels) holds others' files:
+    one with the locked bytes is used; one with other bytes under a locked name is left as it is, and
+    the build fails naming it and the fix."""
+    house = _house_with(tmp_path, monkeypatch, {})
+    good, other = _pin("a", "1.0", b"a" * 100, "a-1.0-py3-none-any.whl"), _pin("b", "1.0", b"b" * 100,
+                                                                              "b-1.0-py3-none-any.whl")
+    (house / good.filename).write_bytes(b"a" * 100)  # theirs, the same bytes as the lock's
+    (house / other.filename).write_bytes(b"their own b")  # theirs, other bytes
+    assert wheelhouse.missing([good]) == []
+    assert wheelhouse.build_context({"torch": [good]}).joinpath("torch", good.filename).samefile(house / good.filename)
+    with pytest.raises(TargetFailed, match=re.escape(f"{house / other.filename} is not the locked wheel") +
+                       ".*not a file the builder fetched.*BUILDER_WHEELHOUSE"):
+        wheelhouse.missing([other])
+    assert (house / other.filename).read_bytes() == b"their own b"
+    assert wheelhouse.remove_wheels([good.filename, other.filename]) == []
+    assert (house / good.filename).exists() and (house / other.filename).exists()
+
+
+
+def test_a_run_that_ends_holds_nothing_in_the_wheelhouse(tmp_path, monkeypatch):
+    """A run holds what it staged while it lives; when it exits it lets go of it in the ledger itself, so
+    a user who cannot read its lease (a wheelhouse shared beyond one user) never finds it held for good."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    house, _pins, layers = _staged_house(tmp_path, monkeypatch)
+    wheelhouse.release()  # this process's own hold (it verified them)
+    stage = ("import json, sys; from builder.images import wheelhouse; from builder.images.lockfile import Pin; "
+             "print(wheelhouse.build_context({k: [Pin(**p) for p in v] for k, v in json.loads(sys.argv[1]).items()}))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, "-c", stage, json.dumps({k: [vars(p) for p in v] for k, v in layers.items()})],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    records = json.loads((house / wheelhouse.LEDGER).read_text())["records"]
+    assert records[f".contexts/{Path(out).name}"]["clones"] == {}  # staged, by no clone named
+    assert {key: r["runs"] for key, r in records.items() if r["runs"]} == {}

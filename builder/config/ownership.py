@@ -147,6 +147,14 @@ class Record:
     clones: dict[str, float] = field(default_factory=dict)
     runs: list[str] = field(default_factory=list)
 
+    def use(self, clone: str | None, run: str | None, now: float) -> None:
+        """Used now by *clone* (if given), held by *run* (if given); runs that are gone are dropped."""
+        if clone is not None:
+            self.clones[clone] = now
+        self.runs = [r for r in self.runs if run_state(r) != "gone"]
+        if run is not None and run not in self.runs:
+            self.runs.append(run)
+
     def last_used(self) -> float:
         return max([self.recorded, *self.clones.values()])
 
@@ -167,7 +175,8 @@ class Record:
 class Ledger:
     """The records of one store, in a JSON file (``<state>/owned/<store>.json`` unless *path* is
     given: a store shared beyond this user keeps its ledger beside it). Every change is read,
-    modified and written under the ledger's lock, atomically.
+    modified and written under the ledger's lock (*lock*: the store's own, where it has one, so
+    that its records change together with its files), atomically.
 
     Example:
         >>> import tempfile
@@ -182,12 +191,13 @@ class Ledger:
         {}
     """
 
-    def __init__(self, store: str, path: Path | None = None) -> None:
+    def __init__(self, store: str, path: Path | None = None, lock: Path | None = None) -> None:
         self.store = store
         self.path = path if path is not None else state_dir() / "owned" / f"{store}.json"
+        self.lock = lock  # a store that has a lock of its own (the wheelhouse's) changes its records under it
 
     def _lock(self) -> Path:
-        return self.path.with_name(f".{self.path.name}.lock")
+        return self.lock if self.lock is not None else self.path.with_name(f".{self.path.name}.lock")
 
     def _read(self) -> dict[str, Record]:
         try:
@@ -230,17 +240,13 @@ class Ledger:
             for key in keys:
                 entry = records.setdefault(key, Record(recorded=now))
                 entry.facts.update((facts or {}).get(key) or {})
-                if clone is not None:
-                    entry.clones[clone] = now
-                entry.runs = [r for r in entry.runs if run_state(r) != "gone"]
-                if run is not None and run not in entry.runs:
-                    entry.runs.append(run)
+                entry.use(clone, run, now)
 
-    def release(self, keys: Iterable[str]) -> None:
-        """This run holds *keys* no longer."""
+    def release(self, keys: Iterable[str] | None = None) -> None:
+        """This run holds *keys* (None: everything it holds here) no longer."""
         run = run_token()
         with self.editing() as records:
-            for key in keys:
+            for key in records if keys is None else keys:
                 if key in records:
                     records[key].runs = [r for r in records[key].runs if r != run]
 

@@ -3,8 +3,8 @@
 - ``render.py`` (``templates/`` -> ``images/<target>/Dockerfile``), ``lint.py`` (hadolint).
 - Locks: ``locks.py`` (``builder lock``: reuse or re-resolve each lock), ``lockfile.py`` (the
   lock format), ``resolve.py`` (pip on the host for the image's platform, index probes),
-  ``wheelhouse.py`` (where wheels live, which were verified, and the per-layer folders a build
-  mounts as its named contexts ``wheels-<layer>``).
+  ``wheelhouse.py`` (where wheels live, its ledger of which the builder fetched and verified,
+  and the per-layer folders a build mounts as its named contexts ``wheels-<layer>``).
 - ``base.py``: the reproducible, pinned base (mmdebstrap).
 - ``plan.py`` (per target view: content tag, references, build request and the ordered
   stages; the pure reuse decision), ``execute.py`` (the executor: build -> smoke -> tag ->

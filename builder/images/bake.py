@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.images import layers, locks, wheelhouse
 from builder.images.plan import ViewPlan, make_plan
@@ -99,5 +100,5 @@ def stage_contexts(project: Project, targets: Sequence[Target], say: Callable[[s
     failed = locks.lock_all(project, views, say)
     for view in views:
         if view.unit not in failed:
-            wheelhouse.build_context(layers.context_layers(project, view))
+            wheelhouse.build_context(layers.context_layers(project, view), clone_id(project.root))
     return failed

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from builder.config.errors import TargetFailed, UserError
+from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.config.state import owner, owner_gone
 from builder.images import plan as plans
@@ -199,11 +200,12 @@ def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[s
     return gone
 
 
-def _stage_wheels(plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
+def _stage_wheels(project: Project, plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
     """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse), or check
-    those staged before; *say* gets a line for each folder replaced."""
+    those staged before; *say* gets a line for each folder replaced. This run holds them until
+    :func:`builder.images.gc.after_build`: no clean-up removes them while the engine reads them."""
 
-    wheelhouse.build_context(plan.wheels, say=say)
+    wheelhouse.build_context(plan.wheels, clone_id(project.root), say=say)
 
 
 class Executor:
@@ -251,7 +253,7 @@ class Executor:
 
     def _build(self, run: _Run) -> None:
         plan, out, unit = run.plan, run.out, run.plan.unit
-        _stage_wheels(plan, self.ui.say)
+        _stage_wheels(self.project, plan, self.ui.say)
         request = replace(plan.request, cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
 
@@ -426,7 +428,7 @@ class Executor:
     def _shared_stage(self, plan: plans.ViewPlan) -> None:
         self.ui.say("building the shared stage once")
         try:
-            _stage_wheels(plan, self.ui.say)
+            _stage_wheels(self.project, plan, self.ui.say)
             request = plans.shared_stage(plan)
             self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
                               cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))

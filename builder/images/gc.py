@@ -2,13 +2,16 @@
 
 Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
 
-- **wheelhouse** (:func:`builder.images.wheelhouse.location`): a wheel no lock under ``images/``
-  of this checkout pins. The wheelhouse is shared by every clone of the user, so a file younger than
-  ``keep_days`` is kept (another clone's lock may pin it), and so is one hard-linked from a staged
-  folder that is kept.
-- **contexts** (``<wheelhouse>/.contexts/<hash>``): a staged folder that is no current target
-  view's :func:`~builder.images.wheelhouse.context_folder`, older than ``keep_days`` (a build
-  touches the folders it staged: :func:`after_build`).
+- **wheelhouse** (:func:`builder.images.wheelhouse.location`): a wheel the builder fetched (its
+  ledger records it: :mod:`builder.images.wheelhouse`) that no lock under ``images/`` of this
+  checkout pins, no live build holds and no other clone used within ``keep_days`` (the wheelhouse is
+  shared by every clone of the user, and beyond); one hard-linked from a staged folder that is kept
+  stays too. A file the builder did not fetch (a note, another project's wheel) is never touched:
+  the report says how many there are, once.
+- **contexts** (``<wheelhouse>/.contexts/<hash>``): a folder the builder staged (recorded) that is
+  no current target view's :func:`~builder.images.wheelhouse.context_folder`, that no live build
+  holds (a build holds what it staged until the engine is done with it) and no other clone used
+  within ``keep_days``.
 - **build cache**: BuildKit's copies of the wheel contexts (``local source for wheels-<layer>``):
   BuildKit keeps one copy per context name and syncs it in place; any older record of the same
   name is a leftover (a concurrent build's, or an older one's). Pruned through ``docker buildx
@@ -21,8 +24,8 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   references: ``docker-registry garbage-collect``, with that registry stopped (its docs ask it
   read-only or stopped) and started again when it was running.
 
-Deleting from the wheelhouse happens under its lock, so a concurrent build never loses a file
-it is staging.
+Deleting from the wheelhouse happens under its lock, decided again there, so a concurrent build
+never loses a file it is staging.
 
 Example:
     >>> found = collect(connect(), project, keep_days=7)  # doctest: +SKIP
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.files import locked
+from builder.config.ownership import Record, clone_id
 from builder.config.project import LABEL_PREFIX, Project, TargetView
 from builder.config.state import state_dir
 from builder.images import layers, lockfile, wheelhouse
@@ -60,7 +64,6 @@ KEEP_DAYS = 7
 #: BuildKit's description of a wheel context's copy (:func:`builder.images.layers.context_name`).
 WHEEL_SOURCE = "local source for wheels-"
 TARGET_LABEL = f"{LABEL_PREFIX}.target"
-DAY = 86400.0
 
 
 @dataclass(frozen=True)
@@ -170,35 +173,46 @@ def _held(paths: Iterable[Path]) -> int:
     return sum(seen.values())
 
 
-def _age_days(path: Path, now: float) -> float:
-    try:
-        return (now - path.lstat().st_mtime) / DAY
-    except OSError:
-        return 0.0
+@dataclass
+class FileSelection:
+    """What :func:`select_files` found: what goes, what a live build keeps, what is not the builder's."""
+
+    folders: list[Path] = field(default_factory=list)  # staged folders that go
+    wheels: list[Path] = field(default_factory=list)  # wheels that go
+    held: list[Path] = field(default_factory=list)  # staged folders that would go, but a live build holds them
+    foreign: list[Path] = field(default_factory=list)  # files and folders the builder did not record: never touched
 
 
-def select_files(house: Path, wanted_wheels: set[str], wanted_contexts: set[str], keep_days: float,
-                 now: float | None = None) -> tuple[list[Path], list[Path]]:
-    """(stale staged folders, stale wheels) of *house*: not wanted by this checkout and older than
+def select_files(house: Path, records: dict[str, Record], wanted_wheels: set[str], wanted_contexts: set[str],
+                 clone: str | None, keep_days: float, now: float | None = None) -> FileSelection:
+    """What goes from *house*: the staged folders and the wheels its ledger *records* as the builder's
+    that this checkout (*clone*) does not want, no live run holds and no other clone used within
     *keep_days*; a wheel hard-linked from a kept folder stays (another clone stages it).
 
     Example:
-        >>> select_files(Path("/nonexistent"), set(), set(), 7)
-        ([], [])
+        >>> select_files(Path("/nonexistent"), {}, set(), set(), "/src/project", 7)
+        FileSelection(folders=[], wheels=[], held=[], foreign=[])
     """
     now = time.time() if now is None else now
-    folders = _entries(house / ".contexts", Path.is_dir)
-    stale_folders = [p for p in folders if p.name not in wanted_contexts and _age_days(p, now) >= keep_days]
-    gone = set(stale_folders)
-    linked = _linked(p for p in folders if p not in gone)
-    wheels = _entries(house, Path.is_file)
-    stale_wheels = []
-    for p in wheels:
-        st = p.lstat()
-        if p.name in wanted_wheels or (st.st_dev, st.st_ino) in linked or _age_days(p, now) < keep_days:
+    found = FileSelection()
+    folders = _entries(house / wheelhouse.CONTEXTS, Path.is_dir)
+    for path in folders:
+        record = records.get(wheelhouse.context_key(path))
+        if record is None or path.is_symlink():
+            found.foreign.append(path)
+        elif path.name not in wanted_contexts and not record.used_by_others(clone, keep_days, now):
+            (found.held if record.held() else found.folders).append(path)
+    linked = _linked(p for p in folders if p not in set(found.folders))
+    for path in _entries(house, Path.is_file):
+        record = records.get(path.name)
+        if record is None or not wheelhouse.fetched(record, path):
+            found.foreign.append(path)
             continue
-        stale_wheels.append(p)
-    return stale_folders, stale_wheels
+        st = path.lstat()
+        if path.name not in wanted_wheels and (st.st_dev, st.st_ino) not in linked and record.removable(
+                clone, keep_days, now):
+            found.wheels.append(path)
+    return found
 
 
 def _entries(folder: Path, kind: Callable[[Path], bool]) -> list[Path]:
@@ -368,20 +382,31 @@ def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAY
 
 
 def _collect_files(found: Found, project: Project, keep_days: float, items: bool) -> None:
-    """The wheelhouse and the staged folders: what they hold, and (with *items*) what goes."""
+    """The wheelhouse and the staged folders: what they hold, and (with *items*) what goes, what a live
+    build keeps, and how many files and folders there are not the builder's (said once per store)."""
     house = wheelhouse.location()
-    contexts = house / ".contexts"
+    contexts = house / wheelhouse.CONTEXTS
     found.where |= {"wheelhouse": str(house), "contexts": str(contexts)}
     found.held["wheelhouse"] = _held(p for p in house.iterdir() if p.is_file() and not p.name.startswith("."))
     found.held["contexts"] = freed_bytes([contexts]) if contexts.is_dir() else 0  # not linked from the wheelhouse
     if items:
-        folders, wheels = select_files(house, referenced_wheels(project), current_contexts(project), keep_days)
-        found.items += [Item("contexts", str(p), freed_bytes([p])) for p in folders]
-        found.items += [Item("wheelhouse", p.name, freed_bytes([p])) for p in wheels]
+        chosen = select_files(house, wheelhouse.records(), referenced_wheels(project), current_contexts(project),
+                              clone_id(project.root), keep_days)
+        found.items += [Item("contexts", str(p), freed_bytes([p])) for p in chosen.folders]
+        found.items += [Item("wheelhouse", p.name, freed_bytes([p])) for p in chosen.wheels]
         # A wheel and the folders linking it go together: their shared bytes are freed by both.
-        shared = freed_bytes([*folders, *wheels]) - sum(i.bytes for i in found.items)
+        shared = freed_bytes([*chosen.folders, *chosen.wheels]) - sum(i.bytes for i in found.items)
         if shared > 0:
             found.items.append(Item("wheelhouse", "(wheels linked from the folders above)", shared))
+        found.kept += [Item("contexts", str(p), 0, "a live build holds it") for p in chosen.held]
+        files = [p for p in chosen.foreign if p.parent == house]
+        folders = [p for p in chosen.foreign if p.parent == contexts]
+        if files:
+            found.kept.append(Item("wheelhouse", str(house), 0,
+                                   f"{len(files)} files the builder did not fetch: never touched"))
+        if folders:
+            found.kept.append(Item("contexts", str(contexts), 0,
+                                   f"{len(folders)} folders the builder did not stage: never touched"))
 
 
 def _collect_engine(found: Found, engine: Engine, project: Project, items: bool) -> None:
@@ -429,19 +454,17 @@ def remove(engine: Engine | None, project: Project, found: Found,
 
 
 def _remove_files(project: Project, found: Found) -> None:
-    """Remove *found*'s staged folders and wheels that are still stale."""
+    """Remove *found*'s staged folders and wheels that still go."""
     house = wheelhouse.location()
     with locked(wheelhouse.lock_path()):
-        # Decided again under the lock: a build may have staged (linked) since collect looked.
-        folders, wheels = select_files(house, referenced_wheels(project), current_contexts(project), 0)
+        # Decided again under the lock: a build may have staged (linked, held) since collect looked.
+        chosen = select_files(house, wheelhouse.records(), referenced_wheels(project), current_contexts(project),
+                              clone_id(project.root), 0)
         listed = {i.name for i in found.items if i.store in ("contexts", "wheelhouse")}
-        for path in folders:
+        for path in chosen.folders:
             if str(path) in listed:
                 wheelhouse.remove_context(path)  # keeps the stamps of the wheels it linked current
-        gone = {p.name: None for p in wheels if p.name in listed}
-        for name in gone:
-            (house / name).unlink(missing_ok=True)
-        wheelhouse.remember(house, dict(gone))
+        wheelhouse.remove_wheels(p.name for p in chosen.wheels if p.name in listed)
 
 
 def _remove_from_engine(engine: Engine, found: Found) -> list[Item]:
@@ -456,18 +479,18 @@ def _remove_from_engine(engine: Engine, found: Found) -> list[Item]:
     return failed
 
 
-def after_build(project: Project, built: Iterable[TargetView], keep_days: float = 1.0) -> None:
-    """What ``builder build`` cleans itself after building: it marks the folders it staged as used
-    now, and removes staged folders no current view of this checkout names that no build used for
-    *keep_days* (another clone's building folder is younger). Best effort: never fails a build."""
+def after_build(project: Project, keep_days: float = 1.0) -> None:
+    """What ``builder build`` cleans itself after building: the engine is done with the folders this
+    run staged, so it holds them no more; then the staged folders the builder recorded that no current
+    view of this checkout names, no live build holds and no other clone used for *keep_days* go.
+    Best effort: never fails a build."""
     with contextlib.suppress(Exception):  # a cleanup; the build itself has its outcome already
+        wheelhouse.release()
         house = wheelhouse.location()
-        for name in current_contexts(project, built):
-            with contextlib.suppress(OSError):
-                os.utime(house / ".contexts" / name)
         with locked(wheelhouse.lock_path()):
-            folders, _ = select_files(house, set(), current_contexts(project), keep_days)
-            for path in folders:
+            chosen = select_files(house, wheelhouse.records(), set(), current_contexts(project),
+                                  clone_id(project.root), keep_days)
+            for path in chosen.folders:
                 wheelhouse.remove_context(path)
 
 

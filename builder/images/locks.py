@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
+from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
@@ -52,7 +53,7 @@ def _ensure(project: Project, platform: str, path: Path, what: str, fingerprint:
     """
     recorded, pins = read_lock(path)
     if recorded == fingerprint and pins:
-        missing = missing_wheels(pins) if fetch else []
+        missing = missing_wheels(pins, clone_id(project.root)) if fetch else []
         if missing:
             # Locked but not downloaded (fresh clone, new runner) or damaged: fetch exactly the locked files.
             fetch_locked(project, missing, path, index(), platform)
@@ -257,7 +258,12 @@ def lock_all(
     """Lock tools, common and every target view, per platform; return {view's unit: error} for those that failed.
 
     ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
+    A lock line that names a path rather than a wheel (:func:`builder.images.lockfile.read_lock`)
+    stops it before anything is resolved or fetched.
     """
+    for path in dict.fromkeys([*(shared_lock_path(project, name, v.platform) for v in views for name in ("tools", "common")),
+                               *(project.root / v.lock for v in views)]):
+        read_lock(path)
     common: dict[str, list[Pin]] = {}
     for platform in dict.fromkeys(v.platform for v in views):
         try:

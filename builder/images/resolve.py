@@ -29,11 +29,12 @@ from packaging.utils import canonicalize_name
 from uv import find_uv_bin
 
 from builder.config import platforms
-from builder.config.errors import TargetFailed
+from builder.config.errors import TargetFailed, UserError
+from builder.config.ownership import clone_id
 from builder.config.project import Project
 from builder.config.urls import public, redact
 from builder.images import wheelhouse
-from builder.images.lockfile import Pin
+from builder.images.lockfile import Pin, wheel_name_problem
 from builder.images.progress import HEARTBEAT_S, heartbeat
 
 
@@ -220,7 +221,7 @@ def resolve(
             raise TargetFailed(_uv_error(proc))
         wanted = _locked_wheels(work / "annotated.txt", work / "pylock.toml")
         _download_missing(project, platform, house, wanted, work)
-    return _checked_pins(house, wanted)
+    return _checked_pins(project, house, wanted)
 
 
 def _locked_wheels(annotated: Path, pylock: Path) -> list[tuple[Pin, str, int | None]]:
@@ -229,8 +230,14 @@ def _locked_wheels(annotated: Path, pylock: Path) -> list[tuple[Pin, str, int | 
     wanted = []
     for package in tomllib.loads(pylock.read_text())["packages"]:
         wheel = package["wheels"][0]
+        # The wheelhouse's name for the file pip saves from this URL: its last segment, decoded as pip does.
         filename = urllib.parse.unquote(urllib.parse.urlsplit(wheel["url"]).path.rsplit("/", 1)[-1])
         index = indexes.get(canonicalize_name(package["name"]))
+        if problem := wheel_name_problem(filename, package["name"], package["version"]):
+            source = public(index or package.get("index") or wheel["url"])
+            raise UserError(f"the index {source} serves {package['name']} {package['version']} as "
+                            f"{public(wheel['url'])}: {problem}; its file URLs must end in the wheel's own file "
+                            "name: fix the index, or use another one (--index, BUILDER_INDEX_*, pip's configuration)")
         wanted.append((Pin(package["name"], package["version"], wheel["hashes"]["sha256"], filename,
                            public(index) if index else None), wheel["url"], wheel.get("size")))
     return wanted
@@ -246,24 +253,20 @@ def _download_missing(project: Project, platform: str, house: Path, wanted: list
         proc = _download(["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(work / "wheels"),
                           *platform_args(project, platform), "-r", str(work / "download.txt")],
                          {pin.filename: size for pin, _url, size in wanted if not (house / pin.filename).exists()})
-        wheelhouse.adopt(work / "wheels")
+        wheelhouse.adopt(work / "wheels", clone_id(project.root))
         if proc.returncode != 0:
             raise TargetFailed(_pip_error(proc))
 
 
-def _checked_pins(house: Path, wanted: list[tuple[Pin, str, int | None]]) -> list[Pin]:
-    """The *wanted* pins, each wheel in the wheelhouse with its hash (one that differs is removed)."""
-    pins = []
-    for pin, _url, _size in wanted:
-        path = house / pin.filename
-        if not path.exists():
+def _checked_pins(project: Project, house: Path, wanted: list[tuple[Pin, str, int | None]]) -> list[Pin]:
+    """The *wanted* pins, each wheel in the wheelhouse with its hash (one of the builder's that differs is
+    removed; :func:`builder.images.wheelhouse.missing`)."""
+    pins = [pin for pin, _url, _size in wanted]
+    for pin in pins:
+        if not (house / pin.filename).exists():
             raise TargetFailed(f"uv resolved {pin.filename} but pip did not download it into {house}")
-        sha = wheelhouse.sha256_file(path)
-        if sha != pin.sha256:
-            path.unlink()
-            raise TargetFailed(f"{pin.filename}: sha256 {sha} does not match the index's {pin.sha256}; removed, retry")
-        pins.append(pin)
-    wheelhouse.remember(house, {p.filename: wheelhouse.stamp(house / p.filename, p.sha256) for p in pins})
+    for pin in wheelhouse.missing(pins, clone_id(project.root), say=lambda _line: None)[:1]:
+        raise TargetFailed(f"{pin.filename}: its sha256 does not match the index's {pin.sha256}; removed, retry")
     return pins
 
 
@@ -296,9 +299,9 @@ def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | 
             proc = _download([*download, *(_index_args(recorded) if recorded else fallback)], sizes)
             if proc.returncode != 0 and recorded:
                 proc = _download([*download, *fallback], sizes)
-            wheelhouse.adopt(Path(tmp) / "wheels")
+            wheelhouse.adopt(Path(tmp) / "wheels", clone_id(project.root))
         if proc.returncode != 0:
             errors.append(_pip_error(proc))
-    if errors or wheelhouse.missing(missing):
+    if errors or wheelhouse.missing(missing, clone_id(project.root)):
         raise TargetFailed(f"fetching the wheels pinned in {lock.name} failed: {' '.join(errors)}; "
                            f"delete {lock} to re-resolve")

@@ -1,32 +1,43 @@
-"""The shared wheelhouse: where resolved wheels live, which of them were verified by hash, and the
-per-layer folders a build mounts them from.
+"""The shared wheelhouse: where resolved wheels live, which of them are the builder's and verified by
+hash, and the per-layer folders a build mounts them from.
 
 One folder for all targets and all clones (``BUILDER_WHEELHOUSE``, else the user's state
-folder). A file is trusted only with its locked sha256; a verified stamp (inode, size,
-mtime_ns, ctime_ns, sha256) is remembered in a sidecar file so that a no-op build does not
-re-hash gigabytes of wheels, as pip and uv do: any write to a file moves its ctime, which no
-one can set back, so a file altered in place is hashed again even when its mtime was reset.
-A staged folder is checked against those stamps before each build (:func:`build_context`).
-Everything that reads-modifies-writes the stamps, removes a wheel or touches ``.contexts``
-holds :func:`lock_path`.
+folder). What in it is the builder's own is what its ledger says (:data:`LEDGER`, beside the wheels,
+since a wheelhouse given by ``BUILDER_WHEELHOUSE`` may be shared beyond this user: a
+:class:`builder.config.ownership.Ledger`): a record per wheel the builder fetched (its file name;
+facts: ``fetched`` and its ``verified`` stamp) and per folder it staged
+(``.contexts/<hash>``), each with the clones that used it last and the runs that hold it now.
+A file the builder found there (a note, another project's wheel) is never altered or removed: one
+that a lock pins with its sha256 is used, its record holding only its ``verified`` stamp.
+
+A file is trusted only with its locked sha256. Its verified stamp (inode, size, mtime_ns,
+ctime_ns, sha256) spares a no-op build the re-hashing of gigabytes of wheels, as pip and uv do: any
+write to a file moves its ctime, which no one can set back, so a file altered in place is hashed
+again even when its mtime was reset. A staged folder is checked against those stamps before each
+build (:func:`build_context`). Everything that changes the ledger, removes a wheel or touches
+``.contexts`` holds :func:`lock_path`, the ledger's lock too.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat as stat_mode
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from builder.config.errors import TargetFailed
+from builder.config.errors import TargetFailed, UserError
 from builder.config.files import atomic_write, locked
+from builder.config.ownership import Ledger, Record, run_token
 from builder.config.state import state_dir
-from builder.images.lockfile import Pin
+from builder.images.lockfile import Pin, wheel_name_problem
 
 
 def location() -> Path:
@@ -38,14 +49,36 @@ def location() -> Path:
 
 def lock_path() -> Path:
     """The wheelhouse's lock file (:func:`builder.config.files.locked`, exclusive): held by whoever
-    reads-modifies-writes :data:`VERIFIED`, removes or replaces a wheel, or stages, checks, replaces
-    or removes a folder under ``.contexts`` (staging here, ``builder gc``). Never nest it.
+    changes the ledger, removes or brings in a wheel, or stages, checks, replaces or removes a folder
+    under ``.contexts`` (staging here, ``builder gc``).
 
     Example:
         >>> lock_path().name
         '.lock'
     """
     return location() / ".lock"
+
+
+#: The wheelhouse's ledger, beside the wheels (its lock is :func:`lock_path`).
+LEDGER = ".ledger.json"
+#: Where the builder kept its verified stamps before it kept a ledger ({file: stamp}): read once, by
+#: :func:`_before_the_ledger`, then removed.
+BEFORE_LEDGER_STAMPS = ".verified.json"
+#: The clone a record taken in from before the ledger names (last used: the file's mtime).
+BEFORE_LEDGER = "(before the ledger)"
+#: The folder of the staged folders, and the prefix of their ledger keys.
+CONTEXTS = ".contexts"
+
+
+def ledger(house: Path | None = None) -> Ledger:
+    """The wheelhouse's ledger (the records themselves: :func:`records`)."""
+    house = location() if house is None else house
+    return Ledger("wheelhouse", house / LEDGER, lock=house / ".lock")
+
+
+def context_key(folder: Path) -> str:
+    """The ledger's key of a staged folder: ``.contexts/<hash>``."""
+    return f"{CONTEXTS}/{folder.name}"
 
 
 def sha256_file(path: Path) -> str:
@@ -60,9 +93,12 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-#: Sidecar in the wheelhouse: {file: [inode, size, mtime_ns, ctime_ns, sha256]} of files whose hash was
-#: checked (an older stamp without the inode and ctime never matches: that file is hashed once more).
-VERIFIED = ".verified.json"
+def _wheel(house: Path, name: str) -> Path:
+    """The wheelhouse file of the wheel *name*: a plain wheel file name, never a path (read_lock and
+    the resolution refuse others first, naming their source)."""
+    if problem := wheel_name_problem(name):
+        raise UserError(f"wheelhouse {house}: {problem}")
+    return house / name
 
 
 def _key(st: os.stat_result) -> list[object]:
@@ -72,53 +108,131 @@ def stamp(path: Path, sha256: str) -> list[object]:
     """The verified stamp of *path*, whose content hashes to *sha256* (the caller checked)."""
     return [*_key(path.stat()), sha256]
 
-def _stamps(house: Path) -> dict[str, list[object]]:
+def _stamp(records: Mapping[str, Record], name: str) -> list[object] | None:
+    record = records.get(name)
+    value = record.facts.get("verified") if record is not None else None
+    return value if isinstance(value, list) and len(value) == 5 else None
+
+
+def fetched(record: Record | None, path: Path) -> bool:
+    """Whether *path* is a file the builder fetched, as its *record* says (not one it only found there
+    and verified), and a plain file still.
+
+    Example:
+        >>> fetched(None, Path("/etc/hostname")), fetched(Record({"verified": [1, 2, 3, 4, "ab"]}), Path("/etc/hostname"))
+        (False, False)
+    """
+    if record is None or record.facts.get("fetched") is not True:
+        return False
     try:
-        data = json.loads((house / VERIFIED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # absent, or not JSON: every file is hashed again
-        return {}
-    return data if isinstance(data, dict) else {}
+        return stat_mode.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
-def _write_stamps(house: Path, stamps: Mapping[str, list[object]]) -> None:
-    """Write the stamps (the caller holds the lock)."""
-    atomic_write(house / VERIFIED, json.dumps(stamps, sort_keys=True, indent=1) + "\n")
 
-def remember(house: Path, changes: dict[str, list[object] | None]) -> None:
-    """Merge *changes* (None: forget) into the stamps, under the lock: other builds share the file."""
-    if not changes:
-        return
+@contextlib.contextmanager
+def _records(house: Path, say: Callable[[str], object]) -> Iterator[dict[str, Record]]:
+    """The ledger's records to change in place, written back when the block ends without an error;
+    the caller holds :func:`lock_path`. A wheelhouse without a ledger first takes in what the builder
+    can prove it brought there before it kept one (:func:`_before_the_ledger`)."""
+    book = ledger(house)
+    first = not book.path.exists()
+    with book.editing() as records:
+        if first:
+            _before_the_ledger(house, records, say)
+        yield records
+    if first:
+        (house / BEFORE_LEDGER_STAMPS).unlink(missing_ok=True)
+
+
+def records(say: Callable[[str], object] = _stderr) -> dict[str, Record]:
+    """The wheelhouse ledger's records (taking in those from before the ledger first, if it has none)."""
+    house = location()
     with locked(lock_path()):
-        stamps = _stamps(house)
-        for name, value in changes.items():
-            if value is None:
-                stamps.pop(name, None)
-            else:
-                stamps[name] = value
-        _write_stamps(house, stamps)
+        if not ledger(house).path.exists():
+            with _records(house, say):
+                pass
+        return ledger(house).records()
+
+
+def _before_the_ledger(house: Path, records: dict[str, Record], say: Callable[[str], object]) -> None:
+    """Record what the builder brought into *house* before it kept a ledger, where it can prove it:
+
+    - a wheel its :data:`BEFORE_LEDGER_STAMPS` stamps (the builder wrote a stamp only for a file it
+      had hashed against a lock's sha256) whose stat is still that stamp, or whose bytes still hash
+      to it (a hard link moved its ctime);
+    - a folder under ``.contexts`` laid out as the builder stages one (each layer's folder holding
+      its :data:`MARKER`).
+
+    Each counts as last used by :data:`BEFORE_LEDGER` at its mtime (``--keep-days`` keeps it as the
+    age did before). Any other file is not the builder's, and is never removed.
+    """
+    try:
+        stamps = json.loads((house / BEFORE_LEDGER_STAMPS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stamps = {}
+    now = time.time()
+    for name, value in sorted(stamps.items()) if isinstance(stamps, dict) else ():
+        if (verified := _still_verified(house, name, value, say)) is not None:
+            records[name] = Record({"fetched": True, "verified": verified}, now,
+                                   {BEFORE_LEDGER: (house / name).lstat().st_mtime})
+    for folder in sorted((house / CONTEXTS).iterdir()) if (house / CONTEXTS).is_dir() else ():
+        layers = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() and not folder.name.startswith(".") else []
+        if layers and all((p / MARKER).is_file() for p in layers):
+            records[context_key(folder)] = Record(recorded=now, clones={BEFORE_LEDGER: folder.stat().st_mtime})
+
+
+def _still_verified(house: Path, name: str, value: object, say: Callable[[str], object]) -> list[object] | None:
+    """The current stamp of wheelhouse file *name* if its old stamp *value* still holds: its stat is the
+    stamp's, or its bytes still hash to the stamp's sha256; else None."""
+    if wheel_name_problem(name) or not isinstance(value, list) or len(value) != 5:
+        return None
+    try:
+        st = (house / name).lstat()
+    except OSError:
+        return None
+    current = [*_key(st), str(value[-1])]
+    if not stat_mode.S_ISREG(st.st_mode) or (current != value and _hash(house / name, say) != value[-1]):
+        return None
+    return current
+
 
 #: A file this large says it is being hashed (a few seconds each): a long check is never silent.
 SAY_HASHING_BYTES = 256 << 20
 
 
-def _verified(house: Path, stamps: dict[str, list[object]], name: str, sha256: str,
+def _hash(path: Path, say: Callable[[str], object]) -> str:
+    size = path.stat().st_size
+    if size >= SAY_HASHING_BYTES:
+        say(f"wheelhouse: checking {path.name} ({size / 1e9:.2f} GB) against its locked sha256")
+    return sha256_file(path)
+
+
+def _verified(house: Path, records: dict[str, Record], name: str, sha256: str,
               say: Callable[[str], object] = _stderr) -> bool | None:
-    """Whether wheelhouse file *name* holds *sha256*: by its stamp, else hashed (and *stamps* updated);
-    None when it is absent. A file that no longer matches is removed and its stamp forgotten."""
-    path = house / name
+    """Whether wheelhouse file *name* holds *sha256*: by its stamp, else hashed (and its stamp kept in
+    *records*); None when it is absent. A file of the builder's that no longer matches is removed and
+    its record dropped; one that is not the builder's is left as it is (TargetFailed, naming it)."""
+    path = _wheel(house, name)
     try:
         current = stamp(path, sha256)
     except FileNotFoundError:
-        stamps.pop(name, None)
+        records.pop(name, None)
         return None
-    if stamps.get(name) == current:
+    if _stamp(records, name) == current:
         return True
-    if int(str(current[1])) >= SAY_HASHING_BYTES:
-        say(f"wheelhouse: checking {name} ({int(str(current[1])) / 1e9:.2f} GB) against its locked sha256")
-    if sha256_file(path) == sha256:
-        stamps[name] = current
+    if not stat_mode.S_ISREG(path.stat().st_mode):
+        raise TargetFailed(f"wheelhouse: {path} is not a file (a device, a folder, a link to one): left as it is; "
+                           "move it away, or set BUILDER_WHEELHOUSE to a folder of the builder's own")
+    if _hash(path, say) == sha256:
+        records.setdefault(name, Record(recorded=time.time())).facts["verified"] = current
         return True
+    if not fetched(records.get(name), path):
+        raise TargetFailed(f"wheelhouse: {path} is not the locked wheel (sha256 {sha256}) and not a file the "
+                           f"builder fetched ({house / LEDGER} has no record of it): left as it is; move it away, "
+                           "or set BUILDER_WHEELHOUSE to a folder of the builder's own")
     path.unlink(missing_ok=True)  # truncated or altered: never serve it to a build
-    stamps.pop(name, None)
+    records.pop(name, None)
     return False
 
 def _waiting(say: Callable[[str], object]) -> Callable[[int], object]:
@@ -127,45 +241,82 @@ def _waiting(say: Callable[[str], object]) -> Callable[[int], object]:
                                f"({seconds} s)")
 
 
-def missing(pins: list[Pin], say: Callable[[str], object] = _stderr) -> list[Pin]:
-    """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file is removed
-    (and said, in one line: the caller fetches it again).
+def missing(pins: list[Pin], clone: str | None = None, say: Callable[[str], object] = _stderr) -> list[Pin]:
+    """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file of the
+    builder's is removed (and said, in one line: the caller fetches it again). The others are used
+    now by *clone* (:func:`builder.config.ownership.clone_id`) and held by this run.
 
     Hashing every locked file on each no-op build is too slow (CUDA torch is ~3 GB), so a
     verified stamp is remembered per file and only changed files are re-hashed.
     """
     house = location()
     absent: list[Pin] = []
-    with locked(lock_path(), waiting=_waiting(say)):
-        stamps = _stamps(house)
-        before = dict(stamps)
+    with locked(lock_path(), waiting=_waiting(say)), _records(house, say) as book:
+        run, now = _holding(house), time.time()
         for pin in pins:
-            found = _verified(house, stamps, pin.filename, pin.sha256, say)
+            found = _verified(house, book, pin.filename, pin.sha256, say)
             if found is False:
                 say(f"wheelhouse: {house / pin.filename} no longer matches its locked sha256 (altered on "
                     f"disk): removed, fetching it again")
-            if not found:
+            if found:
+                book[pin.filename].use(clone, run, now)
+            else:
                 absent.append(pin)
-        if stamps != before:
-            _write_stamps(house, stamps)
     return absent
 
 
-def adopt(downloads: Path) -> None:
+def adopt(downloads: Path, clone: str | None = None) -> None:
     """Move the wheels pip downloaded into *downloads* (a private folder) into the wheelhouse, each by
-    one rename under the lock: pip writes a file in place, so downloading straight into the wheelhouse
-    let two builds at once rewrite a wheel that the other had verified or staged. A name another
-    build brought first stays as it is (the hash check that follows judges it)."""
+    one rename under the lock, and record each as the builder's (fetched, used by *clone*, held by this
+    run): pip writes a file in place, so downloading straight into the wheelhouse let two builds at
+    once rewrite a wheel that the other had verified or staged. A name already there (another build
+    brought it first, or it is not the builder's) stays as it is (the hash check that follows judges
+    it); a file that is not a wheel by its name stays in *downloads*."""
     house = location()
-    with locked(lock_path()):
-        for path in downloads.glob("*") if downloads.is_dir() else ():
-            if (house / path.name).exists():
+    with locked(lock_path()), _records(house, _stderr) as book:
+        run, now = _holding(house), time.time()
+        for path in sorted(downloads.glob("*")) if downloads.is_dir() else ():
+            if wheel_name_problem(path.name) or not path.is_file() or os.path.lexists(house / path.name):
                 continue
             try:
                 os.rename(path, house / path.name)
             except OSError:  # another file system: a copy, renamed into place whole
                 shutil.copyfile(path, house / f"{STAGING}{path.name}")
                 os.rename(house / f"{STAGING}{path.name}", house / path.name)
+            book[path.name] = Record({"fetched": True}, now)
+            book[path.name].use(clone, run, now)
+
+
+def release() -> None:
+    """This run holds nothing in the wheelhouse any more (the engine is done with its staged folders)."""
+    ledger().release()
+
+
+#: The wheelhouses this process holds something in: each is released when it exits (:func:`_holding`).
+_HOLDING: set[Path] = set()
+
+
+def _holding(house: Path) -> str:
+    """This run's token, holding something in *house*: at a clean exit it lets go of it there
+    (:func:`_release_at_exit`), so that a run whose lease another user cannot read (``unknown`` to them)
+    holds nothing after it ended; a killed run's hold ends with its lease."""
+    if house not in _HOLDING:
+        _HOLDING.add(house)
+        atexit.register(_release_at_exit, house)
+    return run_token()
+
+
+class _Busy(Exception):
+    pass
+
+
+def _release_at_exit(house: Path) -> None:
+    """:func:`release` for *house*, unless another process holds its lock (an exit never waits for it)."""
+    def give_up(_seconds: int) -> None:
+        raise _Busy
+
+    with contextlib.suppress(_Busy, OSError), locked(house / ".lock", waiting=give_up):
+        ledger(house).release()
 
 
 #: In every layer's folder beside its wheels, holding the layer's name: a context is never empty.
@@ -196,10 +347,11 @@ def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
     listing = json.dumps({layer: sorted([MARKER, *(p.filename for p in pins)]) for layer, pins in layers.items()},
                          sort_keys=True)
     # Beside the wheels: the same file system, so hard links.
-    return location() / ".contexts" / hashlib.sha256(listing.encode()).hexdigest()[:32]
+    return location() / CONTEXTS / hashlib.sha256(listing.encode()).hexdigest()[:32]
 
 
-def build_context(layers: Mapping[str, Sequence[Pin]], say: Callable[[str], object] = _stderr) -> Path:
+def build_context(layers: Mapping[str, Sequence[Pin]], clone: str | None = None,
+                  say: Callable[[str], object] = _stderr) -> Path:
     """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels
     (and :data:`MARKER`), each the context ``wheels-<layer>`` (:func:`builder.images.plan.wheel_contexts`).
 
@@ -214,34 +366,38 @@ def build_context(layers: Mapping[str, Sequence[Pin]], say: Callable[[str], obje
     or a copy with its own stamp. Else it is replaced by a freshly staged one and removed, and
     *say* gets one line naming the file. Staged files are never altered in place: BuildKit syncs a
     named context by size and mtime, so a replaced file also gets an mtime the old one did not have.
+    The folder and its wheels are recorded as used now by *clone* and held by this run, until it
+    ends or calls :func:`release`: no clean-up removes them meanwhile.
     Raises TargetFailed when a wheel is absent or altered in the wheelhouse (the caller fetched it).
     """
     folder = context_folder(layers)
     house = location()
-    with locked(lock_path(), waiting=_waiting(say)):
+    failed = problems = None
+    with locked(lock_path(), waiting=_waiting(say)), _records(house, say) as book:
         remove_leftovers(house)
-        stamps = _stamps(house)
-        before = dict(stamps)
-        try:
-            for pin in {p.filename: p for pins in layers.values() for p in pins}.values():
-                if not _verified(house, stamps, pin.filename, pin.sha256, say):
-                    raise TargetFailed(f"wheelhouse: {house / pin.filename} is absent or no longer matches its "
-                                       f"locked sha256 (removed); run the build again to fetch it")
-            problems = check_context(folder, layers, stamps) if folder.exists() else None
+        run, now = _holding(house), time.time()
+        for pin in {p.filename: p for pins in layers.values() for p in pins}.values():
+            if not _verified(house, book, pin.filename, pin.sha256, say):
+                failed = TargetFailed(f"wheelhouse: {house / pin.filename} is absent or no longer matches its "
+                                      f"locked sha256 (removed); run the build again to fetch it")
+                break
+            book[pin.filename].use(clone, run, now)
+        if failed is None:
+            problems = check_context(folder, layers, book) if folder.exists() else None
             if problems == []:
                 _fixed_times(folder, layers)  # one staged before FIXED_MTIME was set has its own times
-                return folder
-            _stage(folder, layers, house, stamps)
-        finally:
-            if stamps != before:
-                _write_stamps(house, stamps)
+            else:
+                _stage(folder, layers, house, book)
+            book.setdefault(context_key(folder), Record(recorded=now)).use(clone, run, now)
+    if failed is not None:
+        raise failed
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         say(f"wheelhouse: {problems[0]}{more}: staged {folder.name} afresh, the old folder removed")
     return folder
 
 
-def check_context(folder: Path, layers: Mapping[str, Sequence[Pin]], stamps: Mapping[str, list[object]]) -> list[str]:
+def check_context(folder: Path, layers: Mapping[str, Sequence[Pin]], records: Mapping[str, Record]) -> list[str]:
     """What is wrong with the staged *folder* for *layers*, a phrase per file naming it ([]: nothing).
 
     A wheel passes when its stat (inode, size, mtime, ctime) is its wheelhouse file's verified stamp
@@ -273,14 +429,14 @@ def check_context(folder: Path, layers: Mapping[str, Sequence[Pin]], stamps: Map
                 if path.read_text(encoding="utf-8", errors="replace") != layer + "\n":
                     problems.append(f"{path} was altered")
             elif [*_key(entry.stat(follow_symlinks=False)), pin.sha256] not in (
-                    stamps.get(pin.filename), copies.get(f"{layer}/{name}")):
+                    _stamp(records, pin.filename), copies.get(f"{layer}/{name}")):
                 problems.append(f"{path} is not the verified wheel (altered or replaced since it was staged)")
     return problems
 
 
-def _stage(folder: Path, layers: Mapping[str, Sequence[Pin]], house: Path, stamps: dict[str, list[object]]) -> None:
-    """Stage *folder* anew beside the old one (if any), swap them, remove the old one; keep *stamps*
-    current (a link moves its file's ctime). Every wheel is verified in *stamps*; caller holds the lock."""
+def _stage(folder: Path, layers: Mapping[str, Sequence[Pin]], house: Path, records: dict[str, Record]) -> None:
+    """Stage *folder* anew beside the old one (if any), swap them, remove the old one; keep the stamps in
+    *records* current (a link moves its file's ctime). Every wheel is verified there; caller holds the lock."""
     root = folder.parent
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=root))
@@ -301,7 +457,7 @@ def _stage(folder: Path, layers: Mapping[str, Sequence[Pin]], house: Path, stamp
         if folder.exists():
             _new_mtimes(staging, folder)
         for rel in copies:
-            copies[rel] = stamp(staging / rel, str(stamps[rel.split("/", 1)[1]][-1]))
+            copies[rel] = stamp(staging / rel, str((_stamp(records, rel.split("/", 1)[1]) or [""])[-1]))
         if copies:
             atomic_write(staging / COPIES, json.dumps(copies, sort_keys=True, indent=1) + "\n")
         if folder.exists():
@@ -310,7 +466,7 @@ def _stage(folder: Path, layers: Mapping[str, Sequence[Pin]], house: Path, stamp
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-        _restamp(house, stamps, {p.filename for pins in layers.values() for p in pins})
+        _restamp(house, records, {p.filename for pins in layers.values() for p in pins})
 
 
 def _fixed_times(folder: Path, layers: Iterable[str]) -> None:
@@ -335,43 +491,60 @@ def _new_mtimes(staging: Path, old: Path) -> None:
             os.utime(path, ns=(now.st_atime_ns, max(time.time_ns(), before.st_mtime_ns + 1_000_000_000)))
 
 
-def _restamp(house: Path, stamps: dict[str, list[object]], names: Iterable[str]) -> None:
+def _restamp(house: Path, records: dict[str, Record], names: Iterable[str]) -> None:
     """Re-stamp *names*, verified just before under the lock held since: linking, unlinking or setting
     the mtime of a file moves its ctime, which would otherwise make the next build hash it again."""
     for name in names:
-        if name in stamps:
+        if (old := _stamp(records, name)) is not None:
             try:
-                stamps[name] = stamp(house / name, str(stamps[name][-1]))
+                records[name].facts["verified"] = stamp(house / name, str(old[-1]))
             except FileNotFoundError:
-                stamps.pop(name, None)
+                records.pop(name, None)
 
 
 def remove_context(folder: Path) -> None:
-    """Remove the staged *folder* (``builder gc``: one no lock references), keeping the stamps of the
-    wheels it linked current. Takes :func:`lock_path`."""
+    """Remove the staged *folder* (a clean-up decided it goes) and its record, keeping the stamps of
+    the wheels it linked current. Takes :func:`lock_path`."""
     house = location()
-    with locked(lock_path()):
-        stamps = _stamps(house)
+    if folder.parent != house / CONTEXTS or folder.name.startswith("."):
+        raise ValueError(f"{folder} is not a staged folder of {house}")
+    with locked(lock_path()), _records(house, _stderr) as book:
         names = {p.name for p in folder.glob("*/*")}
-        valid = {n for n in names if n in stamps and (house / n).exists()
-                 and _key((house / n).stat()) == stamps[n][:4]}
+        valid = {n for n in names if (old := _stamp(book, n)) is not None and (house / n).exists()
+                 and _key((house / n).stat()) == old[:4]}
         shutil.rmtree(folder, ignore_errors=True)
-        if valid:
-            _restamp(house, stamps, valid)
-            _write_stamps(house, stamps)
+        _restamp(house, book, valid)
+        book.pop(context_key(folder), None)
+
+
+def remove_wheels(names: Iterable[str]) -> list[str]:
+    """Remove the wheels *names* that are the builder's (:func:`fetched`) and their records; forget
+    the records of files and folders no longer there. Returns the names removed. Takes :func:`lock_path`."""
+    house = location()
+    removed = []
+    with locked(lock_path()), _records(house, _stderr) as book:
+        for name in names:
+            path = _wheel(house, name)
+            if fetched(book.get(name), path):
+                path.unlink(missing_ok=True)
+                book.pop(name, None)
+                removed.append(name)
+        for key in [k for k in book if not os.path.lexists(house / k)]:
+            book.pop(key)
+    return removed
 
 
 def remove_leftovers(house: Path) -> list[Path]:
     """Remove what a killed run left in the wheelhouse *house*: half-staged or half-removed folders
-    under ``.contexts`` and half-copied wheels (:data:`STAGING`), and temporary files of
-    :data:`VERIFIED`'s atomic writes.
+    under ``.contexts`` and half-copied wheels (:data:`STAGING`), and temporary files of the
+    ledger's atomic writes (and of the stamps file from before the ledger).
     Both only ever exist while their process holds the lock, so the caller must hold
     :func:`lock_path`; return what was removed."""
-    root = house / ".contexts"
-    stale = [*(root.glob(f"{STAGING}*") if root.is_dir() else ()), *house.glob(f"{STAGING}*"),
-             *house.glob(f".{VERIFIED}.*")]
+    root = house / CONTEXTS
+    stale = [*(root.glob(f"{STAGING}*") if root.is_dir() else ()), *house.glob(f"{STAGING}*.whl"),
+             *house.glob(f".{LEDGER}.*.tmp"), *house.glob(f".{BEFORE_LEDGER_STAMPS}.*")]
     for path in stale:
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)

@@ -4,6 +4,7 @@ removed by ``gc``, which keeps everything current: the next build of cpu is reus
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -14,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_builder
+from helpers import fetch_wheels, run_builder
 
 from builder.config.project import load_project
-from builder.images import gc
+from builder.images import gc, lockfile, wheelhouse
 from devtools.support import edit_matrix
 
 pytestmark = pytest.mark.engine
@@ -41,14 +42,13 @@ def _import(engine, ref: str | None, payload: bytes, changes: list[str] | None =
 
 @pytest.fixture
 def house(tmp_path, monkeypatch) -> Path:
-    """A wheelhouse of this test's own: hard links to the user's (same file system), so gc never
-    touches the shared one."""
+    """A wheelhouse of this test's own, so gc never touches the shared one: the user's wheels brought in
+    as the builder fetches them, by hard links (same file system)."""
     shared = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ml-image-builder" / "wheels"
     own = tmp_path / "house"
     own.mkdir()
-    for f in shared.glob("*.whl"):
-        os.link(f, own / f.name)
     monkeypatch.setenv("BUILDER_WHEELHOUSE", str(own))
+    fetch_wheels({f.name: f for f in shared.glob("*.whl")}, house=own, link=True)
     return own
 
 
@@ -73,17 +73,23 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
     project = load_project(root / "matrix.yaml")
     repo = project.target("cpu").primary_ref.rsplit(":", 1)[0]
 
-    # Planted: an old unreferenced wheel (and a young one, kept by --keep-days), an old staged folder,
-    # a superseded content tag (its image goes), one a container uses (kept), another repository's.
-    stale_wheel = house / "zz_stale-1.0-py3-none-any.whl"
-    stale_wheel.write_bytes(b"w" * 5000)
-    os.utime(stale_wheel, (OLD, OLD))
-    young_wheel = house / "zz_young-1.0-py3-none-any.whl"
-    young_wheel.write_bytes(b"y" * 10)
-    folder = house / ".contexts" / ("f" * 32)
-    (folder / "torch").mkdir(parents=True)
-    (folder / "torch" / "x.whl").write_bytes(b"c" * 3000)
-    os.utime(folder, (OLD, OLD))
+    # Planted: wheels the builder fetched that no lock pins (one another clone used today: kept by
+    # --keep-days), a folder it staged that no view names (linking a third), a note and another project's
+    # month-old wheel (not the builder's: never touched), a superseded content tag (its image goes), one
+    # a container uses (kept), another repository's.
+    this = str(root.resolve())
+    stale_wheel, young_wheel = house / "zz_stale-1.0-py3-none-any.whl", house / "zz_young-1.0-py3-none-any.whl"
+    fetch_wheels({stale_wheel.name: b"w" * 5000}, clone=this)
+    fetch_wheels({young_wheel.name: b"y" * 10}, clone=str(root.parent / "another-clone"))
+    staged = lockfile.Pin("zz_staged", "1.0", hashlib.sha256(b"c" * 3000).hexdigest(), "zz_staged-1.0-py3-none-any.whl")
+    fetch_wheels({staged.filename: b"c" * 3000}, clone=this)
+    folder = wheelhouse.build_context({"torch": [staged]}, this)
+    wheelhouse.release()
+    note, theirs = house / "NOTES.txt", house / "otherproject-1.0-py3-none-any.whl"
+    note.write_text("the team's notes")
+    theirs.write_bytes(b"t" * 100)
+    for path in (note, theirs, folder):
+        os.utime(path, (OLD, OLD))
     superseded = f"{repo}:cpu-0123456789ab"
     used = f"{repo}:cpu-111111111111"
     other = "gc-test-other/x:cpu-0123456789ab"
@@ -101,7 +107,9 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         report = json.loads(dry.stdout)
         listed = {(i["store"], i["name"]): i["bytes"] for i in report["items"]}
         assert listed[("wheelhouse", stale_wheel.name)] == 5000
-        assert listed[("contexts", str(folder))] == 3000
+        assert listed[("contexts", str(folder))] == len("torch\n")  # its marker; its wheel is a link
+        assert listed[("wheelhouse", staged.filename)] == 0  # linked from the folder: freed with it
+        assert listed[("wheelhouse", "(wheels linked from the folders above)")] == 3000
         assert listed[("images", superseded)] > 0
         assert ("images", dangling) in listed
         assert {n for s, n in listed if s == "build cache"} == stale_records
@@ -111,19 +119,21 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         names = {t.name for t in project.targets}
         assert all(engine.client.api.inspect_image(n)["Config"]["Labels"][gc.TARGET_LABEL] in names for n in untagged)
         assert {(s, n) for s, n in listed} - {("images", n) for n in untagged} == (
-            {("wheelhouse", stale_wheel.name), ("contexts", str(folder)), ("images", superseded)}
+            {("wheelhouse", stale_wheel.name), ("wheelhouse", staged.filename), ("contexts", str(folder)),
+             ("wheelhouse", "(wheels linked from the folders above)"), ("images", superseded)}
             | {("build cache", r) for r in stale_records})
-        assert [(i["name"], i["note"]) for i in report["kept"]] == [(used, "a container uses it")]
+        assert sorted((i["name"], i["note"]) for i in report["kept"]) == sorted(
+            [(used, "a container uses it"), (str(house), "2 files the builder did not fetch: never touched")])
         text = run_builder("gc", "--dry-run", cwd=root).stdout.splitlines()
-        assert len(text) == len(gc.STORES) + 1 and text[0].startswith("wheelhouse: holds ")
+        assert len(text) == len(gc.STORES) + 2 and text[0].startswith("wheelhouse: holds ")
         # Nothing removed by the dry run.
         assert stale_wheel.exists() and folder.exists()
         engine.client.api.inspect_image(superseded)
 
         done = run_builder("gc", "-v", cwd=root)
         assert done.returncode == 0, done.stderr + done.stdout
-        assert not stale_wheel.exists() and not folder.exists()
-        assert young_wheel.exists()
+        assert not stale_wheel.exists() and not folder.exists() and not (house / staged.filename).exists()
+        assert young_wheel.exists() and note.read_text() == "the team's notes" and theirs.exists()
         tags = {t for i in engine.client.images.list() for t in i.tags}
         assert superseded not in tags and used in tags and other in tags
         assert dangling not in {i.id for i in engine.client.images.list(all=True)}

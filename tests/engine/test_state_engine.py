@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import publish_base_to, run_builder
+from helpers import fetch_wheels, publish_base_to, run_builder
 
 from builder.config.state import owner
 from builder.images import lockfile, wheelhouse
@@ -46,9 +46,10 @@ def state_project(based_project, engine, tmp_path_factory):
     publish_base_to(engine, based_project, root, doc["registry"])
     shared, house = _shared_wheelhouse(), tmp_path / "house"
     house.mkdir()
-    for pin in _locked_wheels(root):  # copies: damaging them must not touch the shared wheelhouse
-        if (shared / pin.filename).exists():  # else the first build fetches it
-            shutil.copyfile(shared / pin.filename, house / pin.filename)
+    # Copies, brought in as the builder fetches (its own: it may remove one it finds damaged); damaging
+    # them must not touch the shared wheelhouse. A wheel the shared one lacks, the first build fetches.
+    fetch_wheels({p.filename: shared / p.filename for p in _locked_wheels(root) if (shared / p.filename).exists()},
+                 house=house)
     env = {"BUILDER_WHEELHOUSE": str(house)}
     first = run_builder("build", "-t", "cpu", "--no-smoke", cwd=root, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
