@@ -10,7 +10,8 @@
 - docker buildx and cosign run without the registry and signing secrets of the environment
   (``builder.oci.secrets.child_env``, one function for both).
 
-Each test here fails on the code before issue 31.
+Each test here fails on the code before issue 31; those of issue 40 (``builder print``, a registry
+that redirects or names an upload location elsewhere, the mirror's login) on the code before it.
 """
 
 from __future__ import annotations
@@ -277,3 +278,21 @@ def test_a_message_naming_a_unix_socket_keeps_it_as_given():
 
     line = "set DOCKER_HOST=unix:///tmp/mlb-bx/docker.sock, or use https://user:pw@mirror.example/simple"
     assert redact(line) == "set DOCKER_HOST=unix:///tmp/mlb-bx/docker.sock, or use https://mirror.example/simple"
+
+
+def test_print_shows_no_index_login(tmp_path):
+    """``builder print`` with the cpu index given with its login (``BUILDER_INDEX_CPU``, as CI sets a
+    private mirror) names the index without it (before issue 40: the URL as given)."""
+    from helpers import run_builder
+
+    from builder.config.wheelmap import index_env_var
+
+    root = copy_project(tmp_path / "project")
+    entry = load_project(root / "matrix.yaml").target("cpu").entry
+    proc = run_builder("print", "-t", "cpu", cwd=root,
+                       env={index_env_var(entry): f"https://u:{TOKEN}@mirror.example/whl/cpu?token={TOKEN}"})
+    assert proc.returncode == 0, proc.stderr
+    (target,) = json.loads(proc.stdout)["targets"]
+    assert target["index_url"] == "https://mirror.example/whl/cpu"
+    assert TOKEN not in proc.stdout + proc.stderr
+
