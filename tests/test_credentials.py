@@ -16,13 +16,18 @@ that redirects or names an upload location elsewhere, the mirror's login) on the
 
 from __future__ import annotations
 
+import base64
+import datetime
+import hashlib
 import http.server
+import ipaddress
 import json
 import os
+import ssl
 import stat
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -30,7 +35,7 @@ import pytest
 
 from builder.config.project import load_project
 from builder.config.urls import public
-from builder.oci import buildkit, registry, secrets
+from builder.oci import artifacts, buildkit, registry, secrets
 from builder.oci.registry import RegistryFault
 from builder.supply import cosign, provenance, signing
 from devtools.support import copy_project
@@ -295,4 +300,164 @@ def test_print_shows_no_index_login(tmp_path):
     (target,) = json.loads(proc.stdout)["targets"]
     assert target["index_url"] == "https://mirror.example/whl/cpu"
     assert TOKEN not in proc.stdout + proc.stderr
+
+
+# --- redirects: the login stays with the registry's origin -------------------------------------------------
+
+
+Answer = Callable[[str, str], tuple[int, dict[str, str], bytes]]
+
+
+class _Server:
+    """A real HTTP(S) server on loopback that answers each request with *answer* (method, path) and records
+    (method, path, Authorization) of each."""
+
+    def __init__(self, answer: Answer, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
+        seen: list[tuple[str, str, str | None]] = []
+        self.seen = seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                if length := int(self.headers.get("Content-Length") or 0):
+                    self.rfile.read(length)
+                seen.append((self.command, self.path, self.headers.get("Authorization")))
+                status, headers, body = answer(self.command, self.path)
+                self.send_response(status)
+                for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = do_PUT = do_POST = _any
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.address = f"{host}:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., _Server]]:
+    started: list[_Server] = []
+
+    def start(answer: Answer, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> _Server:
+        started.append(_Server(answer, host, tls))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()
+
+
+CREDS = {"username": "ci", "password": TOKEN}
+BASIC = "Basic " + base64.b64encode(f"ci:{TOKEN}".encode()).decode()
+BLOB = b"the blob's bytes"
+BLOB_DIGEST = "sha256:" + hashlib.sha256(BLOB).hexdigest()
+
+
+@pytest.mark.parametrize("store_host", ["127.0.0.1", "127.0.0.2"])
+def test_a_blob_redirect_to_another_host_gets_no_login(servers, store_host):
+    """A registry that keeps its blobs in S3 or behind a CDN answers a blob GET with a redirect to a
+    pre-signed URL there: the blob store (another port, another address) gets the request without the
+    registry's login; the registry got it (before issue 40: urllib re-sent it to the blob store)."""
+    store = servers(lambda method, path: (200, {}, BLOB), host=store_host)
+    signed = f"http://{store.address}/bucket/blob?X-Amz-Signature=abc"
+    reg = servers(lambda method, path: (307, {"Location": signed}, b"") if "/blobs/" in path else (404, {}, b""))
+    assert artifacts.get_blob(f"{reg.address}/ml-runtime", BLOB_DIGEST, CREDS) == BLOB
+    assert reg.seen == [("GET", f"/v2/ml-runtime/blobs/{BLOB_DIGEST}", BASIC)]
+    assert store.seen == [("GET", "/bucket/blob?X-Amz-Signature=abc", None)]
+
+
+def test_an_upload_location_elsewhere_gets_no_login(servers):
+    """A registry that names another host as the blob upload's location: the upload goes there without
+    the registry's login (before issue 40: the login was sent to whatever the Location named)."""
+    elsewhere = servers(lambda method, path: (201, {}, b""), host="127.0.0.2")
+
+    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        if method == "HEAD":
+            return 404, {}, b""
+        return 202, {"Location": f"http://{elsewhere.address}/upload/1?_state=x"}, b""
+
+    reg = servers(answer)
+    assert artifacts.push_blob(f"{reg.address}/ml-runtime", BLOB, CREDS) == BLOB_DIGEST
+    assert [auth for _, _, auth in reg.seen] == [BASIC, BASIC]
+    assert elsewhere.seen == [("PUT", f"/upload/1?_state=x&digest={BLOB_DIGEST}", None)]
+
+
+def _tls_server_context(folder: Path) -> ssl.SSLContext:
+    """A server context for 127.0.0.1 whose certificate a CA of the test's signs; the CA's certificate
+    is written to *folder*/ca.pem (trusted by the client through SSL_CERT_FILE)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
+             ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(hours=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, key_cert_sign=True, crl_sign=True, encipher_only=False, decipher_only=False),
+                critical=True)
+        else:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("test CA", ca_key, "test CA", ca_key, True)
+    (folder / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (folder / "server.pem").write_bytes(
+        cert("127.0.0.1", server_key, "test CA", ca_key, False).public_bytes(serialization.Encoding.PEM))
+    (folder / "server.key").write_bytes(server_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "server.pem", folder / "server.key")
+    return context
+
+
+def test_a_redirect_from_https_to_http_gets_no_login(servers, tmp_path, monkeypatch):
+    """An https registry (a real TLS server on loopback, its certificate signed by a CA of the test's,
+    trusted as a host's CA is: SSL_CERT_FILE) redirects a blob GET to plain http on the same address: the
+    plain-http request carries no login. Asked through the one transport every registry request takes
+    (``registry._http``): a loopback registry's own requests are plain http. Before issue 40: urllib
+    re-sent the Authorization in clear text."""
+    store = servers(lambda method, path: (200, {}, BLOB))
+    reg = servers(lambda method, path: (302, {"Location": f"http://{store.address}/blob"}, b""),
+                  tls=_tls_server_context(tmp_path))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    resp = registry._http("GET", f"https://{reg.address}/v2/ml-runtime/blobs/{BLOB_DIGEST}", BASIC)
+    assert resp.status_code == 200 and resp.content == BLOB
+    assert reg.seen == [("GET", f"/v2/ml-runtime/blobs/{BLOB_DIGEST}", BASIC)]
+    assert store.seen == [("GET", "/blob", None)]
+
+
+def test_a_redirect_within_the_registry_keeps_the_login(servers):
+    """A redirect to another path of the same origin (a registry moving a repository) keeps the login."""
+    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        if path.startswith("/v2/old/"):
+            return 301, {"Location": path.replace("/v2/old/", "/v2/new/")}, b""
+        return 200, {}, BLOB
+
+    reg = servers(answer)
+    assert artifacts.get_blob(f"{reg.address}/old", BLOB_DIGEST, CREDS) == BLOB
+    assert [auth for _, _, auth in reg.seen] == [BASIC, BASIC]
 
