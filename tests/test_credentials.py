@@ -23,6 +23,7 @@ import http.server
 import ipaddress
 import json
 import os
+import shutil
 import ssl
 import stat
 import subprocess
@@ -461,3 +462,98 @@ def test_a_redirect_within_the_registry_keeps_the_login(servers):
     assert artifacts.get_blob(f"{reg.address}/old", BLOB_DIGEST, CREDS) == BLOB
     assert [auth for _, _, auth in reg.seen] == [BASIC, BASIC]
 
+
+# --- the Debian mirror's login ---------------------------------------------------------------------------------
+
+
+def test_the_mirror_login_goes_to_apt_in_a_file_never_on_mmdebstraps_command_line(tmp_path):
+    """A mirror given with its login: mmdebstrap is given it without (its sources, and so the base's
+    apt sources, name the mirror credential-free); the login goes to apt in an auth.conf file that a
+    setup hook puts in the bootstrap's root and a customize hook removes before the tarball is packed."""
+    from builder.images import base
+
+    spec = load_project(copy_project(tmp_path / "project") / "matrix.yaml").matrix.base.bootstrap
+    assert spec is not None
+    spec = spec.model_copy(update={"mirror": f"http://ci:{TOKEN}@mirror.example:8080/debian"})
+    login = base.mirror_login(spec.mirror)
+    assert login == f"machine http://mirror.example:8080/debian login ci password {TOKEN}\n"
+    argv = base.mmdebstrap_argv(spec, tmp_path / "rootfs.tar", "linux/amd64", tmp_path / "auth.conf")
+    assert TOKEN not in " ".join(argv) and argv[-1] == "http://mirror.example:8080/debian"
+    hooks = [a for a in argv if a.startswith(("--setup-hook=", "--customize-hook="))]
+    put = f'mkdir -p "$1/etc/apt/auth.conf.d" && install -m 0600 {tmp_path}/auth.conf "$1/{base.AUTH_IN_ROOT}"'
+    assert hooks == [f"--setup-hook={put}", f'--customize-hook=rm "$1/{base.AUTH_IN_ROOT}"']
+    plain = spec.model_copy(update={"mirror": "http://deb.debian.org/debian"})
+    assert base.mirror_login(plain.mirror) is None
+    assert not [a for a in base.mmdebstrap_argv(plain, tmp_path / "r.tar", "linux/amd64") if "hook" in a]
+
+
+class _AuthProxy(http.server.BaseHTTPRequestHandler):
+    """A Debian mirror on loopback that wants a login: each GET with it is fetched from deb.debian.org."""
+
+    upstream = "http://deb.debian.org"
+    seen: ClassVar[list[str | None]] = []
+
+    def do_GET(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        self.seen.append(self.headers.get("Authorization"))
+        if self.headers.get("Authorization") != BASIC:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="mirror"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        try:
+            with urllib.request.urlopen(self.upstream + self.path, timeout=60) as resp:
+                self.send_response(resp.status)
+                self.send_header("Content-Length", resp.headers["Content-Length"])
+                self.end_headers()
+                shutil.copyfileobj(resp, self.wfile)
+        except urllib.error.HTTPError as exc:
+            self.send_response(exc.code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_real_bootstrap_from_a_mirror_with_a_login_publishes_no_login(tmp_path):
+    """A real mmdebstrap (minbase, bookworm) from a mirror on loopback that wants a login (each file
+    fetched from deb.debian.org): apt used the login, and the root file system the base is made of
+    holds it nowhere: its apt sources name the mirror without it, the auth.conf file is gone. Before
+    issue 40 the base's sources.list held ``http://ci:<token>@...``. About a minute."""
+    import tarfile
+
+    from builder.images import base
+    from devtools.support import host_platform
+
+    if shutil.which("mmdebstrap") is None:
+        from devtools.support import fail_or_skip
+
+        fail_or_skip("mmdebstrap is not installed (make host)")
+    _AuthProxy.seen = []
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AuthProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        spec = load_project(copy_project(tmp_path / "project") / "matrix.yaml").matrix.base.bootstrap
+        assert spec is not None
+        mirror = f"127.0.0.1:{proxy.server_address[1]}/debian"
+        spec = spec.model_copy(update={"mirror": f"http://ci:{TOKEN}@{mirror}", "packages": ["tini"]})
+        (tmp_path / "work").mkdir()
+        rootfs = base.bootstrap(spec, tmp_path / "work", host_platform())
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+    assert _AuthProxy.seen and BASIC in _AuthProxy.seen, "apt fetched with the login"
+    with tarfile.open(rootfs.tarball) as tar:
+        names = tar.getnames()
+        member = tar.extractfile("./etc/apt/sources.list")
+        sources = member.read().decode() if member else ""
+    assert sources.strip() == f"deb http://{mirror} {spec.suite} main", sources
+    assert f"./{base.AUTH_IN_ROOT}" not in names
+    assert TOKEN.encode() not in rootfs.tarball.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["rootfs.tar"]
