@@ -20,7 +20,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -46,6 +45,7 @@ from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import RegistryFault, credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers
+from builder.oci.secrets import MMDEBSTRAP, child_env
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
     if (problem := platforms.emulation_problem(platform)) is not None:
         raise UserError(f"bootstrapping the base: {problem}")
     output = workdir / "rootfs.tar"
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
+    env = child_env(MMDEBSTRAP, {"SOURCE_DATE_EPOCH": str(spec.source_date_epoch)})
     auth = None
     if (login := mirror_login(spec.mirror)) is not None:
         auth = workdir / "mirror-auth.conf"

@@ -35,6 +35,7 @@ from builder.config.urls import public, redact
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
 from builder.images.progress import HEARTBEAT_S, heartbeat
+from builder.oci.secrets import PIP, UV, child_env
 
 
 def platform_args(project: Project, platform: str) -> list[str]:
@@ -88,9 +89,9 @@ def _request(url: str) -> urllib.request.Request:
     return urllib.request.Request(parts._replace(netloc=netloc).geturl(),
                                   headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
 
-def _pip(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _pip(args: list[str], extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--retries", "1", "--timeout", "30", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env(PIP, extra))
 
 def _download(args: list[str], sizes: dict[str, int | None], heartbeat_s: float = HEARTBEAT_S,
               ) -> subprocess.CompletedProcess[str]:
@@ -105,7 +106,7 @@ def _download(args: list[str], sizes: dict[str, int | None], heartbeat_s: float 
             return f"downloading: {len(got)} of {len(sizes)} wheels, {sum(got.values()) / 1e9:.2f}{total} GB"
 
         with heartbeat(status, heartbeat_s):
-            return _pip(args, env={**os.environ, "TMPDIR": tmp})
+            return _pip(args, {"TMPDIR": tmp})
 
 def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip().startswith("ERROR")]
@@ -165,9 +166,7 @@ def uv_config(sources: PipSources, vendor_index: str | None) -> str:
 
 
 def _uv(args: list[str], cert: str | None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, UV_NO_PROGRESS="1")
-    if cert:
-        env["SSL_CERT_FILE"] = cert
+    env = child_env(UV, {"UV_NO_PROGRESS": "1", **({"SSL_CERT_FILE": cert} if cert else {})})
     return subprocess.run([find_uv_bin(), *args], capture_output=True, text=True, check=False, env=env)
 
 
@@ -196,7 +195,7 @@ def resolve(
     major, minor = project.glibc
     with tempfile.TemporaryDirectory(prefix="builder-resolve-") as tmp:
         work = Path(tmp)
-        (work / "uv.toml").write_text(uv_config(sources, vendor_index))
+        _private(work / "uv.toml", uv_config(sources, vendor_index))
         (work / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
         options = ["pip", "compile", "--config-file", str(work / "uv.toml"), "--no-header", "--quiet",
                    str(work / "requirements.in"), "--python-version", project.matrix.python,
@@ -274,6 +273,15 @@ def _index_args(index: str) -> list[str]:
     return ["--index-url", index]
 
 
+def _private(path: Path, text: str) -> Path:
+    """*path* (in a private temporary folder) holding *text*, readable by this user alone: an index
+    given with its login goes to pip and uv in such a file, never on their command line, which
+    every local user can read (/proc/<pid>/cmdline)."""
+    path.touch(mode=0o600)
+    path.write_text(text)
+    return path
+
+
 def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None, platform: str) -> None:
     """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's).
 
@@ -285,11 +293,11 @@ def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | 
     for pin in missing:
         groups.setdefault(pin.index, []).append(pin)
     errors = []
-    fallback = ["--extra-index-url", index] if index else []
     for recorded, pins in groups.items():
         with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
             req = Path(tmp) / "req.txt"
             req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins))
+            fallback = ["-r", str(_private(Path(tmp) / "index.txt", f"--extra-index-url {index}\n"))] if index else []
             download = ["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(Path(tmp) / "wheels"),
                         "-r", str(req), *platform_args(project, platform)]
             sizes: dict[str, int | None] = {p.filename: None for p in pins}

@@ -42,7 +42,7 @@ from typing import IO
 
 from builder.config.errors import TargetFailed
 from builder.oci.buildkit import BuildRequest, BuildResult, supervised
-from builder.oci.secrets import child_env
+from builder.oci.secrets import PODMAN, child_env
 
 #: A Dockerfile step in podman's output: ``[2/4] STEP 3/7: RUN ...`` (FROM is no step, as in BuildKit's count).
 STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (?P<text>(?!FROM ).*)")
@@ -177,7 +177,7 @@ def run(
         scratch.chmod(0o1777)  # as /tmp is: the image's user (1001) writes there too
         command = argv(request, str(dockerfile), scratch=str(scratch), epoch=fixed[1] if fixed else None,
                        iidfile=str(iidfile), authfile=authfile, tls_verify=tls_verify)
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(PODMAN),
                                 cwd=cwd, start_new_session=True)
         stdout = proc.stdout
         assert stdout is not None

@@ -14,7 +14,7 @@ CDN blob store a registry redirects a blob download to gets no login. TLS is che
 system's CA bundle (OpenSSL's, ``SSL_CERT_FILE``), not certifi's: a private CA installed on the host
 is trusted, as the engine trusts it.
 
-Child processes (buildx, cosign) get :func:`builder.oci.secrets.child_env`: the environment without them.
+Child processes get :func:`builder.oci.secrets.child_env` of their tool: never these credentials.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import requests
 
 from builder.config.errors import UserError
 from builder.config.urls import public
-from builder.oci.secrets import PASSWORD_ENV, USER_ENV
+from builder.oci.secrets import PASSWORD_ENV, SECRET_ENV, USER_ENV
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -102,10 +102,13 @@ def credentials(host: str) -> dict[str, str] | None:
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user and password and host == _matrix_host:
         return {"username": user, "password": password}
-    found = docker.auth.load_config().resolve_authconfig(host)
-    if found and found.get("username") and found.get("password"):
-        return {"username": found["username"], "password": found["password"]}
-    return None
+    # docker-py runs a credential helper (credsStore) with the whole environment and takes only additions:
+    # the secrets are blanked for it
+    blank = {name: "" for name in SECRET_ENV if name in os.environ}
+    found = docker.auth.load_config(credstore_env=blank).resolve_authconfig(host) or {}
+    # a config's own entry says username/password, a credential helper's Username/Password
+    name, secret = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
+    return {"username": name, "password": secret} if name and secret else None
 
 
 class _Auth(requests.auth.AuthBase):
