@@ -439,13 +439,13 @@ def test_a_redirect_from_https_to_http_gets_no_login(servers, tmp_path, monkeypa
     """An https registry (a real TLS server on loopback, its certificate signed by a CA of the test's,
     trusted as a host's CA is: SSL_CERT_FILE) redirects a blob GET to plain http on the same address: the
     plain-http request carries no login. Asked through the one transport every registry request takes
-    (``registry._http``): a loopback registry's own requests are plain http. Before issue 40: urllib
+    (``registry.fetch``): a loopback registry's own requests are plain http. Before issue 40: urllib
     re-sent the Authorization in clear text."""
     store = servers(lambda method, path: (200, {}, BLOB))
     reg = servers(lambda method, path: (302, {"Location": f"http://{store.address}/blob"}, b""),
                   tls=_tls_server_context(tmp_path))
     monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
-    resp = registry._http("GET", f"https://{reg.address}/v2/ml-runtime/blobs/{BLOB_DIGEST}", BASIC)
+    resp = registry.fetch("GET", f"https://{reg.address}/v2/ml-runtime/blobs/{BLOB_DIGEST}", BASIC)
     assert resp.status_code == 200 and resp.content == BLOB
     assert reg.seen == [("GET", f"/v2/ml-runtime/blobs/{BLOB_DIGEST}", BASIC)]
     assert store.seen == [("GET", "/blob", None)]
@@ -462,6 +462,17 @@ def test_a_redirect_within_the_registry_keeps_the_login(servers):
     assert artifacts.get_blob(f"{reg.address}/old", BLOB_DIGEST, CREDS) == BLOB
     assert [auth for _, _, auth in reg.seen] == [BASIC, BASIC]
 
+
+def test_an_index_probe_redirected_elsewhere_gets_no_login(servers):
+    """The probe of an index given with its login (is it reachable?) that redirects to another host:
+    that host gets no login (before issue 40: urllib re-sent the Authorization built from the URL)."""
+    from builder.images import resolve
+
+    elsewhere = servers(lambda method, path: (200, {}, b"<html></html>"), host="127.0.0.2")
+    index = servers(lambda method, path: (302, {"Location": f"http://{elsewhere.address}/simple/"}, b""))
+    assert resolve.index_reachable(f"http://ci:{TOKEN}@{index.address}/simple", timeout=5) is None
+    assert index.seen == [("GET", "/simple/", BASIC)]
+    assert elsewhere.seen == [("GET", "/simple/", None)]
 
 # --- the Debian mirror's login ---------------------------------------------------------------------------------
 

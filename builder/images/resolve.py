@@ -13,18 +13,16 @@ import base64
 import json
 import os
 import re
-import ssl
 import subprocess
 import sys
 import tempfile
 import tomllib
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 from packaging.utils import canonicalize_name
 from uv import find_uv_bin
 
@@ -35,6 +33,7 @@ from builder.config.urls import public, redact
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
 from builder.images.progress import HEARTBEAT_S, heartbeat
+from builder.oci.registry import fetch
 from builder.oci.secrets import PIP, UV, child_env
 
 
@@ -58,36 +57,42 @@ def platform_args(project: Project, platform: str) -> list[str]:
     return args
 
 def index_reachable(url: str, timeout: float = 8.0) -> str | None:
-    """None if the index answers, else the reason it does not (one short phrase)."""
-    if url.startswith("file://"):
-        return None if Path(urllib.parse.urlparse(url).path).exists() else "no such folder"
-    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
-    try:
-        with urllib.request.urlopen(_request(url), timeout=timeout, context=context):
-            return None
-    except urllib.error.HTTPError as exc:
-        return None if exc.code < 500 else f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL
-        reason = getattr(exc, "reason", exc)
-        return redact(str(reason))[:120]
+    """None if the index answers, else the reason it does not (one short phrase).
 
-
-def _request(url: str) -> urllib.request.Request:
-    """A GET of the index's root; a login in the URL (``https://user:token@mirror/simple``, as pip takes
-    it) goes in an Authorization header: urllib reads ``user:token@host`` as a host with a port.
+    A login in the URL (``https://user:token@mirror/simple``, as pip takes it) goes to the index
+    alone: never across a redirect to another host, port or scheme (:func:`builder.oci.registry.fetch`).
 
     Example:
-        >>> r = _request("https://ci:t%40k@mirror.example:8443/simple")
-        >>> r.full_url, r.get_header("Authorization")
-        ('https://mirror.example:8443/simple/', 'Basic Y2k6dEBr')
+        >>> index_reachable("http://127.0.0.1:9/simple", timeout=2)
+        'Connection refused'
     """
+    if url.startswith("file://"):
+        return None if Path(urllib.parse.urlparse(url).path).exists() else "no such folder"
     parts = urllib.parse.urlsplit(url.rstrip("/") + "/")
-    if parts.username is None:
-        return urllib.request.Request(parts.geturl())
-    login = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-    netloc = parts.netloc.rpartition("@")[2]
-    return urllib.request.Request(parts._replace(netloc=netloc).geturl(),
-                                  headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
+    login = None
+    if parts.username is not None:
+        secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        login = "Basic " + base64.b64encode(secret.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+    try:
+        status = fetch("GET", parts.geturl(), login, timeout=timeout, ca=os.environ.get("PIP_CERT")).status_code
+    except (requests.RequestException, OSError, ValueError) as exc:  # ValueError: a URL requests cannot parse
+        return redact(_cause(exc))[:120]
+    return None if status < 500 else f"HTTP {status}"
+
+
+def _cause(exc: BaseException) -> str:
+    """What the innermost OS error of *exc* says ("Connection refused", "Name or service not known"), else *exc*'s
+    first line: requests wraps it in two more."""
+    said, seen = str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc
+    for _ in range(10):
+        if isinstance(seen, OSError) and seen.strerror:
+            said = str(seen.strerror)
+        if (nxt := seen.__cause__ or seen.__context__) is None:
+            break
+        seen = nxt
+    return said
+
 
 def _pip(args: list[str], extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--retries", "1", "--timeout", "30", *args]

@@ -125,18 +125,20 @@ class _Auth(requests.auth.AuthBase):
         return request
 
 
-def _verify() -> str | bool:
+def ca_bundle() -> str | bool:
     """The CA bundle OpenSSL uses here (``SSL_CERT_FILE``, else the system's), as the engine and
     urllib trust; requests' own default is certifi's, which lacks a private CA installed on the host."""
     paths = ssl.get_default_verify_paths()
     return paths.cafile or paths.capath or True
 
 
-def _http(method: str, url: str, auth: str | None = None, headers: dict[str, str] | None = None,
-          data: bytes | None = None, timeout: float = 10) -> requests.Response:
-    """One HTTP request, redirects followed; *auth* (an ``Authorization`` value) never beyond *url*'s origin."""
+def fetch(method: str, url: str, auth: str | None = None, headers: dict[str, str] | None = None,
+          data: bytes | None = None, timeout: float = 10, ca: str | None = None) -> requests.Response:
+    """One HTTP request, redirects followed, TLS checked against *ca* (else :func:`ca_bundle`); *auth*
+    (an ``Authorization`` value) never beyond *url*'s origin: the builder's one HTTP client (the
+    registries, their token services, an index's probe)."""
     return requests.request(method, url, headers=headers, data=data, auth=_Auth(auth), timeout=timeout,
-                            verify=_verify())
+                            verify=ca or ca_bundle())
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -157,7 +159,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 def ping(host: str, timeout: float = 3.0) -> bool:
     """True if a registry answers /v2/ on *host* (401 counts: it is up and wants credentials)."""
     try:
-        status = _http("GET", f"{_base_url(host)}/v2/", timeout=timeout).status_code
+        status = fetch("GET", f"{_base_url(host)}/v2/", timeout=timeout).status_code
     except (requests.RequestException, OSError):
         return False
     return status < 400 or status == 401
@@ -186,7 +188,7 @@ def _bearer(host: str, challenge: str, creds: dict[str, str] | None) -> str | No
     if "realm" not in params:
         return None
     query = "&".join(f"{k}={v}" for k, v in params.items() if k in ("service", "scope"))
-    resp = _http("GET", f"{token_realm(host, params['realm'])}?{query}", f"Basic {_basic(creds)}" if creds else None)
+    resp = fetch("GET", f"{token_realm(host, params['realm'])}?{query}", f"Basic {_basic(creds)}" if creds else None)
     if resp.status_code >= 400:
         fix = ("log in again (docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD): the login "
                "is wrong or expired") if resp.status_code in (401, 403) else "retry later, or check the token service"
@@ -214,14 +216,14 @@ def _request(
 ) -> tuple[int, dict[str, str], bytes]:
     """One registry API call with Basic, then Bearer (token) auth; (status, headers, body). 404 -> (404, {}, b"").
 
-    The login goes only to the registry's own origin (:func:`_http`): a *url* the registry named elsewhere
+    The login goes only to the registry's own origin (:func:`fetch`): a *url* the registry named elsewhere
     (an upload location on another host) is asked without it.
     """
     mine = _origin(url) == _origin(_base_url(host))
     auth = f"Basic {_basic(creds)}" if creds and mine else None
     for _ in range(2):
         try:
-            resp = _http(method, url, auth, headers, data)
+            resp = fetch(method, url, auth, headers, data)
             body = resp.content
         except (requests.RequestException, OSError) as exc:
             raise UserError(f"registry {host} is unreachable ({public(str(exc))[:200]}); start it or fix 'registry' "
