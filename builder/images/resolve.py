@@ -33,7 +33,7 @@ from builder.config.urls import public, redact
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin
 from builder.images.progress import HEARTBEAT_S, heartbeat
-from builder.oci.registry import fetch
+from builder.oci.registry import cause, fetch
 from builder.oci.secrets import PIP, UV, child_env
 
 
@@ -77,21 +77,8 @@ def index_reachable(url: str, timeout: float = 8.0) -> str | None:
     try:
         status = fetch("GET", parts.geturl(), login, timeout=timeout, ca=os.environ.get("PIP_CERT")).status_code
     except (requests.RequestException, OSError, ValueError) as exc:  # ValueError: a URL requests cannot parse
-        return redact(_cause(exc))[:120]
+        return redact(cause(exc))[:120]
     return None if status < 500 else f"HTTP {status}"
-
-
-def _cause(exc: BaseException) -> str:
-    """What the innermost OS error of *exc* says ("Connection refused", "Name or service not known"), else *exc*'s
-    first line: requests wraps it in two more."""
-    said, seen = str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc
-    for _ in range(10):
-        if isinstance(seen, OSError) and seen.strerror:
-            said = str(seen.strerror)
-        if (nxt := seen.__cause__ or seen.__context__) is None:
-            break
-        seen = nxt
-    return said
 
 
 def _pip(args: list[str], extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

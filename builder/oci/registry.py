@@ -141,6 +141,27 @@ def fetch(method: str, url: str, auth: str | None = None, headers: dict[str, str
                             verify=ca or ca_bundle())
 
 
+def cause(exc: BaseException) -> str:
+    """What the innermost OS error under *exc* says ("Connection refused", "Name or service not known",
+    a certificate's fault), else *exc*'s first line: requests wraps it in two more, each naming objects.
+
+    Example:
+        >>> try:
+        ...     fetch("GET", "http://127.0.0.1:9/v2/", timeout=2)
+        ... except requests.RequestException as exc:
+        ...     cause(exc)
+        'Connection refused'
+    """
+    said, seen = (str(exc).splitlines() or [type(exc).__name__])[0], exc
+    for _ in range(10):  # a chain is short; a cycle is possible
+        if isinstance(seen, OSError) and seen.strerror:
+            said = str(seen.strerror)
+        if (inner := seen.__cause__ or seen.__context__) is None:
+            break
+        seen = inner
+    return said
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
     """(scheme, host, port) of *url*, the port as the scheme implies where none is written.
 
@@ -204,7 +225,7 @@ def _token(host: str, challenge: str, creds: dict[str, str] | None) -> str | Non
         return _bearer(host, challenge, creds)
     except (requests.RequestException, OSError, ValueError) as exc:  # ValueError: a body that is no JSON
         raise RegistryFault(f"registry {host}: its token endpoint is unreachable or answered no token "
-                            f"({public(str(exc))[:200]}); retry, or check the registry's auth service") from None
+                            f"({public(cause(exc))[:200]}); retry, or check the registry's auth service") from None
 
 
 def _basic(creds: dict[str, str]) -> str:
@@ -226,7 +247,7 @@ def _request(
             resp = fetch(method, url, auth, headers, data)
             body = resp.content
         except (requests.RequestException, OSError) as exc:
-            raise UserError(f"registry {host} is unreachable ({public(str(exc))[:200]}); start it or fix 'registry' "
+            raise UserError(f"registry {host} is unreachable ({public(cause(exc))[:200]}); start it or fix 'registry' "
                             "in matrix.yaml") from None
         if resp.status_code < 400:
             return resp.status_code, dict(resp.headers.items()), body
