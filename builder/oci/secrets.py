@@ -33,14 +33,15 @@ BASE = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "LC_*", "TZ", "TM
 #: Every child that fetches: the proxies and OpenSSL's CA bundle.
 NETWORK = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
            "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR")
-#: The docker CLI and buildx: the engine, its TLS, the user's builders and contexts.
+#: The docker CLI and buildx: the engine, its TLS, the user's builders and contexts (named one by one:
+#: DOCKER_PASSWORD or GitLab's DOCKER_AUTH_CONFIG are CI secrets, no setting of the CLI's).
 ENGINE = (*BASE, *NETWORK, "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS",
           "DOCKER_TLS_VERIFY", "DOCKER_API_VERSION", "BUILDX_*", "BUILDKIT_*")
 #: podman (its CLI, ``podman build``, ``podman system service``): its connection, storage and registries
 #: configuration, and what rootless podman needs (the runtime folder, the session bus for systemd's cgroups).
 PODMAN = (*BASE, *NETWORK, "CONTAINER_HOST", "CONTAINER_CONNECTION", "CONTAINERS_*", "REGISTRY_AUTH_FILE",
-          "BUILDAH_*", "STORAGE_DRIVER", "STORAGE_OPTS", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
-          "DBUS_SESSION_BUS_ADDRESS")
+          "PODMAN_*", "BUILDAH_*", "STORAGE_DRIVER", "STORAGE_OPTS", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME",
+          "XDG_DATA_HOME", "DBUS_SESSION_BUS_ADDRESS")
 #: cosign: the Docker config it reads the registry login from (the key comes as an extra, on its own).
 COSIGN = (*BASE, *NETWORK, "DOCKER_CONFIG")
 #: pip: its configuration (PIP_*: the user's own index and its login, if any), netrc, its CA bundles.
