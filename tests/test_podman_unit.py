@@ -1,7 +1,6 @@
 """podman's version switches and the buildah bridge, without podman: what :class:`PodmanEngine` asks of buildah
 and of ``podman push`` on each release (4.3.1 is Debian 12's, 5.4.2 Debian 13's; both were run for real:
-tests/engine/test_podman.py, docs/building.md), and the refusal that keeps buildah from emptying a folder of the
-project."""
+tests/engine/test_podman.py, docs/building.md)."""
 
 from __future__ import annotations
 
@@ -12,13 +11,8 @@ from unittest import mock
 
 import pytest
 
-from builder.config.errors import TargetFailed
 from builder.oci import buildah, engine
 from builder.oci.buildkit import BuildRequest, BuildResult
-
-#: A Dockerfile like the rendered ones: a writable bind mount of the project's runtime/.
-RW_DOCKERFILE = "FROM x\nRUN --network=none --mount=type=bind,source=runtime,target=/tmp/runtime,rw true\n"
-OVERLAY_ROOT = "22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/a,upperdir=/b,workdir=/c\n"
 
 
 def podman(version: str) -> engine.PodmanEngine:
@@ -84,45 +78,6 @@ def test_podman_release_is_asked_once() -> None:
     found.version = asked  # type: ignore[method-assign]
     assert found.release() == (5, 4) and found.release() == (5, 4) and found.forces_compression()
     assert asked.call_count == 1
-
-
-@pytest.mark.parametrize("flag", ["rw", "readwrite", "rw=true"])
-def test_a_writable_bind_mount_is_refused_where_buildahs_temp_folder_is_on_overlayfs(flag: str) -> None:
-    """Found running podman 5.4.2 in a container whose /var/tmp was the container's overlayfs: the runtime's
-    ``--mount=type=bind,source=runtime,...,rw`` failed ("setting up overlay ... invalid argument") and buildah
-    1.39.3 then deleted every file of the project's runtime/ (the mount's source). Refused before podman runs."""
-    dockerfile = RW_DOCKERFILE.replace(",rw ", f",{flag} ")
-    refusal = buildah.overlay_refusal(dockerfile, {}, OVERLAY_ROOT)
-    assert refusal is not None and "/var/tmp is on overlayfs" in refusal and "TMPDIR" in refusal
-    on_a_volume = OVERLAY_ROOT + "40 22 254:0 /p5/vartmp /var/tmp rw,relatime - ext4 /dev/vda rw\n"
-    assert buildah.overlay_refusal(dockerfile, {}, on_a_volume) is None
-    assert buildah.overlay_refusal(dockerfile, {"TMPDIR": "/var/tmp/x"}, on_a_volume) is None
-    assert buildah.overlay_refusal(dockerfile, {"TMPDIR": "/tmp"}, on_a_volume) is not None
-
-
-def test_read_only_bind_mounts_and_other_targets_are_not_refused() -> None:
-    read_only = "RUN --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,source=examples," \
-                "target=/tmp/rw true"
-    assert buildah.overlay_refusal(read_only, {}, OVERLAY_ROOT) is None
-    assert buildah.filesystem(Path("/var/tmp"), "") == ""
-
-
-def test_the_refusal_comes_before_podman_runs_and_leaves_the_project_as_it_was(tmp_path: Path) -> None:
-    (tmp_path / "Dockerfile").write_text(RW_DOCKERFILE)
-    (tmp_path / "runtime").mkdir()
-    (tmp_path / "runtime" / "pyproject.toml").write_text("[project]\n")
-    request = BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
-    with mock.patch.object(buildah, "_mountinfo", lambda: OVERLAY_ROOT), \
-            mock.patch.object(buildah.subprocess, "Popen", side_effect=AssertionError("podman ran")), \
-            mock.patch.dict("os.environ", {"TMPDIR": ""}), pytest.raises(TargetFailed, match="overlayfs"):
-        buildah.run(request, per_run_network=True, cwd=tmp_path)
-    assert (tmp_path / "runtime" / "pyproject.toml").exists()
-
-
-def test_mount_points_with_escaped_spaces() -> None:
-    info = OVERLAY_ROOT + r"41 22 254:0 /x /srv/my\040tmp rw - ext4 /dev/vda rw" + "\n"
-    assert buildah.filesystem(Path("/srv/my tmp/buildah1"), info) == "ext4"
-    assert buildah.filesystem(Path("/srv/my"), info) == "overlay"
 
 
 def test_a_gpu_request_podman_cannot_honour_is_refused_not_dropped() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -60,6 +61,17 @@ def test_dockerfile_contract(golden_project):
         assert forbidden not in body, f"{forbidden} must not be in an image"
     cpu = render.render(golden_project, [golden_project.target("cpu")]).popitem()[1]
     assert "NVIDIA" not in cpu
+
+
+def test_no_bind_mount_is_writable(golden_project):
+    """Every RUN's bind mounts (the checkout's runtime/ and examples/, the staged wheels, uv) are read-only:
+    buildah 1.28 binds a ``rw`` mount straight onto its source, so a build, as root, could write into
+    the checkout (before issue 40 the runtime's was ``rw``: pip built in it)."""
+    for text in render.render(golden_project, golden_project.targets).values():
+        binds = [m.split(",") for m in re.findall(r"--mount=(\S+)", text) if "type=bind" in m.split(",")]
+        assert any("source=runtime" in m for m in binds), binds
+        writable = [m for m in binds if {"rw", "readwrite", "rw=true", "readwrite=true"} & set(m)]
+        assert not writable, writable
 
 
 def test_finalize_refuses_newlines(golden_project, monkeypatch):

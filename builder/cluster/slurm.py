@@ -46,6 +46,7 @@ from builder.config.files import atomic_write
 from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host.devices import NodeDevices, node_devices
 from builder.oci import registry
+from builder.oci.secrets import ALL, child_env
 
 Runtime = Literal["docker", "podman", "pyxis"]
 RUNTIMES: tuple[Runtime, ...] = ("docker", "podman", "pyxis")
@@ -245,7 +246,7 @@ def submit(path: Path, *, wait: bool = False) -> int:
         0
     """
     try:
-        return subprocess.run(sbatch_argv(path, wait=wait), check=False).returncode
+        return subprocess.run(sbatch_argv(path, wait=wait), check=False, env=child_env(ALL)).returncode
     except FileNotFoundError:
         raise UserError("sbatch: not found; run this on a Slurm login node, or leave out --submit and copy "
                         f"{path} there") from None

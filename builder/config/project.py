@@ -257,11 +257,12 @@ class Project:
 
 
 def _plain(target: Target) -> dict[str, Any]:
-    """A target as ``builder print`` shows it: its fields, its default view's ``platform`` after
-    ``platforms`` (the plan's shape since views came in), and the lock of each platform."""
+    """A target as ``builder print`` shows it: its fields (its index credential-free: an index given with
+    its login is used as given, never shown), its default view's ``platform`` after ``platforms`` (the
+    plan's shape since views came in), and the lock of each platform."""
     out: dict[str, Any] = {}
     for key, value in asdict(target).items():
-        out[key] = value
+        out[key] = public(value) if key == "index_url" and value else value
         if key == "platforms":
             out["platform"] = target.default_view.platform
     return {**out, "locks": {p: target.on(p).lock for p in target.platforms}}

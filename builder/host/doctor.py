@@ -31,6 +31,7 @@ from builder.config.project import Project, load_project
 from builder.host import cdi, devices, hardware
 from builder.oci import buildkit, engine, registry
 from builder.oci.engine import DockerEngine, Engine, engine_address
+from builder.oci.secrets import PLAIN, child_env
 
 Status = Literal["ok", "warn", "fail"]
 #: A CUDA or ROCm image with its build cache needs tens of GiB.
@@ -187,7 +188,8 @@ def _enroot_version() -> tuple[int, int] | None:
     """This host's enroot (Slurm's pyxis imports through it), or None where it is not installed."""
     if shutil.which("enroot") is None:
         return None
-    proc = subprocess.run(["enroot", "version"], capture_output=True, text=True, check=False, timeout=10)
+    proc = subprocess.run(["enroot", "version"], capture_output=True, text=True, check=False, timeout=10,
+                          env=child_env(PLAIN))
     return engine.engine_version(proc.stdout)
 
 

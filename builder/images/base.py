@@ -20,12 +20,13 @@ import gzip
 import hashlib
 import io
 import json
-import os
+import shlex
 import shutil
 import subprocess
 import tarfile
 import tempfile
 import time
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,12 +38,14 @@ from builder.config.baselock import BaseLock, PinnedBase, read_base_lock, write_
 from builder.config.errors import UserError
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, pinned_base_refs, spec_hash
+from builder.config.urls import public
 from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
 from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import RegistryFault, credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers
+from builder.oci.secrets import MMDEBSTRAP, child_env
 
 
 @dataclass(frozen=True)
@@ -54,16 +57,47 @@ class Rootfs:
     packages: dict[str, str]
 
 
-def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str) -> list[str]:
+#: Where apt inside the bootstrap reads the mirror's login (apt_auth.conf(5)): put there by a setup hook
+#: from the builder's private folder, removed by a customize hook before the root file system is packed.
+AUTH_IN_ROOT = "etc/apt/auth.conf.d/90-builder-mirror.conf"
+
+
+def mirror_login(mirror: str) -> str | None:
+    """apt_auth.conf(5)'s entry for the login in *mirror* (``http://user:password@host/debian``); None without one.
+
+    The mirror goes to mmdebstrap, and so into the base's apt sources, without it (:func:`public`).
+
+    Example:
+        >>> mirror_login("http://ci:t%40k@mirror.example:8080/debian")
+        'machine http://mirror.example:8080/debian login ci password t@k\\n'
+        >>> mirror_login("http://deb.debian.org/debian") is None
+        True
+    """
+    parts = urllib.parse.urlsplit(mirror)
+    if parts.username is None:
+        return None
+    login, password = urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or "")
+    if any(c.isspace() for c in login + password):
+        raise UserError(f"base.bootstrap.mirror {public(mirror)}: its login holds white space, which apt's auth.conf "
+                        "cannot carry; use a login without it")
+    netloc = parts.netloc.rpartition("@")[2]
+    return f"machine {parts.scheme}://{netloc}{parts.path} login {login} password {password}\n"
+
+
+def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str, auth: Path | None = None) -> list[str]:
     """The mmdebstrap command for a spec and platform (docs and man pages left out, copyright files kept).
 
     A foreign architecture's maintainer scripts run under qemu (binfmt_misc), as in its containers.
+    The mirror is named without its login; *auth*, the file holding it (:func:`mirror_login`), is
+    apt's for the bootstrap alone.
 
     Example:
         >>> spec = project.matrix.base.bootstrap
         >>> mmdebstrap_argv(spec, Path("/tmp/rootfs.tar"), "linux/arm64")[:4]
         ['mmdebstrap', '--variant=minbase', '--arch=arm64', '--format=tar']
     """
+    put = f'mkdir -p "$1/etc/apt/auth.conf.d" && install -m 0600 {shlex.quote(str(auth))} "$1/{AUTH_IN_ROOT}"'
+    hooks = [f"--setup-hook={put}", f'--customize-hook=rm "$1/{AUTH_IN_ROOT}"'] if auth else []
     return [
         "mmdebstrap",
         f"--variant={spec.variant}",
@@ -75,9 +109,10 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str) -> list[str]:
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         "--dpkgopt=path-exclude=/usr/share/info/*",
         "--verbose",  # dpkg's lines: the heartbeat counts the packages
+        *hooks,
         spec.suite,
         str(output),
-        spec.mirror,
+        public(spec.mirror),
     ]
 
 
@@ -88,11 +123,20 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
     if (problem := platforms.emulation_problem(platform)) is not None:
         raise UserError(f"bootstrapping the base: {problem}")
     output = workdir / "rootfs.tar"
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(spec.source_date_epoch)}
-    code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, output, platform), env, platform)
+    env = child_env(MMDEBSTRAP, {"SOURCE_DATE_EPOCH": str(spec.source_date_epoch)})
+    auth = None
+    if (login := mirror_login(spec.mirror)) is not None:
+        auth = workdir / "mirror-auth.conf"
+        auth.touch(mode=0o600)
+        auth.write_text(login)
+    try:
+        code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, output, platform, auth), env, platform)
+    finally:
+        if auth is not None:
+            auth.unlink()
     if code != 0:
         tail = " | ".join(stderr.strip().splitlines()[-3:])
-        raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {spec.mirror}: {tail}")
+        raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {public(spec.mirror)}: {tail}")
     digest = hashlib.sha256()
     with output.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

@@ -57,6 +57,7 @@ from builder.images.content import content_tags
 from builder.oci import registry
 from builder.oci.engine import Engine
 from builder.oci.localregistry import ensure_local
+from builder.oci.secrets import PLAIN, child_env
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
@@ -321,7 +322,7 @@ def registry_garbage(folder: Path) -> list[Item]:
     if binary is None:
         return []
     proc = subprocess.run([binary, "garbage-collect", "--dry-run", str(folder / "config.yml")],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=child_env(PLAIN))
     blobs = folder / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
     items = []
     for digest in sorted(set(re.findall(r"blob eligible for deletion: (sha256:[0-9a-f]{64})", proc.stdout + proc.stderr))):
@@ -353,7 +354,8 @@ def collect_registry(folder: Path) -> None:
                 break
             time.sleep(0.1)
     try:
-        subprocess.run([binary, "garbage-collect", str(folder / "config.yml")], capture_output=True, check=True)
+        subprocess.run([binary, "garbage-collect", str(folder / "config.yml")], capture_output=True, check=True,
+                       env=child_env(PLAIN))
     finally:
         if pid is not None:
             config = (folder / "config.yml").read_text()

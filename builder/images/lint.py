@@ -14,6 +14,7 @@ from pathlib import Path
 
 from builder.config.errors import UserError
 from builder.config.project import Project, Target
+from builder.oci.secrets import HADOLINT, child_env
 
 
 def hadolint_binary() -> str:
@@ -42,7 +43,8 @@ def lint(project: Project, targets: Sequence[Target]) -> list[str]:
         cmd = [hadolint_binary(), "--failure-threshold", "warning", "--no-color"]
         if config.is_file():
             cmd += ["--config", str(config)]
-        proc = subprocess.run([*cmd, str(dockerfile)], capture_output=True, text=True, check=False)
+        proc = subprocess.run([*cmd, str(dockerfile)], capture_output=True, text=True, check=False,
+                              env=child_env(HADOLINT))
         if proc.returncode != 0:
             out = (proc.stdout + proc.stderr).strip()
             findings += [line.replace(str(project.root) + "/", "") for line in out.splitlines() if line.strip()]

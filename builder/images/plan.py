@@ -40,6 +40,7 @@ from builder.config.project import Project, Target, TargetView
 from builder.images import content, layers, wheelhouse
 from builder.images.lockfile import Pin
 from builder.oci import buildkit, registry
+from builder.oci.secrets import GIT, child_env
 
 BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
     "build", "smoke", "pull", "tag", "push", "copy-tags", "attest", "record", "index")
@@ -288,7 +289,8 @@ def build_labels(root: Path) -> dict[str, str]:
     """
 
     def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False,
+                              env=child_env(GIT))
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     revision = git("rev-parse", "HEAD") or "unknown"

@@ -13,18 +13,16 @@ import base64
 import json
 import os
 import re
-import ssl
 import subprocess
 import sys
 import tempfile
 import tomllib
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 from packaging.utils import canonicalize_name
 from uv import find_uv_bin
 
@@ -36,6 +34,8 @@ from builder.config.urls import public, redact
 from builder.images import wheelhouse
 from builder.images.lockfile import Pin, wheel_name_problem
 from builder.images.progress import HEARTBEAT_S, heartbeat
+from builder.oci.registry import cause, fetch
+from builder.oci.secrets import PIP, UV, child_env
 
 
 def platform_args(project: Project, platform: str) -> list[str]:
@@ -58,40 +58,33 @@ def platform_args(project: Project, platform: str) -> list[str]:
     return args
 
 def index_reachable(url: str, timeout: float = 8.0) -> str | None:
-    """None if the index answers, else the reason it does not (one short phrase)."""
-    if url.startswith("file://"):
-        return None if Path(urllib.parse.urlparse(url).path).exists() else "no such folder"
-    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
-    try:
-        with urllib.request.urlopen(_request(url), timeout=timeout, context=context):
-            return None
-    except urllib.error.HTTPError as exc:
-        return None if exc.code < 500 else f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL
-        reason = getattr(exc, "reason", exc)
-        return redact(str(reason))[:120]
+    """None if the index answers, else the reason it does not (one short phrase).
 
-
-def _request(url: str) -> urllib.request.Request:
-    """A GET of the index's root; a login in the URL (``https://user:token@mirror/simple``, as pip takes
-    it) goes in an Authorization header: urllib reads ``user:token@host`` as a host with a port.
+    A login in the URL (``https://user:token@mirror/simple``, as pip takes it) goes to the index
+    alone: never across a redirect to another host, port or scheme (:func:`builder.oci.registry.fetch`).
 
     Example:
-        >>> r = _request("https://ci:t%40k@mirror.example:8443/simple")
-        >>> r.full_url, r.get_header("Authorization")
-        ('https://mirror.example:8443/simple/', 'Basic Y2k6dEBr')
+        >>> index_reachable("http://127.0.0.1:9/simple", timeout=2)
+        'Connection refused'
     """
+    if url.startswith("file://"):
+        return None if Path(urllib.parse.urlparse(url).path).exists() else "no such folder"
     parts = urllib.parse.urlsplit(url.rstrip("/") + "/")
-    if parts.username is None:
-        return urllib.request.Request(parts.geturl())
-    login = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-    netloc = parts.netloc.rpartition("@")[2]
-    return urllib.request.Request(parts._replace(netloc=netloc).geturl(),
-                                  headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
+    login = None
+    if parts.username is not None:
+        secret = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        login = "Basic " + base64.b64encode(secret.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+    try:
+        status = fetch("GET", parts.geturl(), login, timeout=timeout, ca=os.environ.get("PIP_CERT")).status_code
+    except (requests.RequestException, OSError, ValueError) as exc:  # ValueError: a URL requests cannot parse
+        return redact(cause(exc))[:120]
+    return None if status < 500 else f"HTTP {status}"
 
-def _pip(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+
+def _pip(args: list[str], extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "pip", "--retries", "1", "--timeout", "30", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env(PIP, extra))
 
 def _download(args: list[str], sizes: dict[str, int | None], heartbeat_s: float = HEARTBEAT_S,
               ) -> subprocess.CompletedProcess[str]:
@@ -106,7 +99,7 @@ def _download(args: list[str], sizes: dict[str, int | None], heartbeat_s: float 
             return f"downloading: {len(got)} of {len(sizes)} wheels, {sum(got.values()) / 1e9:.2f}{total} GB"
 
         with heartbeat(status, heartbeat_s):
-            return _pip(args, env={**os.environ, "TMPDIR": tmp})
+            return _pip(args, {"TMPDIR": tmp})
 
 def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip().startswith("ERROR")]
@@ -166,9 +159,7 @@ def uv_config(sources: PipSources, vendor_index: str | None) -> str:
 
 
 def _uv(args: list[str], cert: str | None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, UV_NO_PROGRESS="1")
-    if cert:
-        env["SSL_CERT_FILE"] = cert
+    env = child_env(UV, {"UV_NO_PROGRESS": "1", **({"SSL_CERT_FILE": cert} if cert else {})})
     return subprocess.run([find_uv_bin(), *args], capture_output=True, text=True, check=False, env=env)
 
 
@@ -197,7 +188,7 @@ def resolve(
     major, minor = project.glibc
     with tempfile.TemporaryDirectory(prefix="builder-resolve-") as tmp:
         work = Path(tmp)
-        (work / "uv.toml").write_text(uv_config(sources, vendor_index))
+        _private(work / "uv.toml", uv_config(sources, vendor_index))
         (work / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
         options = ["pip", "compile", "--config-file", str(work / "uv.toml"), "--no-header", "--quiet",
                    str(work / "requirements.in"), "--python-version", project.matrix.python,
@@ -277,6 +268,15 @@ def _index_args(index: str) -> list[str]:
     return ["--index-url", index]
 
 
+def _private(path: Path, text: str) -> Path:
+    """*path* (in a private temporary folder) holding *text*, readable by this user alone: an index
+    given with its login goes to pip and uv in such a file, never on their command line, which
+    every local user can read (/proc/<pid>/cmdline)."""
+    path.touch(mode=0o600)
+    path.write_text(text)
+    return path
+
+
 def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | None, platform: str) -> None:
     """Download exactly *missing* by hash, for the image's platform as resolution did (not the host's).
 
@@ -288,11 +288,11 @@ def fetch_locked(project: Project, missing: list[Pin], lock: Path, index: str | 
     for pin in missing:
         groups.setdefault(pin.index, []).append(pin)
     errors = []
-    fallback = ["--extra-index-url", index] if index else []
     for recorded, pins in groups.items():
         with tempfile.TemporaryDirectory(prefix="builder-fetch-") as tmp:
             req = Path(tmp) / "req.txt"
             req.write_text("".join(f"{p.name}=={p.version} --hash=sha256:{p.sha256}\n" for p in pins))
+            fallback = ["-r", str(_private(Path(tmp) / "index.txt", f"--extra-index-url {index}\n"))] if index else []
             download = ["download", "--no-deps", "--require-hashes", "--quiet", "-d", str(Path(tmp) / "wheels"),
                         "-r", str(req), *platform_args(project, platform)]
             sizes: dict[str, int | None] = {p.filename: None for p in pins}

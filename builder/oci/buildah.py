@@ -13,11 +13,6 @@ build; what buildah lacks is bridged here, never in the templates:
   (``podman push --compression-format``), so ``request.compression`` is the push's;
 - BuildKit's registry caches (``--cache-from/--cache-to type=registry``) have no buildah
   equivalent that reads BuildKit's cache manifests: left out (the content tag still reuses images);
-- ``RUN --mount=type=bind,...,rw`` is an overlay buildah mounts in its temp folder (``TMPDIR``, else /var/tmp)
-  since the fix for CVE-2024-11218 (buildah#5988; backported to older branches, so no release number says
-  which buildah does it; Debian 12's 1.28.2 still binds it writable): where that folder is on overlayfs
-  (builder inside a container) the mount fails, and buildah 1.39.3 then deletes what the mount's source
-  holds (the project's ``runtime/``): such a build is refused first, on every release (:func:`overlay_refusal`);
 - ``--timestamp`` fixes the image's created time, and its files' times, to the time the Dockerfile's
   own RUNs set on what they change (the base's ``source_date_epoch``), never the commit's: that would
   give every layer other bytes at each commit (BuildKit takes the created time from SOURCE_DATE_EPOCH
@@ -31,18 +26,17 @@ Example:
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
 from builder.config.errors import TargetFailed
 from builder.oci.buildkit import BuildRequest, BuildResult, supervised
-from builder.oci.secrets import child_env
+from builder.oci.secrets import PODMAN, child_env
 
 #: A Dockerfile step in podman's output: ``[2/4] STEP 3/7: RUN ...`` (FROM is no step, as in BuildKit's count).
 STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: (?P<text>(?!FROM ).*)")
@@ -53,60 +47,6 @@ RUN_NETWORK = re.compile(r"^(RUN\b.*?) --network=none\b", re.MULTILINE)
 FIXED_TIME = re.compile(r"touch -h -d @(\d+) ")
 #: ``RUN --mount=type=tmpfs,target=/tmp``: /tmp comes from the build's --volume instead.
 RUN_TMPFS = re.compile(r"^(RUN\b.*?) --mount=type=tmpfs,target=/tmp(?=\s)", re.MULTILINE)
-#: ``RUN --mount=type=bind,...,rw``: a writable bind mount, which buildah makes an overlay in its temp folder.
-RW_BIND = re.compile(r"--mount=type=bind,(?:\S*,)?(?:rw|readwrite)(?:=true)?(?=[,\s])")
-
-
-def temp_folder(env: Mapping[str, str]) -> Path:
-    """Where buildah puts its mounts' overlays: ``TMPDIR``, else /var/tmp (containers.conf's
-    ``image_copy_tmp_dir``, which may move it too, is not read here)."""
-    return Path(env.get("TMPDIR") or "/var/tmp")
-
-
-def filesystem(path: Path, mountinfo: str) -> str:
-    """The file system type of the mount holding *path* (absolute, resolved), from */proc/self/mountinfo*'s text.
-
-    Example:
-        >>> info = ("22 1 0:21 / / rw - overlay overlay rw\\n"
-        ...         "30 22 254:0 /var/tmp/x /var/tmp rw - ext4 /dev/vda rw\\n")
-        >>> filesystem(Path("/var/tmp/buildah"), info), filesystem(Path("/tmp"), info)
-        ('ext4', 'overlay')
-    """
-    best, kind = "", ""
-    for line in mountinfo.splitlines():
-        fields, _, rest = line.partition(" - ")
-        parts = fields.split()
-        if len(parts) < 5 or not rest:
-            continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])
-        inside = str(path) == point or str(path).startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):  # the last of equal mount points is the one on top
-            best, kind = point, rest.split()[0]
-    return kind
-
-
-def overlay_refusal(dockerfile: str, env: Mapping[str, str], mountinfo: str) -> str | None:
-    """Why buildah must not run *dockerfile* here, or None: a ``rw`` bind mount with buildah's temp folder on
-    overlayfs fails ("setting up overlay ... invalid argument") and buildah 1.39.3 then empties the mount's
-    source, the project's own folder (an overlay's upper folder cannot be on overlayfs).
-
-    Example:
-        >>> info = "22 1 0:21 / / rw - overlay overlay rw\\n"
-        >>> overlay_refusal("RUN --mount=type=bind,source=runtime,target=/r,rw true", {}, info)[:44]
-        "buildah's temp folder /var/tmp is on overlay"
-        >>> overlay_refusal("RUN --mount=type=bind,source=runtime,target=/r true", {}, info) is None
-        True
-    """
-    if not RW_BIND.search(dockerfile):
-        return None
-    folder = temp_folder(env)
-    resolved = Path(os.path.realpath(folder))
-    if filesystem(resolved, mountinfo) != "overlay":
-        return None
-    return (f"buildah's temp folder {folder} is on overlayfs (builder in a container?): buildah mounts "
-            "RUN --mount=type=bind,...,rw as an overlay there, which fails, and buildah 1.39 then deletes what the "
-            "mount's source holds (the project's runtime/); set TMPDIR to a folder on another file system "
-            "(a volume, as podman's storage needs)")
 
 
 def dockerfile_for(text: str, per_run_network: bool) -> str:
@@ -164,10 +104,7 @@ def run(
     cwd: Path | None = None,
 ) -> BuildResult:
     """Run one build; return its image ID. A failed build raises TargetFailed with podman's error."""
-    root = cwd or Path.cwd()
-    text = (root / request.dockerfile).read_text()
-    if refusal := overlay_refusal(text, os.environ, _mountinfo()):
-        raise TargetFailed(refusal)
+    text = ((cwd or Path.cwd()) / request.dockerfile).read_text()
     with tempfile.TemporaryDirectory(prefix="builder-podman-") as tmp:
         dockerfile = Path(tmp) / "Dockerfile"
         dockerfile.write_text(dockerfile_for(text, per_run_network))
@@ -177,7 +114,7 @@ def run(
         scratch.chmod(0o1777)  # as /tmp is: the image's user (1001) writes there too
         command = argv(request, str(dockerfile), scratch=str(scratch), epoch=fixed[1] if fixed else None,
                        iidfile=str(iidfile), authfile=authfile, tls_verify=tls_verify)
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(PODMAN),
                                 cwd=cwd, start_new_session=True)
         stdout = proc.stdout
         assert stdout is not None
@@ -188,13 +125,6 @@ def run(
     if not image:
         raise TargetFailed("podman build finished without naming the image it made")
     return BuildResult((image if image.startswith("sha256:") else f"sha256:{image}",), steps, cached)
-
-
-def _mountinfo() -> str:
-    try:
-        return Path("/proc/self/mountinfo").read_text()
-    except OSError:  # not Linux: nothing known, nothing refused
-        return ""
 
 
 def _follow(stream: IO[str], on_step: Callable[[int, int, str], None],

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from builder.config.errors import TargetFailed, UserError
-from builder.oci.secrets import child_env
+from builder.oci.secrets import ENGINE, child_env
 
 #: How long a cancelled build may take to stop after SIGINT before it is killed.
 CANCEL_S = 20.0
@@ -137,7 +137,7 @@ def version() -> str:
     """``docker buildx version``'s line (empty when buildx is missing)."""
     if shutil.which("docker") is None:
         return ""
-    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env())
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env(ENGINE))
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -149,7 +149,7 @@ def builder_problem(name: str, docker_host: str) -> str | None:
     Every other driver (docker-container, remote, kubernetes) loads the result into DOCKER_HOST's
     engine, wherever it builds.
     """
-    proc = subprocess.run(["docker", "buildx", "inspect", name], capture_output=True, text=True, check=False, env=child_env())
+    proc = subprocess.run(["docker", "buildx", "inspect", name], capture_output=True, text=True, check=False, env=child_env(ENGINE))
     if proc.returncode != 0:
         return (f"buildx builder {name!r} is unknown ({(proc.stderr.strip().splitlines() or ['?'])[-1][:160]}); "
                 "list them with: docker buildx ls")
@@ -157,7 +157,7 @@ def builder_problem(name: str, docker_host: str) -> str | None:
     if fields.get("Driver", "").strip() != "docker" or name == "default":
         return None
     endpoint = subprocess.run(["docker", "context", "inspect", name, "--format", "{{.Endpoints.docker.Host}}"],
-                              capture_output=True, text=True, check=False).stdout.strip() or name
+                              capture_output=True, text=True, check=False, env=child_env(ENGINE)).stdout.strip() or name
     if endpoint == docker_host:
         return f"buildx builder {name!r} is this engine's own: leave --builder and BUILDX_BUILDER out"
     return (f"buildx builder {name!r} is the docker driver of the engine at {endpoint}, which keeps what it "
@@ -169,7 +169,7 @@ def available() -> str | None:
     """Why builds can't run here (no buildx), or None."""
     if shutil.which("docker") is None:
         return "the docker CLI is not installed (apt-get install docker.io)"
-    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env())
+    proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env(ENGINE))
     if proc.returncode != 0:
         return "docker buildx is not installed (apt-get install docker-buildx): builds need BuildKit"
     return None
@@ -304,7 +304,7 @@ def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[di
     """The environment for buildx: without the registry and signing secrets (secrets.child_env); with
     *creds* for *host* (from BUILDER_REGISTRY_*), a private DOCKER_CONFIG naming them, removed
     afterwards; the build never sees them as arguments."""
-    env = child_env()
+    env = child_env(ENGINE)
     if not host or not creds:
         yield env
         return
@@ -326,8 +326,7 @@ def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[di
         path = Path(tmp) / "config.json"
         path.touch(mode=0o600)
         path.write_text(json.dumps(config))
-        env["DOCKER_CONFIG"] = tmp
-        yield env
+        yield child_env(ENGINE, {"DOCKER_CONFIG": tmp})
 
 
 def run(

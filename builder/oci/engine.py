@@ -38,7 +38,7 @@ from urllib3.exceptions import ReadTimeoutError
 
 from builder.config.errors import TargetFailed, UserError
 from builder.oci import artifacts, buildah, buildkit, registry
-from builder.oci.secrets import child_env
+from builder.oci.secrets import ENGINE, PLAIN, PODMAN, child_env
 
 #: Builds stream for minutes; the default 60 s read timeout would cut them off.
 TIMEOUT_S = 3600
@@ -474,7 +474,7 @@ class DockerEngine:
     def prune_build_cache(self, record: str) -> str | None:
         # buildx 0.13's filters are ANDed and know no regular expression (~=): one record a call.
         proc = subprocess.run(["docker", "buildx", "prune", "--force", "--filter", f"id={record}"],
-                              capture_output=True, text=True, check=False)
+                              capture_output=True, text=True, check=False, env=child_env(ENGINE))
         return proc.stderr.strip()[-300:] if proc.returncode != 0 else None
 
     def build(
@@ -629,7 +629,7 @@ class PodmanEngine(DockerEngine):
         url = f"unix://{folder}/podman.sock"
         service = subprocess.Popen(["podman", "system", "service", "--time=0", url], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                   preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only, no locks taken
+                                   env=child_env(PODMAN), preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl only, no locks taken
         deadline = time.monotonic() + 30
         while not Path(folder, "podman.sock").is_socket():
             if service.poll() is not None or time.monotonic() > deadline:
@@ -696,7 +696,7 @@ class PodmanEngine(DockerEngine):
         return bool(answer.json().get("host", {}).get("security", {}).get("rootless"))
 
     def _cli(self, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(["podman", *argv], capture_output=True, text=True, check=False, env=child_env())
+        proc = subprocess.run(["podman", *argv], capture_output=True, text=True, check=False, env=child_env(PODMAN))
         if proc.returncode != 0:
             raise EngineError(f"{what}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:300]}")
         return proc
@@ -717,7 +717,7 @@ class PodmanEngine(DockerEngine):
             proc = subprocess.run(
                 ["podman", "push", "--quiet", "--format", manifest, "--compression-format", compression,
                  *(["--force-compression"] if self.forces_compression() else []), "--digestfile", str(digestfile), *(["--authfile", authfile] if authfile else []), *_tls(r.host), ref],
-                capture_output=True, text=True, check=False, env=child_env())
+                capture_output=True, text=True, check=False, env=child_env(PODMAN))
             if proc.returncode != 0:
                 raise TargetFailed(_explain(r.host, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
                                             else f"podman push exited {proc.returncode}"))
@@ -965,12 +965,14 @@ def _compressed(data: bytes, compression: str) -> bytes:
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     elif data[:4] == b"\x28\xb5\x2f\xfd":
-        data = subprocess.run(["zstd", "-q", "-d", "-c"], input=data, capture_output=True, check=True).stdout
+        data = subprocess.run(["zstd", "-q", "-d", "-c"], input=data, capture_output=True, check=True,
+                              env=child_env(PLAIN)).stdout
     if compression == "gzip":
         return gzip.compress(data, compresslevel=6, mtime=0)
     # one thread: zstd's multi-threaded frames differ from its single-threaded ones, and a digest must not
     # depend on the cores of the machine that pushed
-    return subprocess.run(["zstd", "-q", "-3", "-c"], input=data, capture_output=True, check=True).stdout
+    return subprocess.run(["zstd", "-q", "-3", "-c"], input=data, capture_output=True, check=True,
+                          env=child_env(PLAIN)).stdout
 
 
 def recompress(ref: str, compression: str, creds: dict[str, str] | None) -> str | None:

@@ -1,7 +1,8 @@
 """Faults of the engine and registries as one line and an exit code, never a traceback.
 
 docker-py raises ``requests`` transport errors (the engine went away, a read timed out) beside
-its own ``DockerException``; the registry client and token endpoints raise ``urllib.error``.
+its own ``DockerException``; the registry client (:mod:`builder.oci.registry`) turns its own into
+:class:`RegistryFault` or a ``UserError``, and a ``urllib.error`` is a registry's too.
 :func:`describe` names the engine or the registry, the cause and the fix; the CLI prints it and
 exits with the code of its class (:data:`EXIT_ENGINE`, :data:`EXIT_REGISTRY`, :data:`EXIT_FAULT`).
 

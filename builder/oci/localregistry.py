@@ -16,6 +16,7 @@ from builder.config.errors import UserError
 from builder.config.files import locked
 from builder.config.state import state_dir
 from builder.oci.registry import is_local, ping
+from builder.oci.secrets import PLAIN, child_env
 
 
 def ensure_local(host: str) -> str | None:
@@ -46,7 +47,7 @@ def _start(binary: str, host: str, port: str, folder: Path) -> str:
     )
     with open(folder / "registry.log", "ab") as log:
         proc = subprocess.Popen(
-            [binary, "serve", str(config)], stdout=log, stderr=log, start_new_session=True
+            [binary, "serve", str(config)], stdout=log, stderr=log, start_new_session=True, env=child_env(PLAIN)
         )
     (folder / "registry.pid").write_text(str(proc.pid))
     for _ in range(50):

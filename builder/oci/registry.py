@@ -7,7 +7,14 @@ other host gets them (the base's upstream, ``builder run``'s and ``builder verif
 an old registry), while ``docker login`` credentials are per host already. A token service (the
 realm a registry names) gets them only over https, or http on loopback.
 
-Child processes (buildx, cosign) get :func:`builder.oci.secrets.child_env`: the environment without them.
+The requests are made by ``requests``: the ``Authorization`` header goes to the registry's own origin
+(scheme, host and port) alone, never with a request to a URL it names elsewhere (an upload location),
+and requests drops it on a redirect to another host, port or scheme (``should_strip_auth``): an S3 or
+CDN blob store a registry redirects a blob download to gets no login. TLS is checked against the
+system's CA bundle (OpenSSL's, ``SSL_CERT_FILE``), not certifi's: a private CA installed on the host
+is trusted, as the engine trusts it.
+
+Child processes get :func:`builder.oci.secrets.child_env` of their tool: never these credentials.
 """
 
 from __future__ import annotations
@@ -17,16 +24,16 @@ import hashlib
 import json
 import os
 import re
-import urllib.error
+import ssl
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
 import docker.auth
+import requests
 
 from builder.config.errors import UserError
 from builder.config.urls import public
-from builder.oci.secrets import PASSWORD_ENV, USER_ENV
+from builder.oci.secrets import PASSWORD_ENV, SECRET_ENV, USER_ENV
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -95,21 +102,88 @@ def credentials(host: str) -> dict[str, str] | None:
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user and password and host == _matrix_host:
         return {"username": user, "password": password}
-    found = docker.auth.load_config().resolve_authconfig(host)
-    if found and found.get("username") and found.get("password"):
-        return {"username": found["username"], "password": found["password"]}
-    return None
+    # docker-py runs a credential helper (credsStore) with the whole environment and takes only additions:
+    # the secrets are blanked for it
+    blank = {name: "" for name in SECRET_ENV if name in os.environ}
+    found = docker.auth.load_config(credstore_env=blank).resolve_authconfig(host) or {}
+    # a config's own entry says username/password, a credential helper's Username/Password
+    name, secret = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
+    return {"username": name, "password": secret} if name and secret else None
+
+
+class _Auth(requests.auth.AuthBase):
+    """The ``Authorization`` of one request (none when *value* is None: no ``~/.netrc`` login either, as
+    a registry's login comes from the Docker config or the environment alone). requests applies it to
+    the first request only; on a redirect it drops it where the host, port or scheme changes."""
+
+    def __init__(self, value: str | None) -> None:
+        self.value = value
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        if self.value:
+            request.headers["Authorization"] = self.value
+        return request
+
+
+def ca_bundle() -> str | bool:
+    """The CA bundle OpenSSL uses here (``SSL_CERT_FILE``, else the system's), as the engine and
+    urllib trust; requests' own default is certifi's, which lacks a private CA installed on the host."""
+    paths = ssl.get_default_verify_paths()
+    return paths.cafile or paths.capath or True
+
+
+def fetch(method: str, url: str, auth: str | None = None, headers: dict[str, str] | None = None,
+          data: bytes | None = None, timeout: float = 10, ca: str | None = None) -> requests.Response:
+    """One HTTP request, redirects followed, TLS checked against *ca* (else :func:`ca_bundle`); *auth*
+    (an ``Authorization`` value) never beyond *url*'s origin: the builder's one HTTP client (the
+    registries, their token services, an index's probe)."""
+    return requests.request(method, url, headers=headers, data=data, auth=_Auth(auth), timeout=timeout,
+                            verify=ca or ca_bundle())
+
+
+def cause(exc: BaseException) -> str:
+    """What the innermost OS error under *exc* says ("Connection refused", "Name or service not known",
+    a certificate's fault), else *exc*'s first line: requests wraps it in two more, each naming objects.
+
+    Example:
+        >>> try:
+        ...     fetch("GET", "http://127.0.0.1:9/v2/", timeout=2)
+        ... except requests.RequestException as exc:
+        ...     cause(exc)
+        'Connection refused'
+    """
+    said, seen = (str(exc).splitlines() or [type(exc).__name__])[0], exc
+    for _ in range(10):  # a chain is short; a cycle is possible
+        if isinstance(seen, OSError) and seen.strerror:
+            said = str(seen.strerror)
+        if (inner := seen.__cause__ or seen.__context__) is None:
+            break
+        seen = inner
+    return said
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of *url*, the port as the scheme implies where none is written.
+
+    Example:
+        >>> _origin("https://Registry.example:443/v2/") == _origin("https://registry.example/v2/x")
+        True
+    """
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a port: an origin of its own, that nothing matches
+        return parts.scheme, parts.netloc, -1
+    return parts.scheme, (parts.hostname or "").lower(), port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 def ping(host: str, timeout: float = 3.0) -> bool:
     """True if a registry answers /v2/ on *host* (401 counts: it is up and wants credentials)."""
     try:
-        with urllib.request.urlopen(f"{_base_url(host)}/v2/", timeout=timeout):
-            return True
-    except urllib.error.HTTPError as exc:
-        return exc.code == 401
-    except (urllib.error.URLError, OSError):
+        status = fetch("GET", f"{_base_url(host)}/v2/", timeout=timeout).status_code
+    except (requests.RequestException, OSError):
         return False
+    return status < 400 or status == 401
 
 
 def token_realm(host: str, realm: str) -> str:
@@ -135,11 +209,13 @@ def _bearer(host: str, challenge: str, creds: dict[str, str] | None) -> str | No
     if "realm" not in params:
         return None
     query = "&".join(f"{k}={v}" for k, v in params.items() if k in ("service", "scope"))
-    request = urllib.request.Request(f"{token_realm(host, params['realm'])}?{query}")
-    if creds:
-        request.add_header("Authorization", "Basic " + _basic(creds))
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        body = json.load(resp)
+    resp = fetch("GET", f"{token_realm(host, params['realm'])}?{query}", f"Basic {_basic(creds)}" if creds else None)
+    if resp.status_code >= 400:
+        fix = ("log in again (docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD): the login "
+               "is wrong or expired") if resp.status_code in (401, 403) else "retry later, or check the token service"
+        raise RegistryFault(f"registry {host}: its token endpoint {public(resp.url)} answered HTTP {resp.status_code}; "
+                            f"{fix}")
+    body = resp.json()
     return body.get("token") or body.get("access_token")
 
 
@@ -147,13 +223,9 @@ def _token(host: str, challenge: str, creds: dict[str, str] | None) -> str | Non
     """:func:`_bearer`, its failures as one line naming the registry and its token endpoint."""
     try:
         return _bearer(host, challenge, creds)
-    except urllib.error.HTTPError as exc:
-        fix = ("log in again (docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD): the login "
-               "is wrong or expired") if exc.code in (401, 403) else "retry later, or check the token service"
-        raise RegistryFault(f"registry {host}: its token endpoint {public(exc.url)} answered HTTP {exc.code}; {fix}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise RegistryFault(f"registry {host}: its token endpoint is unreachable or answered no token ({exc}); "
-                            "retry, or check the registry's auth service") from None
+    except (requests.RequestException, OSError, ValueError) as exc:  # ValueError: a body that is no JSON
+        raise RegistryFault(f"registry {host}: its token endpoint is unreachable or answered no token "
+                            f"({public(cause(exc))[:200]}); retry, or check the registry's auth service") from None
 
 
 def _basic(creds: dict[str, str]) -> str:
@@ -163,27 +235,32 @@ def _basic(creds: dict[str, str]) -> str:
 def _request(
     method: str, url: str, host: str, creds: dict[str, str] | None, headers: dict[str, str], data: bytes | None = None
 ) -> tuple[int, dict[str, str], bytes]:
-    """One registry API call with Basic, then Bearer (token) auth; (status, headers, body). 404 -> (404, {}, b"")."""
-    auth = f"Basic {_basic(creds)}" if creds else None
+    """One registry API call with Basic, then Bearer (token) auth; (status, headers, body). 404 -> (404, {}, b"").
+
+    The login goes only to the registry's own origin (:func:`fetch`): a *url* the registry named elsewhere
+    (an upload location on another host) is asked without it.
+    """
+    mine = _origin(url) == _origin(_base_url(host))
+    auth = f"Basic {_basic(creds)}" if creds and mine else None
     for _ in range(2):
-        request = urllib.request.Request(url, method=method, headers=headers, data=data)
-        if auth:
-            request.add_header("Authorization", auth)
         try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                return resp.status, dict(resp.headers.items()), resp.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return 404, {}, b""
-            challenge = exc.headers.get("WWW-Authenticate", "")
-            if exc.code == 401 and challenge.lower().startswith("bearer") and not (auth or "").startswith("Bearer"):
-                token = _token(host, challenge, creds)
-                auth = f"Bearer {token}" if token else auth
-                continue
-            raise UserError(f"registry {host} answered {exc.code} for {url.split('/v2/', 1)[-1]}: check credentials "
-                            "(docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD) and access") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise UserError(f"registry {host} is unreachable ({exc}); start it or fix 'registry' in matrix.yaml") from None
+            resp = fetch(method, url, auth, headers, data)
+            body = resp.content
+        except (requests.RequestException, OSError) as exc:
+            raise UserError(f"registry {host} is unreachable ({public(cause(exc))[:200]}); start it or fix 'registry' "
+                            "in matrix.yaml") from None
+        if resp.status_code < 400:
+            return resp.status_code, dict(resp.headers.items()), body
+        if resp.status_code == 404:
+            return 404, {}, b""
+        challenge = resp.headers.get("WWW-Authenticate", "")
+        if (resp.status_code == 401 and mine and challenge.lower().startswith("bearer")
+                and not (auth or "").startswith("Bearer")):
+            token = _token(host, challenge, creds)
+            auth = f"Bearer {token}" if token else auth
+            continue
+        raise UserError(f"registry {host} answered {resp.status_code} for {url.split('/v2/', 1)[-1]}: check "
+                        "credentials (docker login, or BUILDER_REGISTRY_USER/BUILDER_REGISTRY_PASSWORD) and access")
     raise UserError(f"registry {host} refused the token it issued for {url}")
 
 

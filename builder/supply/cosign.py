@@ -34,7 +34,7 @@ from securesystemslib.signer import SSlibKey
 
 from builder.config.errors import TargetFailed, UserError
 from builder.oci import registry
-from builder.oci.secrets import child_env
+from builder.oci.secrets import COSIGN, child_env
 from builder.supply.provenance import SLSA_PROVENANCE
 
 #: cosign reads a key's password from it.
@@ -84,7 +84,7 @@ def binary() -> str:
 
 def _run(args: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
     # No secret of the environment reaches cosign (secrets.child_env); the key goes in as KEY_ENV only.
-    return subprocess.run([binary(), *args], env=child_env(extra), capture_output=True, text=True, check=False,
+    return subprocess.run([binary(), *args], env=child_env(COSIGN, extra), capture_output=True, text=True, check=False,
                           timeout=300)
 
 

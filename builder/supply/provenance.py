@@ -27,6 +27,7 @@ from builder.config.errors import UserError
 from builder.config.project import Project, TargetView
 from builder.config.urls import public
 from builder.oci.registry import Ref
+from builder.oci.secrets import GIT, child_env
 from builder.supply.sbom import builder_version, contents
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -53,7 +54,8 @@ def git_state(root: Path) -> tuple[str, bool]:
     """(HEAD's commit, whether tracked files differ from it) of the checkout at *root*; ("unknown", False) outside git."""
 
     def git(*args: str) -> tuple[int, str]:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False,
+                              env=child_env(GIT))
         return proc.returncode, proc.stdout.strip()
 
     code, revision = git("rev-parse", "HEAD")
@@ -74,7 +76,8 @@ def git_remote(root: Path) -> str | None:
     """
 
     def git(*args: str) -> str:
-        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False,
+                              env=child_env(GIT))
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     names = git("remote").split()

@@ -87,15 +87,17 @@ for p in u.find_spec(m).submodule_search_locations]" torch; fi \
 
 FROM torch AS runtime
 # The in-image runtime and the examples come from the build context as bind mounts, not COPY:
-# no source tree (or its checkout times) in a layer, so these layers are reproducible too.
+# no source tree (or its checkout times) in a layer, so these layers are reproducible too. Both are
+# read-only: pip builds a copy of the runtime in /tmp, so the build writes nothing into the checkout.
 # pip byte-compiles what it installs, so the runtime starts without compiling; with
 # SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
 # The runtime then validates its default spec once (a start that uses it unchanged reads the
 # record: no pydantic, no YAML) and records what torch says here, with no accelerator: a container
 # start that sees no accelerator reads that instead of importing torch (not under qemu, see EMULATED above).
 ARG EMULATED
-RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/runtime,rw --mount=type=bind,source=examples,target=/tmp/examples \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/src/runtime --mount=type=bind,source=examples,target=/tmp/examples \
     touch /tmp/.layer \
+ && cp -R /tmp/src/runtime /tmp/runtime \
  && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
  && cp -R /tmp/examples /opt/examples \
  && python -m ml_runtime.contract.record /opt/venv/share/ml-runtime/default-spec.json \
