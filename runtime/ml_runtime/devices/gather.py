@@ -27,7 +27,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ml_runtime.devices import kfd, nvml
 from ml_runtime.devices.facts import DeviceFacts, TorchFacts, gather_torch_facts, metadata_torch_facts
@@ -44,7 +44,8 @@ from ml_runtime.devices.records import record_file
 TORCH_COST = "torch imported in a child process, a few seconds"
 
 # (devices as torch will number them, the driver (version, source) when read with them); or None and why.
-Reading = tuple[list[DeviceFacts] | None, tuple[str, str] | None, str | None]
+# (typing's spelling: the runtime supports Python 3.9, where a type alias cannot use X | None.)
+Reading = tuple[Optional[list[DeviceFacts]], Optional[tuple[str, str]], Optional[str]]
 
 
 @dataclass
