@@ -6,8 +6,8 @@ mistakes: ROCm builds use the ``"cuda"`` device (there is no ``torch.hip`` and n
 device), Intel GPUs ``"xpu"`` (native ``torch.xpu``, no intel-extension-for-pytorch).
 
 Example:
-    >>> str(get_device())  # on this CPU-only machine
-    'cpu'
+    >>> str(get_device()) in ("cuda", "xpu", "cpu")  # cuda on an NVIDIA or AMD GPU, xpu on Intel's
+    True
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ def device_type() -> str:
     """``cuda`` (NVIDIA and AMD ROCm), ``xpu`` (Intel) or ``cpu``, from the torch build and devices.
 
     Example:
-        >>> device_type()
-        'cpu'
+        >>> import torch
+        >>> device_type() == ("cuda" if torch.cuda.is_available() else device_type())
+        True
     """
     import torch
 
@@ -47,8 +48,8 @@ def get_device(index: int | None = None) -> Any:
     ``HIP_VISIBLE_DEVICES`` or ``ZE_AFFINITY_MASK``); None means the current one.
 
     Example:
-        >>> get_device()
-        device(type='cpu')
+        >>> get_device().type == device_type()
+        True
     """
     import torch
 
@@ -58,21 +59,24 @@ def get_device(index: int | None = None) -> Any:
     return torch.device(kind, index)
 
 
-def get_gpu_metrics(runner: Any = None) -> list[dict[str, Any]]:
+def get_gpu_metrics(runner: Any = None, nvml: Any = "load") -> list[dict[str, Any]]:
     """One dict per GPU with the notes' field names; [] without GPUs or tools.
 
     Fields: ``index``, ``gpu_vendor`` (nvidia/amd/intel), ``gpu_model``, ``gpu_util_percent``,
     ``gpu_temp_c``, ``gpu_mem_used_mb`` and ``gpu_mem_total_mb`` (MB = 10**6 bytes), ``source``
-    (nvml, amd-smi, rocm-smi, xpu-smi); a value the tool did not report is None. ``runner``
-    replaces the tool runner of :func:`ml_runtime.devices.metrics.collect_metrics` (tests).
+    (nvml, amd-smi, rocm-smi, xpu-smi); a value the tool did not report is None. ``runner`` and
+    ``nvml`` replace the tool runner and the pynvml module of
+    :func:`ml_runtime.devices.metrics.collect_metrics` (tests; ``nvml=None``: no NVML).
 
     Example:
-        >>> get_gpu_metrics()  # no GPU here
+        >>> from ml_runtime.devices.tools import ToolResult
+        >>> get_gpu_metrics(lambda argv: ToolResult(False, "", "not found"), nvml=None)  # no tool answers
         []
     """
     from ml_runtime.devices.metrics import collect_metrics
+    from ml_runtime.devices.tools import run_tool
 
-    report = collect_metrics(runner) if runner else collect_metrics()
+    report = collect_metrics(runner or run_tool, nvml)
     return [notes_fields(d) for d in report.devices]
 
 

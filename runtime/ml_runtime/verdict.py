@@ -44,6 +44,7 @@ class Verdict:
     config: AcceleratorConfig | None = None
     selection: Selection | None = None
     results: list[CheckResult] = field(default_factory=list)
+    torch_reason: str | None = None  # why the probe imported torch, and what it cost (None: it did not)
 
     @property
     def skipped(self) -> bool:
@@ -125,8 +126,9 @@ def evaluate(verdict: Verdict) -> Verdict:
     """Probe the host, select devices and run the checks of ``verdict.spec`` (filled in place).
 
     The probe is isolated: this process is about to exec the command and must not hold an
-    accelerator context; torch is imported (once, in a child) only when a check needs more
-    than versions.
+    accelerator context. torch's build comes from the image's record and the devices from the
+    driver's management library; torch is imported (once, in a child) only for what only it can
+    tell, a measured bandwidth (:mod:`ml_runtime.devices.gather`), and ``torch_reason`` says why.
 
     Example:
         >>> from ml_runtime.contract.spec import Spec
@@ -140,12 +142,13 @@ def evaluate(verdict: Verdict) -> Verdict:
     spec, config = verdict.spec, verdict.config
     if spec is None:
         return verdict
-    needs_torch = bool(spec.features) or config is not None or any(
-        d.full_distribution or d.vendor_agnostic_wheel for d in spec.dependencies
+    versions_only = not spec.features and config is None and not any(
+        d.full_distribution or d.vendor_agnostic_wheel or d.host_driver for d in spec.dependencies
     )
     probe = probe_host(
-        isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features, torch_needed=needs_torch
+        isolated=True, measure_bandwidth="memory_bandwidth_gbps" in spec.features, versions_only=versions_only
     )
+    verdict.torch_reason = probe.torch_reason
     verdict.selection = select_devices(config, probe) if config else None
     chosen = verdict.selection.devices if verdict.selection and verdict.selection.devices else probe.devices
     verdict.results = run_checks(spec, probe, chosen)

@@ -73,16 +73,25 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
-# the image. EMULATED is set when this platform is built under qemu on another architecture:
-# there importing torch crashes (its aarch64 oneDNN reads the host's x86 CPU topology from /sys),
-# so those packages are compiled whole instead, without importing them: a larger image, the same
-# fast start. Like pip, that skips the files not meant for this Python (torch ships a few for 3.12).
+# the image; pynvml's too where the image has it (the runtime's check asks NVML at every start,
+# and compiling its 8000 lines each time would cost more than the check). The same layer records
+# what torch says of its own build (torch-facts.json: version, CUDA or ROCm release, compiled
+# distributed backends), which a start reads instead of importing torch; only the runtime's
+# facts.py is mounted for it, so a change elsewhere in runtime/ does not rebuild this layer.
+# EMULATED is set when this platform is built under qemu on another architecture: there importing
+# torch crashes (its aarch64 oneDNN reads the host's x86 CPU topology from /sys), so those packages
+# are compiled whole instead, without importing them (a larger image, the same fast start), and no
+# facts are recorded (a start there asks torch). Like pip, that skips the files not meant for this
+# Python (torch ships a few for 3.12).
 ARG EMULATED
-RUN --network=none --mount=type=tmpfs,target=/tmp touch /tmp/.layer \
- && if [ -z "$EMULATED" ]; then env -u PYTHONDONTWRITEBYTECODE python -c "import torch"; \
+RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime/ml_runtime/devices/facts.py,target=/tmp/facts.py \
+    touch /tmp/.layer \
+ && if [ -z "$EMULATED" ]; then env -u PYTHONDONTWRITEBYTECODE python -c "import torch" \
+ && python /tmp/facts.py --record /opt/venv/share/ml-runtime/torch-facts.json; \
     else python -c "import compileall, importlib.util as u, sys; \
 [compileall.compile_dir(p, quiet=2, workers=0) for m in sys.argv[1:] \
 for p in u.find_spec(m).submodule_search_locations]" torch; fi \
+ && python -c "import compileall, importlib.util as u; s = u.find_spec('pynvml'); s and compileall.compile_file(s.origin, quiet=2)" \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM torch AS runtime
@@ -92,16 +101,13 @@ FROM torch AS runtime
 # pip byte-compiles what it installs, so the runtime starts without compiling; with
 # SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
 # The runtime then validates its default spec once (a start that uses it unchanged reads the
-# record: no pydantic, no YAML) and records what torch says here, with no accelerator: a container
-# start that sees no accelerator reads that instead of importing torch (not under qemu, see EMULATED above).
-ARG EMULATED
+# record: no pydantic, no YAML); torch's facts were recorded in the torch stage, above.
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/src/runtime --mount=type=bind,source=examples,target=/tmp/examples \
     touch /tmp/.layer \
  && cp -R /tmp/src/runtime /tmp/runtime \
  && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
  && cp -R /tmp/examples /opt/examples \
  && python -m ml_runtime.contract.record /opt/venv/share/ml-runtime/default-spec.json \
- && if [ -z "$EMULATED" ]; then python -m ml_runtime.devices.facts --record /opt/venv/share/ml-runtime/torch-facts.json; fi \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 # The target's own packages last: targets that differ only in them share every layer below.
 ARG WHEELS_PACKAGES

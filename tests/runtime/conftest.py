@@ -6,6 +6,10 @@ build of torch and accelerate in the venv (as in the images); they fail, not
 skip, without them so that a missing install step cannot pass unnoticed. Files under
 fixtures/ are recordings of torch facts and vendor tool output from machines
 we do not have (NVIDIA, AMD, Intel); see fixtures/README.md.
+
+The tests hold on any host, a GPU host too: a test that means "no accelerator" makes it so
+(:data:`NO_ACCELERATOR`: torch is shown no device, and the runtime reads the host's /dev and /sys
+from an empty tree); a test that probes the host asserts what the host has.
 """
 
 from __future__ import annotations
@@ -33,10 +37,28 @@ RUNTIME_VARIABLES = (
     "ACCELERATOR_CONFIG",
     "RUNTIME_WORKSPACE",
     "RUNTIME_CHECK_DEBUG",
+    "RUNTIME_PROBE",
+    "RUNTIME_RECORD_DIR",
+    "RUNTIME_HOST_ROOT",
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
     "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
     "ZE_AFFINITY_MASK",
 )
+
+#: A host without an accelerator, on any host: torch is shown no NVIDIA or AMD device (CUDA and HIP
+#: read these before they count devices), and the runtime's own readers (device nodes, KFD) see an
+#: empty tree. Intel's devices cannot be hidden this way (unverified: no Intel host here).
+NO_ACCELERATOR = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture
+def no_accelerator(tmp_path: Path) -> dict[str, str]:
+    """Environment for a child process that must see no accelerator (:data:`NO_ACCELERATOR`)."""
+    empty = tmp_path / "empty-host"
+    empty.mkdir(exist_ok=True)
+    return {**NO_ACCELERATOR, "RUNTIME_HOST_ROOT": str(empty)}
 
 
 @pytest.fixture
@@ -78,6 +100,9 @@ def cli_env(workspace: Path) -> dict[str, str]:
     """Environment for running the runtime from source in a subprocess."""
     env = {k: v for k, v in os.environ.items() if k not in RUNTIME_VARIABLES}
     env["PYTHONPATH"] = str(RUNTIME_SRC)
+    # Importing torch in the probe's child takes seconds, and minutes on a loaded shared host: the
+    # default 10 s would fail the checks; the tests of the timeout set their own.
+    env["RUNTIME_PROBE_TIMEOUT"] = "300"
     env["RUNTIME_WORKSPACE"] = str(workspace)
     return env
 

@@ -1,8 +1,9 @@
 """runtime-check end to end: exec really execs, strict failures stop before the command.
 
-Subprocess tests run the runtime from source on this CPU-only machine with the
-real torch. In-process tests use recorded NVIDIA facts (fixtures/, we lack the
-hardware) and a stand-in for os.execvpe to see the child's environment.
+Subprocess tests run the runtime from source with the real torch; those that mean "no
+accelerator" hide the host's (conftest.NO_ACCELERATOR), so they hold on a GPU host too. In-process
+tests use recorded NVIDIA facts (fixtures/, we lack the hardware) and a stand-in for os.execvpe to
+see the child's environment.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def test_exit_status_is_the_commands(run_cli):
     assert result.returncode == 7
 
 
-def test_strict_failure_exits_3_and_does_not_run_the_command(run_cli, workspace):
+def test_strict_failure_exits_3_and_does_not_run_the_command(run_cli, workspace, no_accelerator):
     (workspace / "runtime-spec.yaml").write_text(GPU_SPEC, encoding="utf-8")  # picked up from /workspace
     marker = workspace / "ran"
-    result = run_cli("exec", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()")
+    result = run_cli("exec", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()", env=no_accelerator)
     assert result.returncode == 3
     assert not marker.exists()
     assert (
@@ -64,7 +65,7 @@ def test_strict_failure_exits_3_and_does_not_run_the_command(run_cli, workspace)
     assert "Traceback" not in result.stderr
 
 
-def test_warn_mode_runs_the_command(run_cli, workspace, tmp_path):
+def test_warn_mode_runs_the_command(run_cli, workspace, tmp_path, no_accelerator):
     spec = tmp_path / "spec.yaml"
     spec.write_text(GPU_SPEC, encoding="utf-8")
     marker = workspace / "ran"
@@ -75,7 +76,7 @@ def test_warn_mode_runs_the_command(run_cli, workspace, tmp_path):
         sys.executable,
         "-c",
         code,
-        env={"RUNTIME_SPEC": str(spec), "RUNTIME_CHECK_MODE": "warn"},
+        env={**no_accelerator, "RUNTIME_SPEC": str(spec), "RUNTIME_CHECK_MODE": "warn"},
     )
     assert result.returncode == 0 and marker.exists()
     assert "-> WARN (requires an NVIDIA GPU (sm_80) but no accelerator was found)" in result.stderr
@@ -89,7 +90,7 @@ def test_warn_mode_runs_the_command(run_cli, workspace, tmp_path):
         sys.executable,
         "-c",
         code,
-        env={"RUNTIME_SPEC": str(spec), "RUNTIME_CHECK_MODE": "warn"},
+        env={**no_accelerator, "RUNTIME_SPEC": str(spec), "RUNTIME_CHECK_MODE": "warn"},
     )
     assert result.returncode == 3 and not marker.exists()
 
@@ -142,11 +143,12 @@ def test_command_not_found_is_127(run_cli):
     assert result.stderr.strip() == "runtime-check: command not found: no-such-command-xyz"
 
 
-def test_default_spec_passes_on_this_cpu_host_and_json_is_a_list(run_cli):
+def test_default_spec_passes_on_this_host_and_json_is_a_list(run_cli):
     result = run_cli("check", "--json")
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)
-    assert [i["item"] for i in items] == ["pytorch", "pytorch.full_distribution", "contract_files"]
+    assert [i["item"] for i in items] == [
+        "pytorch", "pytorch.full_distribution", "pytorch.host_driver", "contract_files"]
     assert all(i["status"] == "OK" for i in items)
 
 
@@ -157,18 +159,25 @@ def test_exec_json_report_leaves_stdout_to_the_command(run_cli):
     assert json.loads(result.stderr)[0]["item"] == "pytorch"
 
 
-def test_probe_json_on_this_cpu_host(run_cli):
-    result = run_cli("probe", "--json")
+def test_probe_json_without_an_accelerator(run_cli, no_accelerator):
+    result = run_cli("probe", "--json", env=no_accelerator)
     data = json.loads(result.stdout)
     assert (data["vendor"], data["backend"], data["distributed"]["backend"]) == ("none", "cpu", "gloo")
     assert data["cpu"]["cores"] >= 1
 
 
-def test_metrics_and_select_on_this_cpu_host(run_cli):
-    metrics = json.loads(run_cli("metrics", "--json").stdout)
-    assert metrics["devices"] == [] and metrics["notes"]
-    select = run_cli("select", "--json")
+def test_select_without_an_accelerator_changes_nothing(run_cli, no_accelerator):
+    select = run_cli("select", "--json", env=no_accelerator)
     assert select.returncode == 0 and json.loads(select.stdout)["env"] == {}
+
+
+def test_metrics_name_the_devices_the_probe_names(run_cli):
+    # The vendors' tools see the host's GPUs whatever a process is shown: on this host, what it has.
+    metrics = json.loads(run_cli("metrics", "--json").stdout)
+    probe = json.loads(run_cli("probe", "--json").stdout)
+    assert sorted({d["vendor"] for d in metrics["devices"]}) == sorted({d["vendor"] for d in probe["devices"]})
+    assert len(metrics["devices"]) == len(probe["devices"])
+    assert metrics["devices"] or metrics["notes"]  # no device: a note says why
 
 
 def test_help_and_spec_parsing_do_not_import_torch(cli_env):

@@ -1,8 +1,9 @@
 """The design notes' runtime-spec.yaml, runtime-checker and Python helpers, fed verbatim.
 
 The spec files are the notes' own (tests/fixtures/notes/). Subprocess tests run the runtime from
-source with the real CPU torch of this machine. GPU devices are stand-ins built in the test
-(this machine has no GPU); the recorded NVIDIA outputs come from tests/runtime/fixtures/.
+source with the real torch of this machine, shown no accelerator where the test means a CPU host
+(conftest.NO_ACCELERATOR: they hold on a GPU host too). GPU devices are stand-ins built in the test;
+the recorded NVIDIA outputs come from tests/runtime/fixtures/.
 """
 
 from __future__ import annotations
@@ -24,6 +25,19 @@ NOTES = Path(__file__).resolve().parents[1] / "fixtures" / "notes"
 CHECKER = "import sys; from ml_runtime.cli import checker_main; sys.exit(checker_main(sys.argv[1:]))"
 
 
+@pytest.fixture
+def no_gpu_spec(tmp_path: Path) -> tuple[Path, str]:
+    """The notes' spec without GPU demands, its version range this host's torch (the fixture names the
+    images' torch): (the file, the range)."""
+    import torch
+    from packaging.version import Version
+
+    wanted = f">={Version(torch.__version__).public}"
+    spec = tmp_path / "runtime-spec-no-gpu.yaml"
+    spec.write_text((NOTES / "runtime-spec-no-gpu.yaml").read_text().replace('">=2.13.0"', f'"{wanted}"'))
+    return spec, wanted
+
+
 def run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=300, check=False)
@@ -37,23 +51,29 @@ def test_notes_spec_loads_as_written():
     assert torch.is_torch and torch.vendor_agnostic_wheel and torch.range_text == ">=2.1.0,<2.2.0"
 
 
-def test_notes_spec_on_a_cpu_host_stops_the_command_with_a_suggestion(cli_env, workspace):
+def test_notes_spec_on_a_cpu_host_stops_the_command_with_a_suggestion(cli_env, workspace, no_accelerator):
+    cli_env = {**cli_env, **no_accelerator}
     proc = run(["-m", "ml_runtime", "exec", "--spec", str(NOTES / "runtime-spec.yaml"), "--",
                 sys.executable, "-c", "print('COMMAND RAN')"], cli_env, workspace)
     assert proc.returncode == 3, proc.stderr
     assert "COMMAND RAN" not in proc.stdout
     assert f"[INFO] Loading runtime contract from {NOTES / 'runtime-spec.yaml'}" in proc.stderr
     assert "[CHECK] gpu_compute_capability: no accelerator (CPU only) -> FAIL" in proc.stderr
-    assert "[CHECK] pytorch.vendor_agnostic_wheel: 2.13.0+cpu (cpu) -> OK" in proc.stderr
+    import torch
+
+    (wheel,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("[CHECK] pytorch.vendor_agnostic_wheel:")]
+    assert wheel.startswith(f"[CHECK] pytorch.vendor_agnostic_wheel: {torch.__version__} (") and wheel.endswith("-> OK")
     assert "run on" in proc.stderr.splitlines()[-1]  # the suggestion
 
 
-def test_spec_without_gpu_demands_passes_and_runs(cli_env, workspace):
-    proc = run(["-m", "ml_runtime", "exec", "--spec", str(NOTES / "runtime-spec-no-gpu.yaml"), "--",
+def test_spec_without_gpu_demands_passes_and_runs(cli_env, workspace, no_accelerator, no_gpu_spec):
+    cli_env = {**cli_env, **no_accelerator}
+    proc = run(["-m", "ml_runtime", "exec", "--spec", str(no_gpu_spec[0]), "--",
                 sys.executable, "-c", "print('COMMAND RAN')"], cli_env, workspace)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "COMMAND RAN"
-    assert "[CHECK] pytorch.full_distribution: torch.distributed (gloo) -> OK" in proc.stderr
+    # gloo, the CPU's backend, is required; a CUDA build also lists the nccl it was compiled with.
+    assert "[CHECK] pytorch.full_distribution: torch.distributed (gloo" in proc.stderr
 
 
 def test_vendor_agnostic_wheel_compares_with_the_images_wheel_mapping():
@@ -71,18 +91,22 @@ def test_vendor_agnostic_wheel_compares_with_the_images_wheel_mapping():
 
 
 # 3. runtime-checker: the notes' name, flags (--config = the spec) and report format.
-def test_runtime_checker_reports_in_the_notes_format(cli_env, workspace):
-    spec = NOTES / "runtime-spec-no-gpu.yaml"
+def test_runtime_checker_reports_in_the_notes_format(cli_env, workspace, no_accelerator, no_gpu_spec):
+    import torch
+
+    cli_env = {**cli_env, **no_accelerator}
+    spec, wanted = no_gpu_spec
     proc = run(["-c", CHECKER, "--config", str(spec)], cli_env, workspace)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == f"[INFO] Loading runtime contract from {spec}"
     assert lines[1] == "[INFO] Accelerator config: none (all devices)"
-    assert "[CHECK] PyTorch version: 2.13.0+cpu -> OK (required: pytorch >=2.13.0)" in lines
+    assert f"[CHECK] PyTorch version: {torch.__version__} -> OK (required: pytorch {wanted})" in lines
     assert lines[-1] == "[SUCCESS] All checks passed. Environment is compatible."
 
 
-def test_runtime_checker_failure_is_an_error_line_with_a_suggestion(cli_env, workspace):
+def test_runtime_checker_failure_is_an_error_line_with_a_suggestion(cli_env, workspace, no_accelerator):
+    cli_env = {**cli_env, **no_accelerator}
     proc = run(["-c", CHECKER, "--config", str(NOTES / "runtime-spec.yaml")], cli_env, workspace)
     assert proc.returncode == 3
     errors = [line for line in proc.stdout.splitlines() if line.startswith("[ERROR]")]
@@ -113,10 +137,17 @@ def test_xe_hpg_is_the_dg2_family():
 
 
 # 6. get_device() and get_gpu_metrics() with the notes' field names.
-def test_get_device_is_cpu_here():
+def test_get_device_is_cpu_without_an_accelerator(cli_env, workspace, no_accelerator):
+    code = "from ml_runtime import get_device; print(get_device())"
+    proc = run(["-c", code], {**cli_env, **no_accelerator}, workspace)
+    assert proc.stdout.strip() == "cpu", proc.stderr
+
+
+def test_get_device_is_what_torch_sees_here():
     import torch
 
-    assert get_device() == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "xpu" if torch.xpu.is_available() else "cpu"
+    assert get_device() == torch.device(expected)
 
 
 def test_get_gpu_metrics_uses_the_notes_field_names(fixture_text, monkeypatch):

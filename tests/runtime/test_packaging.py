@@ -27,7 +27,7 @@ def test_package_is_pure_python_with_its_default_spec():
     package = RUNTIME / "ml_runtime"
     files = sorted(str(p.relative_to(package)) for p in package.rglob("*") if "__pycache__" not in p.parts)
     assert "default-spec.yaml" in files and "cli.py" in files and "__main__.py" in files
-    assert all(name.endswith((".py", ".yaml")) or (package / name).is_dir() for name in files)
+    assert all(name.endswith((".py", ".yaml", ".json")) or (package / name).is_dir() for name in files)
     # every folder is a package the wheel ships (runtime/pyproject.toml lists them)
     listed = tomllib.loads((RUNTIME / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
     folders = sorted(["ml_runtime"] + [f"ml_runtime.{n}" for n in files if (package / n).is_dir()])
@@ -93,6 +93,7 @@ def test_wheel_build_contains_the_spec_and_the_console_script(tmp_path):
     (wheel,) = tmp_path.glob("ml_runtime-0.1.0-py3-none-any.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "ml_runtime/default-spec.yaml" in names and "ml_runtime/cli.py" in names
+    assert "ml_runtime/driver-floors.json" in names  # the host_driver check's table
     assert "ml_runtime/devices/facts.py" in names and "ml_runtime/policy/__init__.py" in names
     entry_points = zipfile.ZipFile(wheel).read("ml_runtime-0.1.0.dist-info/entry_points.txt").decode()
     assert "runtime-check = ml_runtime.cli:main" in entry_points

@@ -1,4 +1,4 @@
-"""Accelerator probe: real gathering on this CPU machine, recorded facts elsewhere.
+"""Accelerator probe: real gathering on this host (asserting what torch sees here), recorded facts elsewhere.
 
 The NVIDIA, AMD and Intel cases use fixtures/torch_facts_*.json: recordings of
 what torch reports on those machines, because we lack the hardware here.
@@ -23,29 +23,45 @@ from ml_runtime.devices.probe import build_probe, choose_distributed_backend, fo
 from ml_runtime.devices.tools import ToolResult
 
 
-def test_real_probe_on_this_cpu_machine():
-    import torch  # the CPU build must be installed for these tests (see tests/runtime/conftest.py)
+def torch_sees() -> tuple[str | None, int]:
+    """(accelerator type, device count) as this host's torch sees them."""
+    import torch
+
+    for kind in ("cuda", "xpu"):
+        module = getattr(torch, kind, None)
+        if module is not None and module.is_available():
+            return kind, module.device_count()
+    return None, 0
+
+
+def test_real_probe_says_what_this_host_has(workspace):
+    import torch  # a torch build must be installed for these tests (see tests/runtime/conftest.py)
 
     result = probe_host()
-    assert (result.vendor, result.backend) == ("none", "cpu")
-    assert result.devices == []
+    kind, count = torch_sees()
+    expected = {"cuda": ("amd", "rocm") if torch.version.hip else ("nvidia", "cuda"), "xpu": ("intel", "xpu"),
+                None: ("none", "cpu")}[kind]
+    assert (result.vendor, result.backend) == expected
+    assert len(result.devices) == count
     assert result.torch["version"] == torch.__version__
-    assert result.torch["flavour"] == "cpu"
-    assert result.distributed_backend == "gloo"
+    assert result.torch["cuda"] == torch.version.cuda
+    assert result.distributed_backend == choose_distributed_backend(expected[1], torch.__version__,
+                                                                    result.distributed_backends)
     assert result.distributed_available and result.distributed_backends["gloo"]
     assert result.cpu["cores"] >= 1 and result.cpu["model"]
     text = format_probe(result)
-    assert "vendor: none" in text and "backend: cpu" in text and "cpu: " in text
+    assert f"vendor: {expected[0]}" in text and f"backend: {expected[1]}" in text and "cpu: " in text
     json.dumps(result.to_dict())  # JSON-serialisable
 
 
 def test_real_gathering_uses_the_vendor_neutral_api():
-    import torch  # the CPU build must be installed for these tests (see tests/runtime/conftest.py)
+    import torch  # a torch build must be installed for these tests (see tests/runtime/conftest.py)
 
     facts = gather_torch_facts()
+    kind, count = torch_sees()
     assert facts.torch_version == torch.__version__
     assert facts.accelerator_api == hasattr(torch, "accelerator")
-    assert facts.accelerator_type is None and facts.devices == []
+    assert facts.accelerator_type == kind and len(facts.devices) == count
     assert TorchFacts.from_dict(facts.to_dict()) == facts  # the recording format round-trips
 
 

@@ -20,9 +20,6 @@ from ml_runtime.contract.spec_file import parse_spec
 
 START = (
     "import sys, contextlib, io\n"
-    "from pathlib import Path\n"
-    "from ml_runtime.contract import record\n"
-    "record.RECORD_FILE = Path(sys.argv[1])\n"
     "from ml_runtime import cli\n"
     "with contextlib.redirect_stdout(io.StringIO()):\n"
     "    cli.main(['check'])\n"
@@ -30,9 +27,10 @@ START = (
 )
 
 
-def start_imports(env: dict[str, str], record_file: Path) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", START, str(record_file)], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+def start_imports(env: dict[str, str], record_dir: Path) -> list[str]:
+    """What a start imports, its build-time records in *record_dir* ($RUNTIME_RECORD_DIR)."""
+    proc = subprocess.run([sys.executable, "-c", START], env={**env, "RUNTIME_RECORD_DIR": str(record_dir)},
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1].replace("'", '"'))
 
@@ -64,18 +62,18 @@ def test_a_stale_or_damaged_record_is_not_used(tmp_path):
 
 
 def test_start_with_the_recorded_default_imports_no_pydantic(cli_env, tmp_path):
-    out = tmp_path / "default-spec.json"
+    out = tmp_path / "records" / "default-spec.json"
     record.record_spec(out)
-    assert start_imports(cli_env, out) == []
+    assert start_imports(cli_env, out.parent) == []
     # Without a record (a host install), the default spec is validated.
-    assert start_imports(cli_env, tmp_path / "none.json") == ["ml_runtime.contract.spec_file", "pydantic", "yaml"]
+    assert start_imports(cli_env, tmp_path / "none") == ["ml_runtime.contract.spec_file", "pydantic", "yaml"]
 
 
 def test_a_mounted_spec_is_always_validated(cli_env, workspace, tmp_path):
-    out = tmp_path / "default-spec.json"
+    out = tmp_path / "records" / "default-spec.json"
     record.record_spec(out)
     shutil.copy(DEFAULT_SPEC_PATH, workspace / "runtime-spec.yaml")  # the same bytes, another file
-    assert "pydantic" in start_imports(cli_env, out)
+    assert "pydantic" in start_imports(cli_env, out.parent)
     (workspace / "runtime-spec.yaml").write_text("mode: loud\n", encoding="utf-8")
     proc = subprocess.run([sys.executable, "-m", "ml_runtime", "check"], env=cli_env, capture_output=True,
                           text=True, timeout=300, check=False)

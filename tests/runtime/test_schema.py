@@ -27,7 +27,7 @@ def test_the_key_lists_without_pydantic_match_the_models():
         # A misspelt key is named rather than the key it leaves missing.
         ({"dependencies": [{"nmae": "torch"}]},
          ("s.yaml: dependencies[0].nmae: unknown key (did you mean 'name'? allowed: name, version_range, "
-         "full_distribution, vendor_agnostic_wheel)")),
+         "full_distribution, vendor_agnostic_wheel, host_driver)")),
         ({"dependencies": [{"name": "torch", "full_distribution": None}]},
          "s.yaml: dependencies[0].full_distribution: must be true or false, not null"),
     ],

@@ -43,13 +43,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run(argv: list[str], cwd: Path, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_"))
     }
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(argv, cwd=cwd, env={**env, **(extra or {})}, capture_output=True, text=True,
+                          timeout=300, check=False)
 
 
 def assert_loss_fell(result: subprocess.CompletedProcess) -> None:
@@ -72,17 +73,18 @@ def test_plain_python_from_another_directory_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nothing written: a read-only working directory is fine
 
 
-def launch(tmp_path, mode: str):
-    """`accelerate launch <mode> --num_processes 2 ... train.py` on this CPU machine."""
+def launch(tmp_path, mode: str, extra: dict[str, str] | None = None):
+    """`accelerate launch <mode> --num_processes 2 ... train.py` on this machine."""
     args = ["launch", mode, "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
             "--dynamo_backend", "no", "--main_process_port", str(free_port()), str(TRAIN)]
-    return run([*accelerate_cli(), *args], cwd=tmp_path)
+    return run([*accelerate_cli(), *args], cwd=tmp_path, extra=extra)
 
 
-def test_two_processes_with_accelerate_launch_use_gloo(tmp_path):
-    # Accelerate's CPU launcher (--cpu) starts one process unless given an MPI
-    # hostfile; its multi-device launcher starts two, which form a gloo group here.
-    result = launch(tmp_path, "--multi_gpu")
+def test_two_processes_with_accelerate_launch_use_gloo(tmp_path, no_accelerator):
+    # Accelerate's CPU launcher (--cpu) starts one process unless given an MPI hostfile; its
+    # multi-device launcher starts two, which form a gloo group when no accelerator is visible
+    # (hidden here: on a host with one GPU the second rank would have no device).
+    result = launch(tmp_path, "--multi_gpu", no_accelerator)
     assert_loss_fell(result)
     assert "processes=2 backend=gloo device=cpu" in result.stdout
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ml_runtime.contract.fields import version_at_least, version_tuple
+from ml_runtime.contract.floors import check_host_driver
 from ml_runtime.contract.packages import check_dependency, check_distribution, check_wheel
 from ml_runtime.contract.result import CheckResult
 from ml_runtime.contract.spec import DriverRequirement, Spec
@@ -65,6 +66,8 @@ def run_checks(
             results.append(check_distribution(dep, probe))
         if dep.vendor_agnostic_wheel:
             results.append(check_wheel(dep, probe))
+        if dep.host_driver:
+            results.append(check_host_driver(dep, probe))
     return results
 
 

@@ -28,10 +28,11 @@ from typing import Any
 from ml_runtime.contract.fields import load_yaml_mapping
 from ml_runtime.contract.spec import DEFAULT_SPEC_PATH, Dependency, DriverRequirement, Spec
 from ml_runtime.devices.capability import Capability, parse_capability
+from ml_runtime.devices.records import record_file
 from ml_runtime.errors import ConfigError
 
-#: Written at image build, in the same step that installs the runtime.
-RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "default-spec.json"
+#: Written at image build, in the same step that installs the runtime (:mod:`ml_runtime.devices.records`).
+RECORD_NAME = "default-spec.json"
 
 #: What the record is keyed to besides the spec: the modules that validate it.
 _VALIDATORS = ("schema.py", "spec_file.py")
@@ -53,7 +54,7 @@ def spec_key(spec_path: Path = DEFAULT_SPEC_PATH) -> str | None:
     return digest.hexdigest()
 
 
-def record_spec(path: Path = RECORD_FILE) -> Spec:
+def record_spec(path: Path | None = None) -> Spec:
     """Validate the packaged default spec (ConfigError if it is wrong) and write the record to ``path``.
 
     The JSON is byte-stable (sorted keys), so the layer holding it stays reproducible.
@@ -69,6 +70,7 @@ def record_spec(path: Path = RECORD_FILE) -> Spec:
     label = str(DEFAULT_SPEC_PATH)
     spec = parse_spec(load_yaml_mapping(DEFAULT_SPEC_PATH, label), label)
     document = {"spec_key": spec_key(), "spec": _to_data(spec)}
+    path = record_file(RECORD_NAME) if path is None else path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")
     return spec
@@ -82,7 +84,8 @@ def recorded_spec(source: str, path: Path | None = None) -> Spec | None:
         True
     """
     try:
-        document = json.loads((RECORD_FILE if path is None else path).read_text(encoding="utf-8"))
+        stored = record_file(RECORD_NAME) if path is None else path
+        document = json.loads(stored.read_text(encoding="utf-8"))
         if document["spec_key"] is None or document["spec_key"] != spec_key():
             return None
         return _from_data(document["spec"], source)
@@ -100,7 +103,7 @@ def _to_data(spec: Spec) -> dict[str, Any]:
         features[key] = value
     dependencies = [
         {"name": d.name, "version_range": d.range_text, "full_distribution": d.full_distribution,
-         "vendor_agnostic_wheel": d.vendor_agnostic_wheel, "path": d.path}
+         "vendor_agnostic_wheel": d.vendor_agnostic_wheel, "host_driver": d.host_driver, "path": d.path}
         for d in spec.dependencies
     ]
     return {"features": list(features.items()), "dependencies": dependencies, "mode": spec.mode}
@@ -116,7 +119,8 @@ def _from_data(data: dict[str, Any], source: str) -> Spec:
         features[key] = value
     dependencies = tuple(
         Dependency.of(
-            d["name"], d["version_range"], d["full_distribution"], d["vendor_agnostic_wheel"], d["path"]
+            d["name"], d["version_range"], d["full_distribution"], d["vendor_agnostic_wheel"], d["path"],
+            d["host_driver"],
         )
         for d in data["dependencies"]
     )

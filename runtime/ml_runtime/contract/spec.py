@@ -12,6 +12,7 @@ Format (exactly what users write)::
         version_range: ">=2.1.0,<2.2.0"
         full_distribution: true           # torch.distributed with this host's backend
         vendor_agnostic_wheel: true       # torch is the official build the image's wheel mapping names
+        host_driver: true                 # the host's driver runs torch's CUDA (driver-floors.json)
     mode: strict                          # strict | warn | off
 
 Which file is used, and reading it: :mod:`ml_runtime.contract.locate`. A file is validated into
@@ -76,10 +77,11 @@ class Dependency:
     path: str
     range_text: str | None = None  # as the user wrote it (SpecifierSet reorders)
     vendor_agnostic_wheel: bool = False
+    host_driver: bool = False
 
     @classmethod
     def of(cls, name: str, range_text: str | None, full_distribution: bool, vendor_agnostic_wheel: bool,
-           path: str) -> Dependency:
+           path: str, host_driver: bool = False) -> Dependency:
         """A validated entry's values (the range as written) as a Dependency.
 
         Example:
@@ -87,7 +89,9 @@ class Dependency:
             True
         """
         version_range = SpecifierSet(range_text) if range_text is not None else None
-        return cls(name, version_range, full_distribution, path, range_text, vendor_agnostic_wheel)
+        return cls(
+            name, version_range, full_distribution, path, range_text, vendor_agnostic_wheel, host_driver
+        )
 
     @property
     def is_torch(self) -> bool:

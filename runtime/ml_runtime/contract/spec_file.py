@@ -116,10 +116,11 @@ class DependencyEntry(Section):
     version_range: Annotated[Optional[str], PlainValidator(_version_range)] = None
     full_distribution: Flag = False
     vendor_agnostic_wheel: Flag = False
+    host_driver: Flag = False
 
     @model_validator(mode="after")
     def _torch_only(self) -> "DependencyEntry":
-        for key in ("full_distribution", "vendor_agnostic_wheel"):
+        for key in ("full_distribution", "vendor_agnostic_wheel", "host_driver"):
             if getattr(self, key) and self.name.lower() not in TORCH_NAMES:
                 raise problem("only supported for pytorch", (key,))
         return self
@@ -166,7 +167,8 @@ def parse_spec(data: dict[str, Any], source: str) -> Spec:
     spec = validate(SpecFile, data, source)
     dependencies = tuple(
         Dependency.of(
-            d.name, d.version_range, d.full_distribution, d.vendor_agnostic_wheel, f"dependencies[{i}]"
+            d.name, d.version_range, d.full_distribution, d.vendor_agnostic_wheel, f"dependencies[{i}]",
+            d.host_driver,
         )
         for i, d in enumerate(spec.dependencies or ())
     )

@@ -285,11 +285,27 @@ def torch_install_key() -> str | None:
     return hashlib.sha256(f"{dist.version}\n{record}".encode()).hexdigest()
 
 
-def record_torch_facts(path: Path) -> TorchFacts:
-    """Gather the facts (importing torch) and write them, keyed to this torch, to *path*.
+def build_facts(facts: TorchFacts) -> TorchFacts:
+    """What torch's build decides, the host's part left out: no device, none available.
 
-    Run at image build, where no accelerator is visible; the JSON is byte-stable (sorted keys),
-    so the layer holding it stays reproducible.
+    Example:
+        >>> f = build_facts(TorchFacts(torch_version="2.11.0+cu130", cuda_version="13.0", cuda_available=True,
+        ...                            accelerator_type="cuda", devices=[DeviceFacts(0, "NVIDIA H200")]))
+        >>> f.cuda_version, f.accelerator_type, f.devices
+        ('13.0', None, [])
+    """
+    return TorchFacts.from_dict({**facts.to_dict(), "accelerator_type": None, "cuda_available": False,
+                                 "xpu_available": False, "devices": []})
+
+
+def record_torch_facts(path: Path) -> TorchFacts:
+    """Gather the facts of torch's build (importing torch) and write them, keyed to this torch, to *path*.
+
+    Run at image build, in the layer that installs torch (this file alone is mounted there, run as a
+    script: a change elsewhere in the runtime does not rebuild it). Only what the build decides is
+    kept: the devices, and whether one is available, are the host's at each start (a host that
+    records its own torch, as ``make gpu-check`` does, records no GPU either). The JSON is
+    byte-stable (sorted keys), so the layer holding it stays reproducible.
 
     Example:
         >>> import tempfile
@@ -297,7 +313,7 @@ def record_torch_facts(path: Path) -> TorchFacts:
         >>> record_torch_facts(out).devices
         []
     """
-    facts = gather_torch_facts()
+    facts = build_facts(gather_torch_facts())
     document = {"torch_install": torch_install_key(), "facts": facts.to_dict()}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, sort_keys=True, indent=1) + "\n", encoding="utf-8")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,15 +37,41 @@ _VERSION_TOKEN = re.compile(r"\d+(?:\.\d+)+")
 # DRM render nodes, and WSL's GPU paravirtualisation. With none of them, torch sees no device.
 ACCELERATOR_NODES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dri/renderD*", "/dev/dxg")
 
+#: Where the host's /dev, /sys and /proc are read (default ``/``): a test's tree laid out as the
+#: kernel lays them out, or the host's root mounted elsewhere.
+HOST_ROOT_ENV = "RUNTIME_HOST_ROOT"
 
-def accelerator_nodes() -> list[str]:
-    """The accelerator device nodes present here (:data:`ACCELERATOR_NODES`), sorted.
+
+def host_root(environ: Mapping[str, str] | None = None) -> Path:
+    """``$RUNTIME_HOST_ROOT``, else ``/``.
+
+    Example:
+        >>> host_root({"RUNTIME_HOST_ROOT": "/srv/host"}), host_root({})
+        (PosixPath('/srv/host'), PosixPath('/'))
+    """
+    env = os.environ if environ is None else environ
+    return Path(env.get(HOST_ROOT_ENV) or "/")
+
+
+def host_path(path: str) -> Path:
+    """An absolute host path (``/proc/...``) under :func:`host_root`.
+
+    Example:
+        >>> host_path("/proc/cpuinfo").name
+        'cpuinfo'
+    """
+    return host_root() / path.lstrip("/")
+
+
+def accelerator_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The accelerator device nodes present here (:data:`ACCELERATOR_NODES`, under :func:`host_root`), sorted.
 
     Example:
         >>> all(p.startswith("/dev/") for p in accelerator_nodes())
         True
     """
-    return sorted(p for pattern in ACCELERATOR_NODES for p in glob.glob(pattern))
+    prefix = str(host_root(environ)).rstrip("/")
+    return sorted(p[len(prefix):] for pattern in ACCELERATOR_NODES for p in glob.glob(prefix + pattern))
 
 
 @dataclass
@@ -65,8 +92,33 @@ class HostFacts:
     notes: list[str] = field(default_factory=list)
 
 
-def gather_host_facts(vendor: str, facts: TorchFacts | None = None, runner: Runner = run_tool) -> HostFacts:
+def driver_vendor(vendor: str, facts: TorchFacts | None, nodes: list[str]) -> str:
+    """Whose driver to read: the accelerator's, else that of torch's build when its device nodes exist
+    (a driver too old for the build leaves torch without a device, and that is what to report).
+
+    Example:
+        >>> from ml_runtime.devices.facts import TorchFacts
+        >>> driver_vendor("none", TorchFacts(torch_version="2.14.1", cuda_version="13.0"), ["/dev/nvidiactl"])
+        'nvidia'
+    """
+    if vendor != "none" or facts is None:
+        return vendor
+    if facts.hip_version:
+        return "amd" if "/dev/kfd" in nodes else "none"
+    if facts.cuda_version and any(n.startswith("/dev/nvidia") for n in nodes):
+        return "nvidia"
+    return "none"
+
+
+def gather_host_facts(
+    vendor: str,
+    facts: TorchFacts | None = None,
+    runner: Runner = run_tool,
+    driver: tuple[str, str] | None = None,
+) -> HostFacts:
     """Collect :class:`HostFacts` for the detected ``vendor``; never raises.
+
+    ``driver`` is a (version, source) already read (from NVML, with the devices).
 
     Example:
         >>> gather_host_facts("none").driver_version is None
@@ -74,6 +126,10 @@ def gather_host_facts(vendor: str, facts: TorchFacts | None = None, runner: Runn
     """
     host = HostFacts(cpu_model=cpu_model(), cpu_cores=usable_cores(), cpu_logical=os.cpu_count())
     host.device_nodes = accelerator_nodes()
+    if driver is not None:
+        host.driver_version, host.driver_source = driver
+        return host
+    vendor = driver_vendor(vendor, facts, host.device_nodes)
     if vendor == "nvidia":
         _first_driver(
             host,
@@ -237,7 +293,7 @@ def _nvml_driver() -> tuple[str | None, str | None]:
 
 def _proc_nvidia() -> tuple[str | None, str | None]:
     try:
-        text = Path("/proc/driver/nvidia/version").read_text(encoding="utf-8", errors="replace")
+        text = host_path("/proc/driver/nvidia/version").read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         return None, exc.strerror
     return parse_nvidia_proc_version(text), None
@@ -253,7 +309,7 @@ def _nvidia_smi_driver(runner: Runner) -> tuple[str | None, str | None]:
 
 def _sys_amdgpu() -> tuple[str | None, str | None]:
     try:
-        return Path("/sys/module/amdgpu/version").read_text(encoding="utf-8").strip() or None, None
+        return host_path("/sys/module/amdgpu/version").read_text(encoding="utf-8").strip() or None, None
     except OSError as exc:
         return None, exc.strerror
 

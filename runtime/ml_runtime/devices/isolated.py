@@ -1,11 +1,13 @@
-"""torch's facts without importing torch in this process: from a child Python, or from the record.
+"""torch's facts without importing torch in this process: from the build-time record, or a child Python.
 
-``runtime-check exec`` replaces itself with the user's command, so it never initialises an
-accelerator itself: :func:`gather_torch_facts_isolated` asks a child (``python -m
-ml_runtime.devices.facts``) within :func:`probe_timeout` seconds. On a host without an
-accelerator device node the facts recorded at image build
-(:func:`~ml_runtime.devices.facts.record_torch_facts`) are read instead, for as long as the
-installed torch is the one they were recorded from.
+What torch says of its own build (version, CUDA/ROCm release, compiled distributed backends) does
+not change after the image is built: the image build records it once
+(:func:`~ml_runtime.devices.facts.record_torch_facts`, where no accelerator is visible) and a start
+reads it (:func:`recorded_torch_facts`) for as long as the installed torch is the one recorded. The
+devices come from the host (:mod:`ml_runtime.devices.gather`). When only torch can tell (a measured
+bandwidth, no record), :func:`gather_torch_facts_isolated` asks a child (``python -m
+ml_runtime.devices.facts``) within :func:`probe_timeout` seconds: ``runtime-check exec`` replaces
+itself with the user's command, so it never initialises an accelerator itself.
 
 Example:
     >>> recorded_torch_facts(Path("/nonexistent.json")) is None
@@ -22,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ml_runtime.devices.facts import FACTS_MARKER, TorchFacts, ccl_bindings_installed, torch_install_key
-from ml_runtime.devices.host import accelerator_nodes
+from ml_runtime.devices.records import record_file
 
 #: How long the isolated probe may take (a wedged GPU driver must not stall every container
 #: start); ``RUNTIME_PROBE_TIMEOUT`` (seconds) overrides it.
@@ -31,13 +33,12 @@ ISOLATED_TIMEOUT_S = 10.0
 TIMEOUT_ENV = "RUNTIME_PROBE_TIMEOUT"
 
 
-#: The facts torch gives on a machine without an accelerator, written once at image build
-#: (``python -m ml_runtime.devices.facts --record FILE``; importing torch takes seconds). A container
-#: start that sees no accelerator device node reads them instead of importing torch, for as long
-#: as the installed torch is the one they were recorded from.
-RECORD_FILE = Path(sys.prefix) / "share" / "ml-runtime" / "torch-facts.json"
+#: What torch says of its build, written once at image build (``python -m ml_runtime.devices.facts
+#: --record FILE``, in the layer that installs torch; importing torch takes seconds). A container
+#: start reads it instead of importing torch, for as long as the installed torch is the one recorded.
+RECORD_NAME = "torch-facts.json"
 
-#: ``RUNTIME_PROBE=torch`` ignores the record: torch is imported as on a host with a device.
+#: ``RUNTIME_PROBE=torch`` ignores the record: torch is imported, the devices are torch's.
 PROBE_ENV = "RUNTIME_PROBE"
 
 
@@ -58,21 +59,22 @@ def probe_timeout() -> float:
 def recorded_torch_facts(
     path: Path | None = None, environ: Mapping[str, str] | None = None
 ) -> TorchFacts | None:
-    """The recorded facts when they hold here; None when torch must be asked.
+    """The recorded facts of torch's build when they hold here; None when torch must be asked.
 
-    They hold when this host shows no accelerator device node, ``RUNTIME_PROBE`` is not
-    ``torch``, and the installed torch is the one recorded. oneCCL's bindings may come in a
-    layer above the record, so whether they are installed is looked up now.
+    They hold when ``RUNTIME_PROBE`` is not ``torch`` and the installed torch is the one recorded.
+    They name no device (none was visible at build). oneCCL's bindings may come in a layer above
+    the record, so whether they are installed is looked up now.
 
     Example:
         >>> recorded_torch_facts(Path("/nonexistent.json")) is None
         True
     """
     env = os.environ if environ is None else environ
-    if env.get(PROBE_ENV) == "torch" or accelerator_nodes():
+    if env.get(PROBE_ENV) == "torch":
         return None
     try:
-        document = json.loads((RECORD_FILE if path is None else path).read_text(encoding="utf-8"))
+        source = record_file(RECORD_NAME, env) if path is None else path
+        document = json.loads(source.read_text(encoding="utf-8"))
         if document["torch_install"] is None or document["torch_install"] != torch_install_key():
             return None
         facts = TorchFacts.from_dict(document["facts"])
@@ -94,7 +96,7 @@ def gather_torch_facts_isolated(
 
     Example:
         >>> from ml_runtime.devices.facts import gather_torch_facts
-        >>> gather_torch_facts_isolated().torch_version == gather_torch_facts().torch_version
+        >>> gather_torch_facts_isolated(timeout=300).torch_version == gather_torch_facts().torch_version
         True
     """
     package_parent = str(Path(__file__).resolve().parents[2])  # the same ml_runtime, installed or copied

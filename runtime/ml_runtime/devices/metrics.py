@@ -12,7 +12,7 @@ The parsers of the tools' output are in :mod:`ml_runtime.devices.smi`.
 
 Example:
     >>> from ml_runtime.devices.tools import ToolResult
-    >>> collect_metrics(lambda argv: ToolResult(False, "", "not found")).devices
+    >>> collect_metrics(lambda argv: ToolResult(False, "", "not found"), nvml=None).devices
     []
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ml_runtime.devices.nvml import load_pynvml
 from ml_runtime.devices.smi import (
     DeviceMetrics,
     collect_nvml,
@@ -88,10 +89,8 @@ def _from_tool(
     report.sources.append(argv[0])
 
 
-def _collect_nvidia(report: MetricsReport, runner: Runner) -> None:
-    try:
-        import pynvml
-    except ImportError:
+def _collect_nvidia(report: MetricsReport, runner: Runner, pynvml: Any) -> None:
+    if pynvml is None:
         report.notes.append("nvml: pynvml not installed (pip install nvidia-ml-py); trying nvidia-smi")
     else:
         try:
@@ -103,7 +102,7 @@ def _collect_nvidia(report: MetricsReport, runner: Runner) -> None:
     _from_tool(report, runner, NVIDIA_SMI_QUERY, parse_nvidia_smi_csv)
 
 
-def _collect_amd(report: MetricsReport, runner: Runner) -> None:
+def _collect_amd(report: MetricsReport, runner: Runner, _pynvml: Any = None) -> None:
     result = runner(AMD_SMI_METRIC)
     if result.ok:
         try:
@@ -125,7 +124,7 @@ def _collect_amd(report: MetricsReport, runner: Runner) -> None:
     _from_tool(report, runner, ROCM_SMI_QUERY, parse_rocm_smi_csv)
 
 
-def _collect_intel(report: MetricsReport, runner: Runner) -> None:
+def _collect_intel(report: MetricsReport, runner: Runner, _pynvml: Any = None) -> None:
     result = runner(XPU_SMI_DISCOVERY)
     if not result.ok:
         report.notes.append(f"xpu-smi: {result.note}")
@@ -156,19 +155,22 @@ def _collect_intel(report: MetricsReport, runner: Runner) -> None:
     report.sources.append("xpu-smi")
 
 
-def collect_metrics(runner: Runner = run_tool) -> MetricsReport:
-    """Query every vendor's sources; never raises.
+def collect_metrics(runner: Runner = run_tool, nvml: Any = "load") -> MetricsReport:
+    """Query every vendor's sources; never raises. ``nvml`` is the pynvml module (``"load"``: import
+    it when installed; None: no NVML).
 
     Example:
         >>> from ml_runtime.devices.tools import ToolResult
-        >>> report = collect_metrics(lambda argv: ToolResult(False, "", f"{argv[0]} not found on PATH"))
+        >>> missing = lambda argv: ToolResult(False, "", f"{argv[0]} not found on PATH")
+        >>> report = collect_metrics(missing, nvml=None)
         >>> report.devices, report.notes[-1]
         ([], 'no accelerator metrics available on this host (CPU only?)')
     """
     report = MetricsReport()
+    pynvml = load_pynvml() if isinstance(nvml, str) else nvml
     for collect in (_collect_nvidia, _collect_amd, _collect_intel):
         try:
-            collect(report, runner)
+            collect(report, runner, pynvml)
         except Exception as exc:  # a parser surprise must not break the command
             report.notes.append(f"{collect.__name__[9:]}: {type(exc).__name__}: {exc}")
     if not report.devices:

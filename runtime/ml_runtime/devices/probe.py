@@ -29,9 +29,9 @@ from ml_runtime.devices.capability import (
     intel_capability,
     nvidia_capability,
 )
-from ml_runtime.devices.facts import DeviceFacts, TorchFacts, gather_torch_facts, metadata_torch_facts
+from ml_runtime.devices.facts import DeviceFacts, TorchFacts
+from ml_runtime.devices.gather import gather_facts
 from ml_runtime.devices.host import HostFacts, gather_host_facts
-from ml_runtime.devices.isolated import gather_torch_facts_isolated, recorded_torch_facts
 
 BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "rocm", "intel": "xpu", "none": "cpu"}
 VENDOR_OF_BACKEND = {backend: vendor for vendor, backend in BACKEND_OF_VENDOR.items()}
@@ -124,6 +124,8 @@ class ProbeResult:
     cpu: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     facts: TorchFacts | None = None
+    source: str = "torch"  # where the facts came from (devices.gather): record, record+nvml, torch, ...
+    torch_reason: str | None = None  # why torch was imported, and what it costs (None: it was not)
 
     @property
     def has_accelerator(self) -> bool:
@@ -145,6 +147,7 @@ class ProbeResult:
             },
             "cpu": self.cpu,
             "notes": self.notes,
+            "source": {"facts": self.source, "torch_imported": self.torch_reason},
         }
 
 
@@ -308,29 +311,24 @@ def _mismatch_notes(facts: TorchFacts, vendor: str, host: HostFacts) -> list[str
 
 
 def probe_host(
-    isolated: bool = False, measure_bandwidth: bool = False, torch_needed: bool = True
+    isolated: bool = False, measure_bandwidth: bool = False, versions_only: bool = False
 ) -> ProbeResult:
-    """Probe this machine with the real torch and tools.
+    """Probe this machine: torch's build from the image's record, the devices from the host, torch only
+    when nothing else can tell (:mod:`ml_runtime.devices.gather` says when, and why).
 
-    ``isolated`` gathers the torch facts in a child process (used before
-    ``exec``); ``measure_bandwidth`` adds a copy-bandwidth figure per device;
-    without ``torch_needed`` torch's version comes from its metadata and torch is not imported.
+    ``isolated`` asks torch, when it must, in a child process (used before ``exec``);
+    ``measure_bandwidth`` adds a copy-bandwidth figure per device (torch); ``versions_only``: without
+    a record, torch's version from its metadata is enough.
 
     Example:
         >>> probe_host().backend in ("cuda", "rocm", "xpu", "cpu")
         True
     """
-    recorded = recorded_torch_facts() if torch_needed and not measure_bandwidth else None
-    if not torch_needed:  # versions only: package metadata, torch never imported
-        facts = metadata_torch_facts()
-    elif recorded is not None:  # no accelerator node: what torch said at build time still holds
-        facts = recorded
-    elif isolated:
-        facts = gather_torch_facts_isolated(measure_bandwidth)
-    else:
-        facts = gather_torch_facts(measure_bandwidth)
-    vendor, _ = classify(facts)
-    return build_probe(facts, gather_host_facts(vendor, facts))
+    gathered = gather_facts(isolated, measure_bandwidth, versions_only)
+    vendor, _ = classify(gathered.facts)
+    result = build_probe(gathered.facts, gather_host_facts(vendor, gathered.facts, driver=gathered.driver))
+    result.source, result.torch_reason = gathered.source, gathered.torch_reason
+    return result
 
 
 def format_probe(result: ProbeResult) -> str:
@@ -341,7 +339,7 @@ def format_probe(result: ProbeResult) -> str:
         >>> print(format_probe(result).splitlines()[0])
         vendor: none
     """
-    torch_info = result.torch
+    torch_info, cpu = result.torch, result.cpu
     lines = [
         f"vendor: {result.vendor}",
         f"backend: {result.backend}",
@@ -350,35 +348,30 @@ def format_probe(result: ProbeResult) -> str:
         f"xpu available: {'yes' if torch_info.get('xpu_available') else 'no'})",
         f"driver: {result.driver_version or 'unknown'}"
         + (f" ({result.driver_source})" if result.driver_source else ""),
-        f"distributed backend: {result.distributed_backend}"
-        + (
-            " (available: "
-            + (", ".join(k for k, v in sorted(result.distributed_backends.items()) if v) or "none")
-            + ")"
-            if result.distributed_available
-            else " (torch.distributed not available)"
-        ),
-    ]
-    if result.devices:
-        lines.append("devices:")
-        for d in result.devices:
-            mem = (
-                f"{d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_gb:.1f} GB)"
-                if d.memory_total_bytes
-                else "memory unknown"
-            )
-            arch = d.capability.text if d.capability else "unknown"
-            if d.vendor == "amd" and d.arch:
-                arch = d.arch  # the full gcnArchName, feature flags included
-            elif d.vendor == "intel" and d.capability and d.capability.family:
-                arch = f"{arch} ({d.capability.family})"
-            lines.append(f"  [{d.index}] {d.name}  {arch}  {mem}")
-    else:
-        lines.append("devices: none")
-    cpu = result.cpu
-    lines.append(
+        f"distributed backend: {result.distributed_backend} ({_backends_text(result)})",
+        *(["devices:", *(_device_line(d) for d in result.devices)] if result.devices else ["devices: none"]),
         f"cpu: {cpu.get('cores') or '?'} usable cores of {cpu.get('logical') or '?'}, "
-        f"{cpu.get('model') or 'unknown model'}"
-    )
+        f"{cpu.get('model') or 'unknown model'}",
+        f"facts from: {result.source}" + (f" ({result.torch_reason})" if result.torch_reason else ""),
+    ]
     lines.extend(f"note: {n}" for n in result.notes)
     return "\n".join(lines)
+
+
+def _backends_text(result: ProbeResult) -> str:
+    if not result.distributed_available:
+        return "torch.distributed not available"
+    names = [k for k, v in sorted(result.distributed_backends.items()) if v]
+    return "available: " + (", ".join(names) or "none")
+
+
+def _device_line(d: DeviceInfo) -> str:
+    mem = "memory unknown"
+    if d.memory_total_bytes:
+        mem = f"{d.memory_total_bytes / 2**30:.1f} GiB ({d.memory_gb:.1f} GB)"
+    arch = d.capability.text if d.capability else "unknown"
+    if d.vendor == "amd" and d.arch:
+        arch = d.arch  # the full gcnArchName, feature flags included
+    elif d.vendor == "intel" and d.capability and d.capability.family:
+        arch = f"{arch} ({d.capability.family})"
+    return f"  [{d.index}] {d.name}  {arch}  {mem}"

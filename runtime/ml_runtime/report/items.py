@@ -72,5 +72,6 @@ def report_items(verdict: Verdict) -> list[dict[str, Any]]:
         "spec": source,
         "accelerator_config": config.source if config else None,
         "warnings": verdict.warnings,
+        "torch_imported": verdict.torch_reason,
     }
     return items + [r.to_dict(mode) for r in verdict.results] + [files]

@@ -45,6 +45,8 @@ def report_lines(verdict: Verdict, style: str = "check") -> list[str]:
         f"[INFO] Loading runtime contract from {spec.source if spec else 'none'}",
         f"[INFO] Accelerator config: {config.source if config else 'none (all devices)'}",
     ]
+    if verdict.torch_reason:  # the start's one slow step: say what it cost and why
+        lines.append(f"[INFO] Probe: {verdict.torch_reason}")
     lines += [f"[WARN] {w}" for w in verdict.warnings]
     lines += selection.lines(mode) if selection else []
     if style != "notes":
@@ -84,7 +86,7 @@ def notes_title(item: str) -> str:
     name, _, flag = item.partition(".")
     title = "PyTorch" if name.lower() in ("pytorch", "torch") else name
     return {"": f"{title} version", "full_distribution": f"{title} distributed",
-            "vendor_agnostic_wheel": f"{title} wheel"}.get(flag, item)
+            "vendor_agnostic_wheel": f"{title} wheel", "host_driver": f"{title} host driver"}.get(flag, item)
 
 
 def notes_lines(results: Sequence[CheckResult], mode: str) -> list[str]:
