@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from builder.config.errors import TargetFailed, UserError
+from builder.config.ownership import run_state, run_token
 from builder.config.project import Project, Target, TargetView
-from builder.config.state import owner, owner_gone
 from builder.images import plan as plans
 from builder.images import publish, smoke, wheelhouse
 from builder.images.outcome import Outcome
@@ -170,7 +170,7 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
     """
 
     deadline = time.monotonic() + timeout
-    label = f"{smoke.SMOKE_LABEL}={owner()}"
+    label = f"{smoke.SMOKE_LABEL}={run_token()}"
     while True:
         left = engine.containers(label)
         for cid in left:
@@ -186,12 +186,13 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
 
 def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[str]:
     """Remove the smoke containers of runs that were killed (SIGKILL, a CI runner's timeout): those
-    whose label names a process that is certainly gone (:func:`builder.config.state.owner_gone`;
-    exited or not). Another live run's, another host's, and every container without the label stay.
-    Returns their IDs; *say* gets one line when there were any."""
+    whose label names a run whose lease is free (:func:`builder.config.ownership.run_state` is
+    ``gone``). A live run's, another machine's or another user's (``unknown``: whatever ``/proc``
+    shows), and every container without the label stay. Returns their IDs; *say* gets one line
+    when there were any."""
 
     gone = [cid for cid, labels in engine.container_labels(smoke.SMOKE_LABEL).items()
-            if owner_gone(labels.get(smoke.SMOKE_LABEL, ""))]
+            if run_state(labels.get(smoke.SMOKE_LABEL, "")) == "gone"]
     for cid in gone:
         engine.remove_container(cid)
     if gone:
