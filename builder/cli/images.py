@@ -428,7 +428,7 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
     \b
     wheelhouse:  wheels no lock under images/ pins, older than --keep-days (all your clones share it).
     contexts:    staged wheel folders no target view names, older than --keep-days.
-    build cache: BuildKit copies of wheel contexts our builds made, superseded here; never one in use, another clone's (--keep-days).
+    build cache: BuildKit copies of wheel contexts our builds made or used, superseded here; never one in use, another clone's (--keep-days).
     images:      images our builds made, not current here; never a live build's, another clone's (--keep-days), one a container uses or a file names by digest.
     registry:    blobs of the loopback registry no manifest references (docker-registry garbage-collect).
     Smoke containers are the next build's to remove: those of killed runs (their lease is free), no others.

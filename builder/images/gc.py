@@ -10,11 +10,10 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   view's :func:`~builder.images.wheelhouse.context_folder`, older than ``keep_days`` (a build
   touches the folders it staged: :func:`after_build`).
 - **build cache**: BuildKit's copies of the wheel contexts (``local source for wheels-<layer>``)
-  that the builder's builds made (:mod:`builder.images.owned` records them), superseded for this
-  checkout by a newer copy it used, that no other clone used within ``keep_days``. Pruned through
-  ``docker buildx prune --filter id=...``, never by touching the engine's files; records in use
-  are never pruned, nor any copy the builder did not record (another user's, one made before it
-  recorded them).
+  that the builder's builds made or used (:mod:`builder.images.owned` records them), that this
+  checkout's last build of that context did not use, and no other clone used within ``keep_days``.
+  Pruned through ``docker buildx prune --filter id=...``, never by touching the engine's files;
+  records in use are never pruned, nor any copy the builder did not record.
 - **images**: images the builder recorded (:mod:`builder.images.owned`: built, pulled, or reused
   by a build) that carry no current tag of this checkout: their tags the builder gave go, and the
   image with them unless another name keeps it; never one a live build holds, one of a target a

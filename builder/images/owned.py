@@ -11,8 +11,8 @@ by a name, a label or an age; and what ``builder gc`` may remove of them.
   target goes then (the image a build is exporting may be one recorded earlier, by its ID).
 - **Build cache** (ledger ``build-cache-<engine>``, keyed by BuildKit's record ID): BuildKit's
   copies of the wheel contexts (``local source for wheels-<layer>``). Every clone's and every
-  user's builds share those descriptions, so a record is ours only when it appeared during one of
-  our builds; a clone used it again when its use moved during that clone's build.
+  user's builds share those descriptions, so a copy is ours when it appeared, or its use moved,
+  during one of our builds, recorded with that clone's time of use.
 - **Digest references** (:func:`digest_references`): the files that name an image by digest, whose
   image stays: each clone's ``dist/published.json`` and ``base.lock.json``, and the launcher
   scripts ``builder slurm`` wrote (:data:`builder.config.ownership.REFERENCES`).
@@ -98,34 +98,38 @@ def _is_wheel_source(record: Mapping[str, Any]) -> bool:
     return record.get("Type") == "source.local" and str(record.get("Description", "")).startswith(WHEEL_SOURCE)
 
 
-def _descriptions(contexts: Iterable[str]) -> set[str]:
-    """BuildKit's descriptions of the copies of the named contexts *contexts* (``wheels-<layer>``)."""
-    return {f"local source for {name}" for name in contexts}
+def _copies(engine: Engine, contexts: Iterable[str]) -> dict[str, Mapping[str, Any]]:
+    """{record ID: record} of BuildKit's copies of the named *contexts* (``wheels-<layer>``)."""
+    wanted = {f"local source for {name}" for name in contexts}
+    return {str(r["ID"]): r for r in engine.build_cache()
+            if r.get("Type") == "source.local" and r.get("Description") in wanted}
+
+
+def _use(record: Mapping[str, Any]) -> tuple[Any, Any]:
+    return record.get("LastUsedAt"), record.get("UsageCount")
 
 
 def wheel_sources(engine: Engine, contexts: Iterable[str]) -> dict[str, tuple[Any, Any]]:
     """{record ID: (last used, use count)} of BuildKit's copies of the named *contexts*: taken before
     a build, for :func:`record_wheel_sources` after it."""
-    wanted = _descriptions(contexts)
-    return {str(r["ID"]): (r.get("LastUsedAt"), r.get("UsageCount")) for r in engine.build_cache()
-            if r.get("Type") == "source.local" and r.get("Description") in wanted}
+    return {rid: _use(r) for rid, r in _copies(engine, contexts).items()}
 
 
 def record_wheel_sources(engine: Engine, project: Project, contexts: Iterable[str],
                          before: Mapping[str, tuple[Any, Any]]) -> list[str]:
-    """Record the copies of the named *contexts* this clone's build made (absent *before* it) or used
-    again (recorded already, and their use moved); return their IDs. BuildKit keeps copies per
-    context name and per build's main folder (the clone), two of each name here, synced in place;
-    another user's copy is never adopted for its use alone."""
-    ledger = build_cache_ledger(engine)
-    known = ledger.records()
-    found = {rid: {"description": str(r["Description"])} for rid, r in
-             ((str(r.get("ID")), r) for r in engine.build_cache()
-              if r.get("Type") == "source.local" and r.get("Description") in _descriptions(contexts))
-             if rid not in before or (rid in known and before[rid] != (r.get("LastUsedAt"), r.get("UsageCount")))}
-    if found:  # one call: the copies one build used share their time of use (stale_wheel_sources)
-        ledger.record_many(found, clone=clone_id(project.root), facts=found)
-    return sorted(found)
+    """Record the copies of the named *contexts* this clone's build made or used: those absent *before*
+    it, or whose use moved during it; return their IDs.
+
+    BuildKit keeps a couple of copies of each context name per user and syncs them in place, and
+    clones share them (seen here: clones in folders of one name, whatever their paths); a build
+    that had to wait for a copy in use makes new ones. Another user's build of the same context at
+    the same moment moves its copy too, which is then recorded as well: gc never prunes a copy in
+    use, and pruning one costs its owner one full send of those wheels, nothing else."""
+    used = {rid: {"description": str(r["Description"])} for rid, r in _copies(engine, contexts).items()
+            if before.get(rid) != _use(r)}
+    if used:  # one call: the copies one build used share their time of use (stale_wheel_sources)
+        build_cache_ledger(engine).record_many(used, clone=clone_id(project.root), facts=used)
+    return sorted(used)
 
 
 # --- what a clean-up may remove ---------------------------------------------------------------
