@@ -76,6 +76,9 @@ class NoEngine(Engine):
     def disk_usage(self) -> dict[str, Any]:
         raise _unused("disk_usage")
 
+    def build_cache(self) -> list[dict[str, Any]]:
+        raise _unused("build_cache")
+
     def prune_build_cache(self, record: str) -> str | None:
         raise _unused("prune_build_cache")
 

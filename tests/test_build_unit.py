@@ -21,8 +21,9 @@ from doubles import NoEngine, Silent
 from helpers import bare_build_project, fake_view
 
 from builder.config.errors import TargetFailed
+from builder.config.ownership import clone_id, run_token
 from builder.config.project import Project, Target, TargetView, load_project
-from builder.images import build, publish
+from builder.images import build, owned, publish
 from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
@@ -157,6 +158,12 @@ def test_the_push_decision_pushes_the_content_tag_only_when_tested():
 # -- the executor, on a recording engine ------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def private_state(tmp_path, monkeypatch):
+    """The ledgers the executor writes (builder.images.owned) and this run's lease: the test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
 class FakeEngine(NoEngine):
     """Records the calls the executor makes; a build of t<i> takes *seconds*[name] (default 0) and
     fails with TargetFailed("boom") for the names in *fails*, or raises *raises* for t0."""
@@ -210,6 +217,15 @@ class FakeEngine(NoEngine):
 
     def store(self) -> str:
         return "containerd"
+
+    def name(self) -> str:
+        return "fake"
+
+    def address(self) -> str:
+        return "fake://engine"
+
+    def build_cache(self) -> list[dict[str, Any]]:
+        return []
 
     def containers(self, label: str) -> list[str]:
         self._call("containers", label)
@@ -280,6 +296,32 @@ def test_a_build_runs_its_stages_in_order_and_records_once(tmp_path):
     record = json.loads(root_published(tmp_path).read_text())["t0"]
     assert record["attachments"] == {"sig": "sha256:s"} and record["content_tag"] == plan.content_tag
     assert record["tags"] == [plan.content_tag, "127.0.0.1:1/fake:t0"] and record["current_revision"] == "abc"
+
+
+def test_a_built_image_is_recorded_held_by_its_run_until_its_stages_end(tmp_path):
+    """builder.images.owned's ledger, as the executor writes it: held (this run's lease, and the target's
+    build hold) while the build and the smoke test run, released with its tags once tagged; a reused
+    image is recorded too (how images built before the ledger are adopted)."""
+    seen: list[tuple[list[str], set[str]]] = []
+
+    def smoke(engine: Engine, project: Project, view: TargetView, image: str, *,
+              log: Callable[[str], None]) -> SimpleNamespace:
+        records = owned.images_ledger(engine).records()
+        seen.append((records[image].runs, owned.building_targets(records)))
+        return SimpleNamespace(status="passed", skipped=[], summary=lambda: "passed")
+
+    engine, plan = FakeEngine(), _plan()
+    out = _executor(engine, tmp_path, plans.Options(), smoke=smoke).run_view(plan, plans.decide(plan, None, plans.Options()))
+    assert out.error is None
+    assert seen == [([run_token()], set())], "held by this run during the smoke test (the build hold ends with the build)"
+    record = owned.images_ledger(engine).records()["sha256:t0"]
+    assert record.runs == [] and record.facts == {"target": "t0", "tags": sorted([plan.content_tag, "127.0.0.1:1/fake:t0"])}
+    assert list(record.clones) == [clone_id(tmp_path)]
+    assert not owned.building_targets(owned.images_ledger(engine).records())
+
+    presence = plans.Presence(local_id="sha256:old", local_tags=(plan.content_tag, "127.0.0.1:1/fake:t0"))
+    _executor(engine, tmp_path, plans.Options()).run_view(plan, plans.decide(plan, presence, plans.Options()))
+    assert owned.images_ledger(engine).records()["sha256:old"].facts["target"] == "t0"
 
 
 class RacedEngine(FakeEngine):

@@ -41,6 +41,7 @@ def test_docstring_examples(name, project_copy, monkeypatch):
     from builder.config.project import load_project
 
     monkeypatch.chdir(project_copy)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(project_copy.parent / "cache"))  # leases, ledgers (an sbatch script's)
     monkeypatch.setattr(tempfile, "tempdir", str(project_copy.parent))  # the examples' mkdtemp()
     project = load_project("matrix.yaml")
     targets = {t.vendor: t for t in reversed(project.targets)}  # the first target of each vendor

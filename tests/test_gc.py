@@ -1,5 +1,6 @@
 """``builder gc``'s selection, without an engine: which wheels, staged folders, BuildKit records and
-content tags go; and the loopback registry's unreferenced blobs with a real docker-registry."""
+recorded images go (builder.images.owned decides from records and docker's listings, here written
+out); and the loopback registry's unreferenced blobs with a real docker-registry."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from typing import Any
 import pytest
 from helpers import fetch_wheels
 
-from builder.config.ownership import Record
+from builder.config.ownership import Record, run_token
 from builder.config.project import load_project
-from builder.images import gc, lockfile, wheelhouse
+from builder.images import gc, lockfile, owned, wheelhouse
 from devtools.support import copy_project, edit_matrix, free_port
 
 DAY = 86400
@@ -85,28 +86,68 @@ def test_freed_bytes_counts_an_inode_once_and_only_with_all_its_links(tmp_path):
     assert gc.freed_bytes([a, tmp_path / "f"]) == 1010
 
 
-def test_stale_build_cache_keeps_the_newest_copy_per_context_and_those_in_use():
-    def rec(i, desc, used, in_use=False, kind="source.local"):
-        return {"ID": i, "Type": kind, "Description": desc, "LastUsedAt": used, "InUse": in_use, "Size": 1}
-    records = [rec("a", "local source for wheels-torch", "2026-01-03T00:00:00Z"),
-               rec("b", "local source for wheels-torch", "2026-01-01T00:00:00Z"),
-               rec("c", "local source for wheels-torch", "2026-01-02T00:00:00Z", in_use=True),
-               rec("d", "local source for context", "2026-01-01T00:00:00Z"),
-               rec("e", "local source for wheels-common", "2026-01-01T00:00:00Z"),
-               rec("f", "[x 1/1] RUN pip install", "2026-01-01T00:00:00Z", kind="regular")]
-    assert [r["ID"] for r in gc.stale_build_cache(records)] == ["b"]
+def _cache(i: str, in_use: bool = False, desc: str = "local source for wheels-torch",
+           kind: str = "source.local") -> dict[str, Any]:
+    return {"ID": i, "Type": kind, "Description": desc, "LastUsedAt": "2026-01-01T00:00:00Z", "InUse": in_use,
+            "Size": 1}
 
 
-def test_content_tag_pattern_is_this_projects_repository_and_targets(project):
-    p = load_project(project / "matrix.yaml")
-    pattern = gc.content_tag_pattern(p)
-    repo = p.target("cpu").primary_ref.rsplit(":", 1)[0]
-    assert pattern.fullmatch(f"{repo}:cpu-0123456789ab")
-    assert pattern.fullmatch(f"{repo}:nvidia-cu130-0123456789ab")
-    assert not pattern.fullmatch(f"{repo}:latest-cpu")
-    assert not pattern.fullmatch(f"{repo}:buildcache-cpu-amd64")
-    assert not pattern.fullmatch(f"other/{repo}:cpu-0123456789ab")
-    assert not pattern.fullmatch(f"{repo}:nosuchtarget-0123456789ab")
+def test_a_wheel_context_copy_goes_only_when_ours_superseded_here_and_no_other_clone_uses_it():
+    """Superseded by the ledger's times of use (one build's copies share one: BuildKit keeps two of each
+    context name per clone), never by BuildKit's LastUsedAt."""
+    now = time.time()
+    last, before = now - DAY, now - 2 * DAY
+    records = {"a": Record(clones={"/a": last}), "a2": Record(clones={"/a": last}),  # this clone's last build: both
+               "b": Record(clones={"/a": before}),                                # ours, superseded: goes
+               "d": Record(clones={"/a": before}),                                # in use: never
+               "e": Record(clones={"/a": before, "/b": now}),                     # clone /b used it today
+               "f": Record(clones={"/a": before})}                                # the only one of its name
+    cache = [_cache("a"), _cache("a2"), _cache("b"), _cache("c"), _cache("d", in_use=True), _cache("e"),
+             _cache("f", desc="local source for wheels-common"), _cache("g", kind="regular")]
+    assert [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone="/a", keep_days=7)] == ["b"]
+    assert [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone="/a", keep_days=0)] == ["b", "e"]
+    assert owned.stale_wheel_sources(cache, records, clone="/new", keep_days=0) == []  # it used none of them
+    assert owned.stale_wheel_sources(cache, records, clone="/b", keep_days=7) == []  # /a's: used within 7 days
+    assert [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone="/b", keep_days=0)] == ["a", "a2", "b"]
+
+
+def test_which_recorded_images_go_and_why_the_others_stay(tmp_path):
+    """builder.images.owned.verdict: only recorded images, never a current one, one a live run holds or
+    builds, one another clone used within --keep-days, one a container uses, one a file names by digest."""
+    now = time.time()
+    live = run_token()
+    dead = subprocess.run([sys.executable, "-c", "from builder.config.ownership import run_token; print(run_token())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+    def rec(tags=("r:t0-aa",), target="t0", clones=None, runs=()):
+        return Record(facts={"target": target, "tags": list(tags)}, recorded=now - 9 * DAY,
+                      clones=clones or {"/a": now - 2 * DAY}, runs=list(runs))
+
+    def img(i, tags=("r:t0-aa",), containers=0, digests=()):
+        return {"Id": i, "RepoTags": list(tags), "RepoDigests": list(digests), "Containers": containers}
+
+    digest = "sha256:" + "d" * 64
+    images = [img("current", ["r:t0-current"]), img("held"), img("gone-run"), img("building"), img("other-clone"),
+              img("container", containers=1), img("published", digests=[f"r@{digest}"]), img("named", ["r:t0-aa", "me:mine"]),
+              img("untagged", []), img("pulled", ["r@sha256:" + "e" * 64]), img("unrecorded")]
+    records = {"current": rec(["r:t0-current"]), "held": rec(runs=[live]), "gone-run": rec(runs=[dead]),
+               "building": rec(target="t1"), "other-clone": rec(clones={"/a": now - 9 * DAY, "/b": now - 3 * DAY}),
+               "container": rec(), "published": rec(), "named": rec(), "untagged": rec(), "pulled": rec(),
+               owned.BUILDING + "t1": Record(runs=[live])}
+    verdicts = {v.id: v for v in owned.image_verdicts(images, records, clone="/a", keep_days=7, current={"r:t0-current"},
+                                                       references={digest: "/c/dist/published.json"})}
+    assert set(verdicts) == set(records) - {"current", owned.BUILDING + "t1"}
+    assert {i: v.kept for i, v in verdicts.items() if v.kept} == {
+        "held": "a running build holds it", "building": "a build of t1 is running",
+        "other-clone": "clone /b used it 3.0 days ago (--keep-days 7)", "container": "a container uses it",
+        "published": "/c/dist/published.json names it by digest"}
+    assert (verdicts["gone-run"].untag, verdicts["gone-run"].remove) == (("r:t0-aa",), True)
+    assert (verdicts["named"].untag, verdicts["named"].remove) == (("r:t0-aa",), False)  # me:mine keeps the image
+    assert (verdicts["untagged"].untag, verdicts["untagged"].remove) == ((), True)
+    # The containerd store lists an image pulled by digest with that name among its tags: no tag.
+    assert (verdicts["pulled"].untag, verdicts["pulled"].remove) == ((), True)
+    again = owned.image_verdicts(images, records, clone="/a", keep_days=2, current=set(), references={})
+    assert not next(v for v in again if v.id == "other-clone").kept  # /b's use is older than 2 days
 
 
 def test_referenced_wheels_are_every_lock_under_images(project):

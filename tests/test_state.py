@@ -1,44 +1,33 @@
-"""What a killed run leaves, found and removed by the next one without an engine: smoke containers'
-owners (a fake engine's listing: the engine test is tests/engine/test_state_engine.py), temporary files of
-atomic writes, a damaged dist/published.json."""
+"""What a killed run leaves, found and removed by the next one without an engine: smoke containers
+of ended runs (a fake engine's listing: the engine test is tests/engine/test_state_engine.py),
+temporary files of atomic writes, a damaged dist/published.json."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 from doubles import NoEngine
 
-from builder.config import files, state
+from builder.config import files
+from builder.config.ownership import run_token
 from builder.images import execute, publish
 from builder.images.smoke import SMOKE_LABEL
 
 
-def _dead_owner() -> str:
-    """The owner token a process had that has exited since."""
-    proc = subprocess.run([sys.executable, "-c", "from builder.config.state import owner; print(owner())"],
+def _ended_run() -> str:
+    """The lease of a run that has ended since (builder.config.ownership.run_token)."""
+    proc = subprocess.run([sys.executable, "-c", "from builder.config.ownership import run_token; print(run_token())"],
                           capture_output=True, text=True, check=True)
     return proc.stdout.strip()
 
 
-def test_an_owner_is_gone_only_when_certainly_so():
-    host, boot, namespace, pid, started = state.owner().split("/")
-    assert host == socket.gethostname() and pid == str(os.getpid())
-    assert not state.owner_gone(state.owner())
-    assert state.owner_gone(_dead_owner())
-    assert state.owner_gone(f"{host}/{boot}/{namespace}/{pid}/{int(started) + 1}"), "a reused PID is not its owner"
-    assert state.owner_gone(f"{host}/another-boot/{namespace}/{pid}/{started}"), "this host rebooted since"
-    assert not state.owner_gone(f"another-host/{boot}/{namespace}/99999999/1"), "another host's: never judged"
-    assert not state.owner_gone(f"{host}/{boot}/[1]/99999999/1"), "another PID namespace's: never judged"
-    assert not state.owner_gone(str(os.getpid() + 10_000_000)), "an unknown format: never judged"
-
-
 class Containers(NoEngine):
-    """A stand-in engine's container listing (the engine test runs the real one)."""
+    """A stand-in engine's container listing (the engine tests run the real one:
+    tests/engine/test_state_engine.py, a killed run's container in another PID namespace)."""
 
     def __init__(self, labels: dict[str, dict[str, str]]) -> None:
         self.labels_of = labels
@@ -51,13 +40,17 @@ class Containers(NoEngine):
         self.removed.append(container)
 
 
-def test_the_next_run_removes_the_smoke_containers_of_killed_runs_only():
-    engine = Containers({"dead" * 4: {SMOKE_LABEL: _dead_owner()}, "live" * 4: {SMOKE_LABEL: state.owner()},
-                         "old" * 4: {SMOKE_LABEL: "1"}, "mine" * 4: {"other": "x"}})
+def test_the_next_run_removes_the_smoke_containers_of_ended_runs_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    live = run_token()
+    elsewhere = "0123456789abcdef:" + live.partition(":")[2]  # another machine's run: never judged
+    engine = Containers({"dead" * 4: {SMOKE_LABEL: _ended_run()}, "live" * 4: {SMOKE_LABEL: live},
+                         "else" * 4: {SMOKE_LABEL: elsewhere}, "old" * 4: {SMOKE_LABEL: "1"},
+                         "mine" * 4: {"other": "x"}})
     said: list[str] = []
     assert execute.remove_orphans(engine, said.append) == ["dead" * 4] == engine.removed
     assert said == [f"removed 1 smoke container(s) a killed run left: {'dead' * 3}"]
-    engine = Containers({"live" * 4: {SMOKE_LABEL: state.owner()}})
+    engine = Containers({"live" * 4: {SMOKE_LABEL: live}})
     assert execute.remove_orphans(engine, said.append) == [] and len(said) == 1  # nothing to say
 
 

@@ -418,22 +418,22 @@ def bake_cmd(project: Project, targets: tuple[str, ...], output: str | None, to_
 @project_options
 @click.option("--dry-run", is_flag=True, help="List what would go and how much; remove nothing.")
 @click.option("--keep-days", default=7, show_default=True, type=click.FloatRange(0),
-              help="Keep wheels and staged folders another clone used within this many days: the wheelhouse "
-              "is shared by every clone of yours, and their locks may pin them (0: only this checkout counts).")
+              help="Keep wheels, staged folders, images and BuildKit copies another clone of yours used within "
+              "this many days: every clone shares them (0: only this checkout counts).")
 @click.option("--verbose", "-v", is_flag=True, help="A line per item under each store.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stores and items as JSON on stdout.")
 def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_json: bool) -> None:
-    """Remove what no current lock or target of this checkout references, store by store.
+    """Remove what the builder recorded as its own and nothing still uses, store by store.
 
     \b
-    wheelhouse: wheels it fetched that no lock here pins, no live build holds, no other clone used in --keep-days; no other file
-    contexts: folders it staged that no target here names, no live build holds, no other clone used in --keep-days; no other
+    wheelhouse:  wheels it fetched that no lock here pins, no live build holds, no other clone used in --keep-days; no other file.
+    contexts:    folders it staged that no target here names, no live build holds, no other clone used in --keep-days.
+    build cache: BuildKit copies of wheel contexts our builds made or used, superseded here; never one in use, another clone's (--keep-days).
+    images:      images our builds made, not current here; never a live build's, another clone's (--keep-days), one a container uses or a file names by digest.
+    registry:    blobs of the loopback registry no manifest references (docker-registry garbage-collect).
+    Smoke containers are the next build's to remove: those of killed runs (their lease is free), no others.
 
-    BuildKit's superseded copies of the wheel contexts (docker buildx prune by record ID), local
-    content tags (<registry>:<target>-<hex>) no target view has (an image a container uses is
-    kept), and blobs of the loopback registry no manifest references (docker-registry
-    garbage-collect, with that registry stopped meanwhile). Exits 1 when something listed could not
-    be removed.
+    Exits 1 when something listed could not be removed (a line says why).
     """
     from builder.images import gc
     from builder.oci.engine import connect

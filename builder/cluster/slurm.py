@@ -43,6 +43,7 @@ from builder.cluster.common import (
 )
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
+from builder.config.ownership import REFERENCES, Ledger
 from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host.devices import NodeDevices, node_devices
 from builder.oci import registry
@@ -213,7 +214,9 @@ def render_script(job: SlurmJob, script_name: str = "job.sbatch") -> str:
 
 
 def write_script(job: SlurmJob, path: Path) -> Path:
-    """Write the script (mode 0755) to *path*, or into *path* as ``<job name>.sbatch`` when it is a folder.
+    """Write the script (mode 0755) to *path*, or into *path* as ``<job name>.sbatch`` when it is a folder;
+    recorded (:data:`builder.config.ownership.REFERENCES`), so that ``builder gc`` keeps the local image
+    it names by digest while the script is there.
 
     Example:
         >>> write_script(make_job(project, "cpu", ["train.py"], nodes=2), Path("slurm"))
@@ -223,6 +226,7 @@ def write_script(job: SlurmJob, path: Path) -> Path:
         path = path / f"{job.job_name}.sbatch"
     atomic_write(path, render_script(job, path.name))
     path.chmod(0o755)
+    Ledger(REFERENCES).record(str(path.resolve()), facts={"image": job.image})
     return path
 
 

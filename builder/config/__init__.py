@@ -9,8 +9,7 @@
   torch pin, index, device flags), and their ``TargetView``\\ s, one per platform (lock, arch, local tags);
   ``baselock.py``: ``base.lock.json``.
 - ``files.py``: atomic writes, lock files; ``state.py``: the user's state folder (wheelhouse, local
-  registry) and this process as the owner of what it leaves on an engine (its smoke containers);
-  ``ownership.py``: what the builder owns, by its own records: each run's lease (a lock held for the
+  registry, leases and ledgers); ``ownership.py``: what the builder owns, by its own records: each run's lease (a lock held for the
   process's life) and the ledgers of what it made or fetched, which every clean-up reads.
 
 A new matrix key goes into ``matrix.py`` (and, if it changes a target, ``project.py``); a new

@@ -43,6 +43,9 @@ from builder.config.files import atomic_write, locked
 from builder.config.state import state_dir
 
 RunState = Literal["live", "gone", "unknown"]
+#: The ledger of files the builder wrote that name an image by digest (``builder slurm``'s scripts,
+#: keyed by path): ``builder gc`` keeps an image while such a file names it.
+REFERENCES = "references"
 
 _RUN: dict[str, Any] = {}
 _RUN_GUARD = threading.Lock()

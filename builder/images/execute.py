@@ -28,20 +28,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from builder.config.errors import TargetFailed, UserError
-from builder.config.ownership import clone_id
+from builder.config.ownership import clone_id, run_state, run_token
 from builder.config.project import Project, Target, TargetView
-from builder.config.state import owner, owner_gone
+from builder.images import owned, publish, smoke, wheelhouse
 from builder.images import plan as plans
-from builder.images import publish, smoke, wheelhouse
 from builder.images.outcome import Outcome
 from builder.oci import faults, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
@@ -98,6 +98,7 @@ class _Run:
     present: tuple[str, ...] = ()
     record: dict[str, Any] | None = None
     recorded: bool = False
+    held: str | None = None  # the image this run holds in the images ledger (builder.images.owned)
 
 
 def presence(engine: Engine, views: Sequence[plans.ViewPlan]) -> dict[str, plans.Presence]:
@@ -171,7 +172,7 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
     """
 
     deadline = time.monotonic() + timeout
-    label = f"{smoke.SMOKE_LABEL}={owner()}"
+    label = f"{smoke.SMOKE_LABEL}={run_token()}"
     while True:
         left = engine.containers(label)
         for cid in left:
@@ -187,12 +188,13 @@ def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, 
 
 def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[str]:
     """Remove the smoke containers of runs that were killed (SIGKILL, a CI runner's timeout): those
-    whose label names a process that is certainly gone (:func:`builder.config.state.owner_gone`;
-    exited or not). Another live run's, another host's, and every container without the label stay.
-    Returns their IDs; *say* gets one line when there were any."""
+    whose label names a run whose lease is free (:func:`builder.config.ownership.run_state` is
+    ``gone``). A live run's, another machine's or another user's (``unknown``: whatever ``/proc``
+    shows), and every container without the label stay. Returns their IDs; *say* gets one line
+    when there were any."""
 
     gone = [cid for cid, labels in engine.container_labels(smoke.SMOKE_LABEL).items()
-            if owner_gone(labels.get(smoke.SMOKE_LABEL, ""))]
+            if run_state(labels.get(smoke.SMOKE_LABEL, "")) == "gone"]
     for cid in gone:
         engine.remove_container(cid)
     if gone:
@@ -247,6 +249,8 @@ class Executor:
         finally:
             if plans.RECORD in decision.stages and run.record is not None and not run.recorded:
                 self._record(run)  # what was pushed before a later stage failed
+            if run.held is not None:  # tagged and done (or failed): gc may judge it from now on
+                owned.release_image(self.engine, run.held)
         out.seconds = round(time.monotonic() - start, 2)
         self.ui.done(plan.unit, out)
         return out
@@ -263,17 +267,24 @@ class Executor:
                 on_step=lambda n, total, text: self.ui.step(unit, n, total, text),
                 on_log=lambda line: self.ui.log(unit, line))
 
-        try:
-            image_id, result = build(request)
-        except TargetFailed as exc:
-            if not (refused := EXPORT_RACE.search(str(exc))) or self.cancel.is_set():
-                raise
-            # Another build of the same image (two runs at once) exported it at the same moment: the
-            # containerd store's export is not atomic (moby/moby#46990). Once more, from the layers
-            # just built (so with --rebuild too), and the export finds the record there.
-            self.ui.say(f"{unit}: {refused[0]}: another build exported the same image "
-                        f"at the same moment; exporting it again, from the layers just built")
-            image_id, result = build(replace(request, no_cache=False))
+        sources = self._wheel_sources(request.contexts)
+        with owned.building(self.engine, plan.name):  # until this run holds the image it exports
+            try:
+                image_id, result = build(request)
+            except TargetFailed as exc:
+                if not (refused := EXPORT_RACE.search(str(exc))) or self.cancel.is_set():
+                    raise
+                # Another build of the same image (two runs at once) exported it at the same moment: the
+                # containerd store's export is not atomic (moby/moby#46990). Once more, from the layers
+                # just built (so with --rebuild too), and the export finds the record there.
+                self.ui.say(f"{unit}: {refused[0]}: another build exported the same image "
+                            f"at the same moment; exporting it again, from the layers just built")
+                image_id, result = build(replace(request, no_cache=False))
+            owned.record_image(self.engine, self.project, image_id, plan.name, hold=True)
+            run.held = image_id
+        if sources is not None:
+            with contextlib.suppress(*faults.KNOWN, OSError):  # a record missed is a copy gc never prunes: no harm
+                owned.record_wheel_sources(self.engine, self.project, request.contexts, sources)
         out.image_id, out.steps, out.cached_steps, out.cache_read = image_id, result.steps, result.cached, \
             result.cache_read
         out.phases = dict(result.phases)
@@ -281,6 +292,14 @@ class Executor:
         if self.cancel.is_set():
             raise TargetFailed("interrupted")
         out.size_bytes = self.engine.size(image_id)
+
+    def _wheel_sources(self, contexts: Iterable[str]) -> dict[str, tuple[Any, Any]] | None:
+        """BuildKit's copies of the wheel *contexts* before a build (:func:`builder.images.owned.wheel_sources`);
+        None when the engine can't say."""
+        try:
+            return owned.wheel_sources(self.engine, contexts)
+        except faults.KNOWN:
+            return None
 
     def _cache_sources(self, plan: plans.ViewPlan) -> list[str]:
         """On a fresh runner, the first of the plan's cache sources the registry has (BuildKit reads
@@ -320,6 +339,9 @@ class Executor:
         for ref in [*tested, *run.plan.local_refs]:
             if ref not in run.present:
                 self._tag_ref(image, ref)
+        # Built, pulled or reused by this clone: recorded as the builder's, used now, with the tags it gave
+        # (a reused image built before the ledger is adopted here).
+        owned.record_image(self.engine, self.project, image, run.plan.name, [*tested, *run.plan.local_refs])
         if out.size_bytes is None:
             out.size_bytes = self.engine.size(image)
         out.tags = [r.rsplit(":", 1)[1] for r in run.plan.local_refs]
@@ -430,8 +452,10 @@ class Executor:
         try:
             _stage_wheels(self.project, plan, self.ui.say)
             request = plans.shared_stage(plan)
-            self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
-                              cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))
+            with owned.building(self.engine, "common"):  # an untagged image: the builder's, gc's once built
+                image_id, _ = self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
+                                                cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))
+                owned.record_image(self.engine, self.project, image_id, "common")
         except TargetFailed as exc:
             raise UserError(f"building the shared stage failed: {exc}") from None
 

@@ -12,14 +12,16 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   no current target view's :func:`~builder.images.wheelhouse.context_folder`, that no live build
   holds (a build holds what it staged until the engine is done with it) and no other clone used
   within ``keep_days``.
-- **build cache**: BuildKit's copies of the wheel contexts (``local source for wheels-<layer>``):
-  BuildKit keeps one copy per context name and syncs it in place; any older record of the same
-  name is a leftover (a concurrent build's, or an older one's). Pruned through ``docker buildx
-  prune --filter id=...``, never by touching the engine's files; records in use are never pruned.
-- **images**: local tags ``<registry>:<target>-<12 hex>`` of this project's repository (content
-  tags) that no current target view's content tag names, and untagged images labelled with one of
-  its targets (``io.ml-image-builder.target``: left when a tag moved on); an image a container uses
-  is kept.
+- **build cache**: BuildKit's copies of the wheel contexts (``local source for wheels-<layer>``)
+  that the builder's builds made or used (:mod:`builder.images.owned` records them), that this
+  checkout's last build of that context did not use, and no other clone used within ``keep_days``.
+  Pruned through ``docker buildx prune --filter id=...``, never by touching the engine's files;
+  records in use are never pruned, nor any copy the builder did not record.
+- **images**: images the builder recorded (:mod:`builder.images.owned`: built, pulled, or reused
+  by a build) that carry no current tag of this checkout: their tags the builder gave go, and the
+  image with them unless another name keeps it; never one a live build holds, one of a target a
+  build is building, one another clone used within ``keep_days``, one a container uses, or one a
+  file names by digest (``dist/published.json``, ``base.lock.json``, a ``builder slurm`` script).
 - **registry**: blobs of the loopback registry (:mod:`builder.oci.localregistry`) no manifest
   references: ``docker-registry garbage-collect``, with that registry stopped (its docs ask it
   read-only or stopped) and started again when it was running.
@@ -43,16 +45,16 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from builder.config.files import locked
-from builder.config.ownership import Record, clone_id
-from builder.config.project import LABEL_PREFIX, Project, TargetView
+from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
+from builder.config.project import Project, TargetView
 from builder.config.state import state_dir
-from builder.images import layers, lockfile, wheelhouse
+from builder.images import layers, lockfile, owned, wheelhouse
 from builder.images.content import content_tags
 from builder.oci import registry
 from builder.oci.engine import Engine
@@ -62,9 +64,6 @@ from builder.oci.secrets import PLAIN, child_env
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
 KEEP_DAYS = 7
-#: BuildKit's description of a wheel context's copy (:func:`builder.images.layers.context_name`).
-WHEEL_SOURCE = "local source for wheels-"
-TARGET_LABEL = f"{LABEL_PREFIX}.target"
 
 
 @dataclass(frozen=True)
@@ -94,6 +93,8 @@ class Found:
     where: dict[str, str] = field(default_factory=dict)
     items: list[Item] = field(default_factory=list)
     kept: list[Item] = field(default_factory=list)  # would go but can't (in use): said, not removed
+    keep_days: float = KEEP_DAYS
+    started: float = field(default_factory=time.time)  # when collect looked
 
     def summary(self) -> list[Store]:
         return [Store(s, self.held.get(s, 0), sum(i.bytes for i in self.items if i.store == s),
@@ -134,11 +135,6 @@ def current_contexts(project: Project, views: Iterable[TargetView] | None = None
 
     return {wheelhouse.context_folder(layers.context_layers(project, v)).name
             for v in (all_views(project) if views is None else views)}
-
-
-def current_tags(project: Project) -> set[str]:
-
-    return set(content_tags(project, all_views(project)).values())
 
 
 # --- the files: wheelhouse and staged folders ------------------------------------------------
@@ -229,34 +225,9 @@ def _linked(folders: Iterable[Path]) -> set[tuple[int, int]]:
     return {(st.st_dev, st.st_ino) for p in folders for f in _files(p) if (st := f.lstat()).st_nlink > 1}
 
 
-# --- the engine: build cache and content tags -------------------------------------------------
+# --- the engine: build cache and images (builder.images.owned records what is the builder's) ------
 
-def stale_build_cache(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """BuildKit's copies of wheel contexts that a newer copy of the same name superseded (never one in use).
-
-    Example:
-        >>> recs = [{"ID": "a", "Type": "source.local", "Description": "local source for wheels-torch",
-        ...          "LastUsedAt": "2026-01-02T00:00:00Z", "InUse": False, "Size": 9},
-        ...         {"ID": "b", "Type": "source.local", "Description": "local source for wheels-torch",
-        ...          "LastUsedAt": "2026-01-01T00:00:00Z", "InUse": False, "Size": 8}]
-        >>> [r["ID"] for r in stale_build_cache(recs)]
-        ['b']
-    """
-    newest: dict[str, dict[str, Any]] = {}
-    wheel_sources = [r for r in records if r.get("Type") == "source.local"
-                     and str(r.get("Description", "")).startswith(WHEEL_SOURCE)]
-    for r in wheel_sources:
-        name = r["Description"]
-        if name not in newest or str(r.get("LastUsedAt") or "") > str(newest[name].get("LastUsedAt") or ""):
-            newest[name] = r
-    return [r for r in wheel_sources if r is not newest[r["Description"]] and not r.get("InUse")]
-
-
-def project_repos(project: Project) -> list[str]:
-    return sorted({v.primary_ref.rsplit(":", 1)[0] for v in all_views(project)})
-
-
-def _unique(image: dict[str, Any]) -> int:
+def _unique(image: Mapping[str, Any]) -> int:
     """An image's bytes no other image shares, as ``docker system df`` says (Size less SharedSize).
 
     An upper bound: Docker 26's containerd store reports no shared size for some images (untagged
@@ -264,40 +235,17 @@ def _unique(image: dict[str, Any]) -> int:
     return int(image.get("Size") or 0) - max(int(image.get("SharedSize") or 0), 0)
 
 
-def dangling(images: Iterable[dict[str, Any]], targets: set[str]) -> list[dict[str, Any]]:
-    """Untagged images a build of one of *targets* made (label ``io.ml-image-builder.target``), no container
-    on them: what a tag that moved on left behind (a build without the smoke test has no content tag).
-
-    Example:
-        >>> imgs = [{"Id": "a", "RepoTags": [], "Labels": {"io.ml-image-builder.target": "cpu"}, "Containers": 0},
-        ...         {"Id": "b", "RepoTags": ["r:t"], "Labels": {"io.ml-image-builder.target": "cpu"}, "Containers": 0},
-        ...         {"Id": "c", "RepoTags": [], "Labels": {}, "Containers": 0}]
-        >>> [i["Id"] for i in dangling(imgs, {"cpu"})]
-        ['a']
-    """
-    return [i for i in images if not [t for t in i.get("RepoTags") or [] if t != "<none>:<none>"]
-            and (i.get("Labels") or {}).get(TARGET_LABEL) in targets and int(i.get("Containers") or 0) <= 0]
+def current_refs(project: Project) -> set[str]:
+    """Every tag this checkout's target views give an image now: content tags and local tags."""
+    views = all_views(project)
+    return set(content_tags(project, views).values()) | {ref for v in views for ref in v.local_refs}
 
 
-def content_tag_pattern(project: Project) -> re.Pattern[str]:
-    """The local tags that are content tags of this project: its repositories, its targets' names."""
-    repos = project_repos(project)
-    names = sorted({t.name for t in project.targets}, key=len, reverse=True)
-    return re.compile(f"({'|'.join(map(re.escape, repos))}):({'|'.join(map(re.escape, names))})-[0-9a-f]{{12}}")
-
-
-def stale_tags(images: Iterable[dict[str, Any]], pattern: re.Pattern[str], current: set[str]) -> list[tuple[str, dict[str, Any]]]:
-    """(tag, image) of each content tag of this project that no current view has; others' images never.
-
-    Example:
-        >>> pat = re.compile(r"(r/p):(cpu)-[0-9a-f]{12}")
-        >>> imgs = [{"RepoTags": ["r/p:cpu-0123456789ab", "r/p:latest-cpu"]}, {"RepoTags": ["r/p:cpu-aaaaaaaaaaaa"]},
-        ...         {"RepoTags": ["other/x:cpu-0123456789ab"]}]
-        >>> [t for t, _ in stale_tags(imgs, pat, {"r/p:cpu-aaaaaaaaaaaa"})]
-        ['r/p:cpu-0123456789ab']
-    """
-    return [(tag, image) for image in images for tag in image.get("RepoTags") or []
-            if pattern.fullmatch(tag) and tag not in current]
+def digest_references(project: Project, records: Mapping[str, Record]) -> dict[str, str]:
+    """The files naming an image by digest (:func:`builder.images.owned.digest_references`): this
+    checkout's, those of every clone the *records* name, and the launcher scripts the builder wrote."""
+    roots = {project.root, *(Path(c) for r in records.values() for c in r.clones)}
+    return owned.digest_references(sorted(roots), owned.recorded_scripts())
 
 
 # --- the local registry -----------------------------------------------------------------------
@@ -370,10 +318,10 @@ def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAY
             items: bool = True) -> Found:
     """What each store holds, and (with *items*) what goes; nothing is removed. Without an *engine*
     the engine's stores are left out."""
-    found = Found()
+    found = Found(keep_days=keep_days)
     _collect_files(found, project, keep_days, items)
     if engine is not None:
-        _collect_engine(found, engine, project, items)
+        _collect_engine(found, engine, project, keep_days, items)
     folder = registry_folder(project)
     if folder is not None:
         found.where["registry"] = str(folder / "data")
@@ -411,42 +359,42 @@ def _collect_files(found: Found, project: Project, keep_days: float, items: bool
                                    f"{len(folders)} folders the builder did not stage: never touched"))
 
 
-def _collect_engine(found: Found, engine: Engine, project: Project, items: bool) -> None:
-    """The engine's build cache and this project's images: what they hold, and (with *items*) what goes."""
+def _collect_engine(found: Found, engine: Engine, project: Project, keep_days: float, items: bool) -> None:
+    """The engine's build cache and the images the builder recorded: what they hold, and (with
+    *items*) what goes (:mod:`builder.images.owned` decides)."""
     usage = engine.disk_usage()
-    records = usage.get("BuildCache") or []
-    found.held["build cache"] = sum(int(r.get("Size") or 0) for r in records if not r.get("Shared"))
-    pattern = content_tag_pattern(project)
-    ours = [i for i in usage.get("Images") or [] if any(pattern.fullmatch(t) for t in i.get("RepoTags") or [])]
-    untagged = dangling(usage.get("Images") or [], {t.name for t in project.targets})
-    found.held["images"] = sum(_unique(i) for i in [*ours, *untagged])
-    found.where["images"] = ", ".join(project_repos(project))
-    if items:
-        found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", ""))
-                        for r in stale_build_cache(records)]
-        _image_items(found, stale_tags(ours, pattern, current_tags(project)), untagged)
-
-
-def _image_items(found: Found, stale: list[tuple[str, dict[str, Any]]],
-                 untagged: list[dict[str, Any]]) -> None:
-    """The *stale* content tags go (an image with them, when its last tag), unless a container uses it; the
-    targets' *untagged* images go."""
-    for tag, image in stale:
-        last = len(image.get("RepoTags") or []) == 1  # untagging the last tag deletes the image
-        if last and int(image.get("Containers") or 0) > 0:
-            found.kept.append(Item("images", tag, 0, "a container uses it"))
+    cache = usage.get("BuildCache") or []
+    found.held["build cache"] = sum(int(r.get("Size") or 0) for r in cache if not r.get("Shared"))
+    ledger = owned.images_ledger(engine)
+    records = ledger.records()
+    images = [i for i in usage.get("Images") or [] if str(i.get("Id")) in records]
+    found.held["images"] = sum(_unique(i) for i in images)
+    found.where["images"] = f"recorded in {ledger.path}"
+    if not items:
+        return
+    clone = clone_id(project.root)
+    stale = owned.stale_wheel_sources(cache, owned.build_cache_ledger(engine).records(), clone=clone,
+                                      keep_days=keep_days)
+    found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", "")) for r in stale]
+    for v in owned.image_verdicts(images, records, clone=clone, keep_days=keep_days, current=current_refs(project),
+                                  references=digest_references(project, records)):
+        named = ", ".join(v.untag) or "untagged"
+        if v.kept is not None:
+            found.kept.append(Item("images", v.id, 0, f"{', '.join(sorted(owned.tags_of(v.image))) or 'untagged'}: "
+                                                      f"{v.kept}"))
+        elif v.remove:
+            found.items.append(Item("images", v.id, _unique(v.image), f"{named}, target {records[v.id].facts.get('target')}"))
         else:
-            found.items.append(Item("images", tag, _unique(image) if last else 0,
-                                    "" if last else "untagged only: other tags keep the image"))
-    found.items += [Item("images", i["Id"], _unique(i), f"untagged, target {i['Labels'][TARGET_LABEL]}")
-                    for i in untagged]
+            found.items.append(Item("images", v.id, 0, f"{named} untagged only: other tags keep the image"))
 
 
 def remove(engine: Engine | None, project: Project, found: Found,
            say: Callable[[str], None] = lambda line: None) -> list[Item]:
     """Remove *found*'s items; return those that could not be removed (with why, in ``note``)."""
     _remove_files(project, found)
-    failed = _remove_from_engine(engine, found) if engine is not None else []
+    failed = _remove_from_engine(engine, project, found) if engine is not None else []
+    if engine is not None:
+        forget_gone(engine, found.started)
     folder = registry_folder(project)
     if folder is not None and any(i.store == "registry" for i in found.items):
         collect_registry(folder)
@@ -469,16 +417,63 @@ def _remove_files(project: Project, found: Found) -> None:
         wheelhouse.remove_wheels(p.name for p in chosen.wheels if p.name in listed)
 
 
-def _remove_from_engine(engine: Engine, found: Found) -> list[Item]:
+def _remove_from_engine(engine: Engine, project: Project, found: Found) -> list[Item]:
     """Remove *found*'s build cache records and images; return those the engine kept, with why."""
     failed: list[Item] = []
-    for record in (i.name for i in found.items if i.store == "build cache"):
-        if (why := engine.prune_build_cache(record)) is not None:
-            failed.append(Item("build cache", record, 0, why))
-    for item in (i for i in found.items if i.store == "images"):
-        if (why := engine.remove_image(item.name)) is not None:  # a container uses it (conflict): kept
-            failed.append(Item("images", item.name, 0, why))
+    clone = clone_id(project.root)
+    with owned.build_cache_ledger(engine).editing() as copies:
+        for rid in (i.name for i in found.items if i.store == "build cache"):
+            if rid not in copies or copies[rid].used_by_others(clone, found.keep_days):
+                continue  # another clone's build used it since collect looked
+            if (why := engine.prune_build_cache(rid)) is not None:  # BuildKit never prunes one in use
+                failed.append(Item("build cache", rid, 0, why))
+            else:
+                copies.pop(rid)
+    current, listed = current_refs(project), [i.name for i in found.items if i.store == "images"]
+    with owned.images_ledger(engine).editing() as records:
+        # Decided again under the ledger's lock: since collect looked, a build may hold the image now,
+        # or another clone have used it (their records wait for this lock).
+        building = owned.building_targets(records)
+        for image_id in listed:
+            image, record = engine.image(image_id), records.get(image_id)
+            if image is None or record is None:
+                continue
+            v = owned.verdict(image, record, clone=clone, keep_days=found.keep_days, current=current,
+                              building=building, references={})
+            if v is None or v.kept is not None:
+                failed.append(Item("images", image_id, 0, f"kept: {v.kept if v else 'current again'}"))
+                continue
+            if (why := _remove_image(engine, v)) is not None:
+                failed.append(Item("images", image_id, 0, why))
+            elif v.remove:
+                records.pop(image_id, None)
     return failed
+
+
+def _remove_image(engine: Engine, v: owned.Verdict) -> str | None:
+    """Untag the builder's tags of the image, then (with ``remove``) the image itself if still there."""
+    for tag in v.untag:
+        if (why := engine.remove_image(tag)) is not None:  # a container uses it (conflict): kept
+            return why
+    if v.remove and engine.image(v.id) is not None:
+        return engine.remove_image(v.id)
+    return None
+
+
+def forget_gone(engine: Engine, since: float) -> None:
+    """Forget the records of images and build-cache records the engine no longer has (removed by
+    hand, or by BuildKit's own bound), recorded and used before *since* (a build recording one now
+    keeps its record), and those of launcher scripts that are gone."""
+    scripts = Ledger(REFERENCES)
+    scripts.forget([p for p in scripts.records() if not Path(p).is_file()])
+    usage = engine.disk_usage()
+    present = {str(i.get("Id")) for i in usage.get("Images") or []}
+    cache = {str(r.get("ID")) for r in usage.get("BuildCache") or []}
+    for ledger, there in ((owned.images_ledger(engine), present), (owned.build_cache_ledger(engine), cache)):
+        with ledger.editing() as records:
+            for key in [k for k, r in records.items() if k not in there and r.last_used() < since
+                        and not (k.startswith(owned.BUILDING) and r.held())]:
+                records.pop(key)
 
 
 def after_build(project: Project, keep_days: float = 1.0) -> None:

@@ -10,8 +10,8 @@ has the target vendor's GPUs, the probe container gets them and computes on one;
 the report says the device checks were skipped and why. A foreign platform's image runs under
 qemu emulation: the probe and the leftovers check run, the training and the device checks are
 skipped and the report says so. Every container is removed, pass or fail; one that a killed run
-left (its label names a process that is gone: :func:`builder.config.state.owner`) is removed by the
-next build (:func:`builder.images.execute.remove_orphans`).
+left (its label names a run whose lease is free: :func:`builder.config.ownership.run_token`) is
+removed by the next build (:func:`builder.images.execute.remove_orphans`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from packaging.version import InvalidVersion, Version
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed
+from builder.config.ownership import run_token
 from builder.config.project import Project, Target, TargetView
-from builder.config.state import owner
 from builder.host.devices import device_options
 from builder.oci.engine import ContainerTimeout, Engine
 
-#: On every smoke container: its owner, this process (:func:`builder.config.state.owner`).
+#: On every smoke container: its run, this process's lease (:func:`builder.config.ownership.run_token`).
 SMOKE_LABEL = "io.ml-image-builder.images.smoke"
 PROBE = ["runtime-check", "probe", "--json", "--self-test"]
 #: Where a wheel or an installer cache could be left behind (the base's own Debian wheels aside).
@@ -76,12 +76,12 @@ def run_container(
 
     Parse stdout only: a warning on stderr can land inside the lines of a JSON document.
 
-    The label's value is this process (:func:`builder.config.state.owner`): an interrupted ``builder
-    build`` removes its own, the next build those of a killed one.
+    The label's value is this run's lease (:func:`builder.config.ownership.run_token`): an interrupted
+    ``builder build`` removes its own, the next build those of a killed one.
     A container still running after *timeout* seconds fails the target (TargetFailed).
     """
     try:
-        return engine.run(image, command, labels={SMOKE_LABEL: owner()}, timeout=timeout, network_mode="none",
+        return engine.run(image, command, labels={SMOKE_LABEL: run_token()}, timeout=timeout, network_mode="none",
                           **options)
     except ContainerTimeout:
         shown = " ".join(command)[:80]

@@ -283,6 +283,12 @@ class Engine(Protocol):
         """The engine's ``system df``: ``Images`` and ``BuildCache`` records with their sizes."""
         ...
 
+    def build_cache(self) -> list[dict[str, Any]]:
+        """The build-cache records of :meth:`disk_usage` alone (``ID``, ``Type``, ``Description``,
+        ``LastUsedAt``, ``UsageCount``, ``InUse``...), without measuring images: what a build reads
+        before and after itself."""
+        ...
+
     def prune_build_cache(self, record: str) -> str | None:
         """Remove one build-cache record by ID; None when done, else why not."""
         ...
@@ -470,6 +476,11 @@ class DockerEngine:
 
     def disk_usage(self) -> dict[str, Any]:
         return dict(self.client.api.df())
+
+    def build_cache(self) -> list[dict[str, Any]]:
+        api = self.client.api  # API 1.42+: ?type= measures that kind alone (docker-py's df() takes no type)
+        answer = api._result(api._get(api._url("/system/df"), params={"type": "build-cache"}), json=True)
+        return list(answer.get("BuildCache") or [])
 
     def prune_build_cache(self, record: str) -> str | None:
         # buildx 0.13's filters are ANDed and know no regular expression (~=): one record a call.
@@ -749,6 +760,9 @@ class PodmanEngine(DockerEngine):
             sizes = found.get(str(image["Id"]).removeprefix("sha256:"), {})
             images.append({**image, **{key: int(sizes.get(key) or 0) for key in ("Containers", "Size", "SharedSize")}})
         return {**usage, "Images": images}
+
+    def build_cache(self) -> list[dict[str, Any]]:
+        return []  # buildah's cache is its images (see prune_build_cache)
 
     def prune_build_cache(self, record: str) -> str | None:
         return "podman keeps no build cache apart from its images (builder gc removes those)"

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from helpers import fetch_wheels, publish_base_to, run_builder
 
-from builder.config.state import owner
-from builder.images import lockfile, wheelhouse
+from builder.config.ownership import run_token
+from builder.images import execute, lockfile, wheelhouse
 from builder.images.smoke import SMOKE_LABEL
-from devtools.support import copy_project, edit_matrix, host_platform, registry_of
+from devtools.support import copy_project, edit_matrix, fail_or_skip, host_platform, registry_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -124,43 +124,70 @@ def test_a_wheel_altered_in_a_staged_folder_is_staged_again_and_the_build_passes
     assert _staged(house, pin.filename).samefile(house / pin.filename)
 
 
+def _new_pid_namespace() -> list[str]:
+    """The prefix that runs a command in a PID namespace of its own, with its own /proc: a process there
+    sees none of this one's, and this one knows it by another PID (as root; else in a user namespace)."""
+    if shutil.which("unshare") is None:
+        fail_or_skip("unshare (util-linux) is not installed")
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--pid", "--fork", "--mount-proc"]
+
+
 def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project, engine, tmp_path):
-    """SIGKILL to the builder's process group during the smoke test (a CI runner's timeout) leaves
-    its smoke container; the next run removes it, and nothing else: not a live process's smoke
-    container, not one of an unknown owner, not a container without the label."""
+    """SIGKILL to the builder during the smoke test (a CI runner's timeout) leaves its smoke container; the
+    next run removes it, and nothing else: not a live run's smoke container, not one of an unknown or
+    another machine's run, not a container without the label. The killed run ran in a PID namespace of
+    its own (a container job, or /proc mounted hidepid: a process the reaper cannot see): while it lived,
+    the reaper here and one in yet another PID namespace left its container; once killed, the next build
+    here removed it (on main, whose label named a PID and its namespace, it stayed for good).
+
+    The runs here have a state folder of their own (their leases): the engine is shared, and another
+    user's or clone's smoke containers (the same label, other leases) are never taken for this run's."""
     root, env = state_project
+    runs = tmp_path / "state"
+    env = {**env, "XDG_CACHE_HOME": str(runs)}
     image = engine.client.images.list(name=registry_of(root))[0].id
+    other_machine = "0123456789abcdef:" + run_token().partition(":")[2]
     decoys = [engine.client.api.create_container(image, ["true"], labels=labels)["Id"]
-              for labels in ({SMOKE_LABEL: owner()}, {SMOKE_LABEL: "1"}, {})]  # owner(): this live process
+              for labels in ({SMOKE_LABEL: run_token()}, {SMOKE_LABEL: "1"}, {SMOKE_LABEL: other_machine}, {})]
     try:
         _change_runtime(root)
         log = tmp_path / "killed.log"
         with log.open("w") as stderr:  # a file, not a pipe nobody reads while it builds
-            proc = subprocess.Popen([sys.executable, "-m", "builder", "build", "-t", "cpu", "-q"], cwd=root,
-                                    env={**os.environ, **env}, start_new_session=True,
+            proc = subprocess.Popen([*_new_pid_namespace(), sys.executable, "-m", "builder", "build", "-t", "cpu", "-q"],
+                                    cwd=root, env={**os.environ, **env}, start_new_session=True,
                                     stdout=subprocess.DEVNULL, stderr=stderr)
         deadline = time.monotonic() + 900
-        while not (smoking := _smoke_containers(engine, decoys)):
+        while not (smoking := _smoke_containers(engine, decoys, runs)):
             assert proc.poll() is None, f"the build ended before its smoke test: {log.read_text()[-2000:]}"
             assert time.monotonic() < deadline, "no smoke container in 900 s"
             time.sleep(0.2)
+        assert smoking[0] not in execute.remove_orphans(engine, lambda line: None), "the reaper removed a live run's"
+        reap = ("from builder.images.execute import remove_orphans; from builder.oci.engine import DockerEngine; "
+                "print(' '.join(remove_orphans(DockerEngine.from_env(), lambda line: None)))")
+        reaper = subprocess.run([*_new_pid_namespace(), sys.executable, "-c", reap],
+                                capture_output=True, text=True, cwd=root, env={**os.environ, **env}, check=False)
+        assert reaper.returncode == 0, reaper.stderr[-2000:]
+        assert smoking[0] not in reaper.stdout.split(), "a reaper that cannot see the run removed its container"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        assert _smoke_containers(engine, decoys) == smoking, "the killed run's smoke container is there"
+        assert _smoke_containers(engine, decoys, runs) == smoking, "the killed run's smoke container is there"
         again = run_builder("build", "-t", "cpu", "-q", cwd=root, env=env)
         assert again.returncode == 0, again.stderr[-3000:]
-        assert not _smoke_containers(engine, decoys), "the killed run's smoke container is left"
+        assert not _smoke_containers(engine, decoys, runs), "the killed run's smoke container is left"
         (line,) = [ln for ln in again.stderr.splitlines() if "smoke container" in ln]
         assert smoking[0][:12] in line and "killed run" in line
         assert {c["Id"] for c in engine.client.api.containers(all=True)} >= set(decoys), "removed a container not its own"
     finally:
-        for cid in decoys + _smoke_containers(engine, decoys):
+        for cid in decoys + _smoke_containers(engine, decoys, runs):
             engine.client.api.remove_container(cid, force=True)
 
 
-def _smoke_containers(engine, besides: list[str]) -> list[str]:
+def _smoke_containers(engine, besides: list[str], state: Path | None = None) -> list[str]:
+    """The smoke containers on the engine, *besides* those; with *state*, only those of runs whose lease
+    is in that state folder (the engine is shared: others' runs have smoke containers too)."""
     return [c["Id"] for c in engine.client.api.containers(all=True, filters={"label": SMOKE_LABEL})
-            if c["Id"] not in besides]
+            if c["Id"] not in besides and (state is None or f"{state}/" in (c.get("Labels") or {}).get(SMOKE_LABEL, ""))]
 
 
 @pytest.mark.timeout(2400)  # three rounds of two builds with their smoke tests, side by side on 2 cores
