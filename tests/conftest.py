@@ -110,11 +110,19 @@ def cpu_project(based_project) -> Path:
 
 @pytest.fixture
 def no_leftovers(engine):
-    """Fail a test that leaves containers behind."""
+    """Fail a test that leaves containers behind (and remove them). The engine may be shared: a smoke
+    container whose builder run is still live (another clone's build, another job's) is not this
+    test's, and is never touched; the builder's own rule (:func:`builder.config.ownership.run_state`)."""
+    from builder.config.ownership import run_state
+    from builder.images.smoke import SMOKE_LABEL
+
+    def others(container) -> bool:
+        token = (container.labels or {}).get(SMOKE_LABEL)
+        return token is not None and run_state(token) != "gone"
+
     before = {c.id for c in engine.client.containers.list(all=True)}
     yield
-    after = {c.id for c in engine.client.containers.list(all=True)}
-    left = after - before
+    left = [c.id for c in engine.client.containers.list(all=True) if c.id not in before and not others(c)]
     for cid in left:
         engine.client.api.remove_container(cid, force=True)
     assert not left, f"test left {len(left)} containers behind"
