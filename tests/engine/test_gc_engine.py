@@ -52,12 +52,13 @@ def _import(engine, ref: str | None, payload: bytes, changes: list[str] | None =
 @pytest.fixture
 def house(tmp_path, monkeypatch) -> Path:
     """A wheelhouse of this test's own, so gc never touches the shared one: the user's wheels brought in
-    as the builder fetches them, by hard links (same file system)."""
+    as the builder fetches them, by hard links (same file system), as used today by the other clones that
+    share the user's wheelhouse (what it holds beyond this project's locks depends on the machine)."""
     shared = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ml-image-builder" / "wheels"
     own = tmp_path / "house"
     own.mkdir()
     monkeypatch.setenv("BUILDER_WHEELHOUSE", str(own))
-    fetch_wheels({f.name: f for f in shared.glob("*.whl")}, house=own, link=True)
+    fetch_wheels({f.name: f for f in shared.glob("*.whl")}, clone=str(shared), house=own, link=True)
     return own
 
 
