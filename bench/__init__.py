@@ -28,7 +28,7 @@ from typing import Any
 import docker
 
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
-from devtools.support import start_registry, stop
+from devtools.support import docker_config, docker_login, registry_login, start_registry, stop
 
 BASELINE_DOCKERFILE = Path(__file__).resolve().parent / "baseline" / "Dockerfile"
 #: Samples per figure (medians of them).
@@ -41,21 +41,33 @@ def say(text: str) -> None:
 
 @contextlib.contextmanager
 def registry(folder: Path) -> Iterator[str]:
-    """A private docker-registry on a free loopback port for the block; yields host:port, removes its data.
+    """A private docker-registry on a free loopback port for the block, with a login in ``DOCKER_CONFIG``
+    meanwhile; yields host:port, removes its data.
 
     Example:
         >>> with registry(Path("/tmp/bench/registry")) as host:  # doctest: +SKIP
         ...     host.startswith("127.0.0.1:")
         True
     """
+    user, password, htpasswd = registry_login(folder)
     try:
-        host, proc = start_registry(folder)
+        host, proc = start_registry(folder, htpasswd)
     except FileNotFoundError as exc:
         raise SystemExit(f"bench: {exc}") from None
+    # Its login, as `docker login` writes it, in a Docker config of the bench's own: the builder takes a
+    # loopback registry it did not start only when it refuses anonymous requests and takes a login it holds.
+    config = docker_config(folder / "docker-config")
+    docker_login(config, host, user, password)
+    before = os.environ.get("DOCKER_CONFIG")
+    os.environ["DOCKER_CONFIG"] = str(config)
     try:
         yield host
     finally:
         stop(proc)
+        if before is None:
+            os.environ.pop("DOCKER_CONFIG", None)
+        else:
+            os.environ["DOCKER_CONFIG"] = before
         shutil.rmtree(folder, ignore_errors=True)
 
 

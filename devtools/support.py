@@ -3,8 +3,10 @@
 One definition each of: a private copy of the project (:func:`copy_project`), a free loopback
 port (:func:`free_port`), a matrix edit (:func:`edit_matrix`) and its registry
 (:func:`registry_of`), the base pin moved to another registry (:func:`retarget_base_lock`), a
-private ``docker-registry`` (:func:`start_registry`, :func:`stop`), and the rule for a missing
-prerequisite in a test (:func:`fail_or_skip`: fail under CI, skip elsewhere).
+private ``docker-registry`` (:func:`start_registry`, :func:`stop`) with a login
+(:func:`registry_login`) that a Docker config of the tests' own holds (:func:`docker_config`,
+:func:`docker_login`, :func:`auth_header`), and the rule for a missing prerequisite in a test
+(:func:`fail_or_skip`: fail under CI, skip elsewhere).
 
 Example:
     >>> import tempfile
@@ -15,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import platform
@@ -159,9 +162,60 @@ def start_registry(folder: Path, htpasswd: Path | None = None,
         f"http: {{addr: '127.0.0.1:{port}'}}\n{auth}"
     )
     with open(folder / "log", "wb") as log:
-        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=log)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}  # it reads them as its config
+        proc = subprocess.Popen([binary, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=log,
+                                env=env)
     wait_http(f"http://127.0.0.1:{port}/v2/")
     return f"127.0.0.1:{port}", proc
+
+
+def registry_login(folder: Path) -> tuple[str, str, Path]:
+    """A login for a test registry: (user, a random password, an htpasswd file in *folder* holding its
+    bcrypt hash, for :func:`start_registry`)."""
+    import secrets
+
+    import bcrypt
+
+    user, password = "ci-user", secrets.token_urlsafe(16)
+    folder.mkdir(parents=True, exist_ok=True)
+    htpasswd = folder / "htpasswd"
+    htpasswd.write_text(f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
+    return user, password, htpasswd
+
+
+def docker_config(folder: Path) -> Path:
+    """A Docker config folder of the tests' own: the user's ``config.json`` (``$DOCKER_CONFIG`` or
+    ``~/.docker``) copied, its ``buildx``, ``contexts`` and ``cli-plugins`` linked, so that a
+    :func:`docker_login` never writes into the user's own."""
+    source = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads((source / "config.json").read_text()) if (source / "config.json").is_file() else {}
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("buildx", "contexts", "cli-plugins"):
+        if (source / name).is_dir() and not (folder / name).exists():
+            (folder / name).symlink_to(source / name)
+    return folder
+
+
+def docker_login(config: Path, host: str, user: str, password: str) -> None:
+    """What ``docker login host`` writes, into the config folder *config* (:func:`docker_config`)."""
+    path = config / "config.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    doc.setdefault("auths", {})[host] = {"auth": token}
+    path.write_text(json.dumps(doc))
+    path.chmod(0o600)
+
+
+def auth_header(host: str) -> dict[str, str]:
+    """The Authorization header ``$DOCKER_CONFIG``'s login for *host* gives ({} without one): for a
+    test's own requests to a registry that takes no request without a login."""
+    path = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    try:
+        token = json.loads(path.read_text())["auths"][host]["auth"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {"Authorization": f"Basic {token}"}
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 10) -> None:
@@ -182,7 +236,8 @@ def registry_manifest(ref: str) -> dict[str, Any]:
     repository, tag = ref.split("@", 1) if "@" in ref else ref.rsplit(":", 1)
     host, name = repository.split("/", 1)
     accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
-    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}", headers={"Accept": accept})
+    request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}",
+                                     headers={"Accept": accept, **auth_header(host)})
     with urllib.request.urlopen(request, timeout=60) as response:
         manifest: dict[str, Any] = json.loads(response.read())
         return manifest

@@ -2,22 +2,43 @@
 
 Tests that need the engine use the ``engine`` fixture: it fails (never skips) when CI is set
 and no daemon answers. Every registry a test starts is stopped, every container removed.
+
+The session has a Docker config of its own (``DOCKER_CONFIG``): the session registry's login goes
+there, as ``docker login`` would write it, never into the user's. Every process the tests start (the
+builder, buildx, cosign, oras, skopeo, podman) reads it.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import run_builder
 
-from devtools.support import copy_project, edit_matrix, fail_or_skip, native_only, start_registry, stop
+from devtools.support import (
+    copy_project,
+    docker_config,
+    docker_login,
+    edit_matrix,
+    fail_or_skip,
+    native_only,
+    registry_login,
+    start_registry,
+    stop,
+)
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image can't be pulled here
+
+_DOCKER_CONFIG = docker_config(Path(tempfile.mkdtemp(prefix="tests-docker-config-")))
+os.environ["DOCKER_CONFIG"] = str(_DOCKER_CONFIG)
+atexit.register(shutil.rmtree, _DOCKER_CONFIG, True)
 
 # Ctrl-C as a terminal delivers it, even when the suite was started with SIGINT ignored (a shell's
 # background job, some CI runners): the interrupt tests send it to this process and to the builder
@@ -56,8 +77,13 @@ def _start_registry(folder: Path, htpasswd: Path | None = None) -> tuple[str, su
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory) -> Iterator[str]:
-    """A plain registry on loopback, for the whole session."""
-    host, proc = _start_registry(tmp_path_factory.mktemp("registry"))
+    """A registry on loopback that takes no request without its login, for the whole session; the
+    session's Docker config holds the login (a ``docker login``): a loopback registry the builder did
+    not start must take a login it holds (builder.oci.localregistry.check)."""
+    folder = tmp_path_factory.mktemp("registry")
+    user, password, htpasswd = registry_login(folder)
+    host, proc = _start_registry(folder, htpasswd)
+    docker_login(_DOCKER_CONFIG, host, user, password)
     yield host
     stop(proc)
 

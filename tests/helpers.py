@@ -184,8 +184,11 @@ def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: 
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
     diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+    # A history entry per layer, as every builder writes: without one docker-registry 2.8 answers 400 to a
+    # HEAD that accepts no schema 2 manifest (dockerd's, before a push over the tag), failing to make schema 1.
     config = json.dumps({"architecture": arch, "os": "linux", "config": {"Cmd": ["/arch.txt"], "Labels": labels or {}},
-                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}, sort_keys=True).encode()
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                         "history": [{"created_by": "one file"}]}, sort_keys=True).encode()
     image_id = write_archive(Rootfs(layer, diff_id, {}), config, ref, folder / "image.tar")
     with (folder / "image.tar").open("rb") as handle:
         engine.client.api.load_image(handle)

@@ -134,15 +134,22 @@ def _plan(name: str = "t0", options: plans.Options | None = None, **fields: Any)
     (plans.Presence(local_id="sha256:a"), plans.Options(), "reused-local", ("tag",)),
     (plans.Presence(local_id="sha256:a"), plans.Options(push=True, sign=True), "reused-local",
      ("tag", "push", "attest", "record")),
-    (plans.Presence(registry_digest="sha256:d"), plans.Options(), "reused-registry", ()),
-    (plans.Presence(registry_digest="sha256:d"), plans.Options(push=True), "reused-registry", ("copy-tags", "record")),
-    (plans.Presence(registry_digest="sha256:d"), plans.Options(pull=True, push=True), "reused-registry",
-     ("pull", "tag", "push", "record")),
+    (plans.Presence(registry_digest="sha256:d", registry_tested=True), plans.Options(), "reused-registry", ()),
+    (plans.Presence(registry_digest="sha256:d", registry_tested=True), plans.Options(push=True), "reused-registry",
+     ("copy-tags", "record")),
+    (plans.Presence(registry_digest="sha256:d", registry_tested=True), plans.Options(pull=True, push=True),
+     "reused-registry", ("pull", "tag", "push", "record")),
+    # Found under the content tag, but on a digest neither recorded as smoke-tested nor signed: built again.
+    (plans.Presence(registry_digest="sha256:d"), plans.Options(push=True, sign=True), "built",
+     ("build", "smoke", "tag", "push", "attest", "record")),
     (plans.Presence(error="registry refused"), plans.Options(), None, ()),
 ])
 def test_the_reuse_decision(presence, options, result, stages):
     decision = plans.decide(_plan(options=options), presence, options)
     assert (decision.result, decision.stages) == (result, stages)
+    untested = presence is not None and presence.registry_digest is not None and not presence.registry_tested
+    assert (decision.note or "").endswith("neither smoke-tested by this builder nor signed with your key: "
+                                          "building it again") == untested
     assert decision.smoke == ("passed earlier" if result and result.startswith("reused") else "skipped")
     assert decision.error == (presence.error if presence else None)
 

@@ -143,11 +143,15 @@ def test_a_refused_cache_source_is_its_cause_not_never_published(status):
         server.server_close()
 
 
-def test_a_cache_source_never_published_builds_cold(tmp_path):
+def test_a_cache_source_never_published_builds_cold(tmp_path, monkeypatch):
     from builder.images import execute
-    from devtools.support import start_registry, stop
+    from devtools.support import docker_config, docker_login, registry_login, start_registry, stop
 
-    host, proc = start_registry(tmp_path / "registry")
+    user, password, htpasswd = registry_login(tmp_path / "registry")
+    host, proc = start_registry(tmp_path / "registry", htpasswd)
+    config = docker_config(tmp_path / "docker-config")
+    docker_login(config, host, user, password)  # a loopback registry the builder reads must take a login it holds
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
     try:
         assert execute.registry_cache_source(f"{host}/ml-runtime:cpu") == []
     finally:

@@ -1,6 +1,6 @@
 """``builder gc``'s selection, without an engine: which wheels, staged folders, BuildKit records and
 recorded images go (builder.images.owned decides from records and docker's listings, here written
-out); and the loopback registry's unreferenced blobs with a real docker-registry."""
+out; the loopback registry's blobs: tests/test_local_registry.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +21,7 @@ from helpers import fetch_wheels
 from builder.config.ownership import Record, run_token
 from builder.config.project import load_project
 from builder.images import gc, lockfile, owned, wheelhouse
-from devtools.support import copy_project, edit_matrix, free_port
+from devtools.support import copy_project
 
 DAY = 86400
 
@@ -164,60 +162,6 @@ def test_report_lines_one_per_store_and_items_with_verbose():
     assert lines[0] == "wheelhouse: holds 5.0 MB; would free 1.5 MB (1 items)"
     assert "  b.whl  1.5 MB" in gc.report_lines(found, verbose=True, dry_run=True)
     assert json.loads(gc.as_json(found, True))["stores"][0]["freed"] == 1_500_000
-
-
-def _push_blob(host: str, repo: str, data: bytes) -> str:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    with urllib.request.urlopen(urllib.request.Request(f"http://{host}/v2/{repo}/blobs/uploads/", method="POST")) as r:
-        location = r.headers["Location"]
-    sep = "&" if "?" in location else "?"
-    url = location if location.startswith("http") else f"http://{host}{location}"
-    urllib.request.urlopen(urllib.request.Request(f"{url}{sep}digest={digest}", data=data, method="PUT",
-                                                  headers={"Content-Type": "application/octet-stream"})).close()
-    return digest
-
-
-@pytest.mark.skipif(shutil.which("docker-registry") is None, reason="docker-registry is not installed")
-def test_registry_unreferenced_blob_is_collected_and_the_registry_runs_again(project, tmp_path, monkeypatch):
-    """A real docker-registry (builder.oci.localregistry): one image (config + layer, a manifest) and
-    one blob no manifest references; gc --dry-run lists that blob alone, gc removes it alone."""
-    from builder.oci.localregistry import ensure_local
-    from builder.oci.registry import ping
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
-    host = f"localhost:{free_port()}"
-    edit_matrix(project, registry=f"{host}/ml-runtime")
-    p = load_project(project / "matrix.yaml", allow_unpinned=True)
-    ensure_local(host)
-    folder = gc.registry_folder(p)
-    assert folder is not None
-    try:
-        config = _push_blob(host, "ml-runtime", b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
-        layer = _push_blob(host, "ml-runtime", b"layer" * 100)
-        manifest: dict[str, Any] = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config,
-                               "size": 78},
-                    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer, "size": 500}]}
-        manifest["config"]["size"] = len(b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}')
-        urllib.request.urlopen(urllib.request.Request(
-            f"http://{host}/v2/ml-runtime/manifests/keep", data=json.dumps(manifest).encode(), method="PUT",
-            headers={"Content-Type": manifest["mediaType"]})).close()
-        orphan = _push_blob(host, "ml-runtime", b"orphan" * 1000)
-        found = gc.collect(None, p, keep_days=7)
-        assert [(i.name, i.bytes) for i in found.items if i.store == "registry"] == [(orphan, 6000)]
-        blobs = folder / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
-        assert (blobs / orphan[7:9] / orphan[7:] / "data").exists()  # the dry run removed nothing
-        assert gc.remove(None, p, found) == []
-        assert not (blobs / orphan[7:9] / orphan[7:]).exists()
-        for kept in (config, layer):
-            assert (blobs / kept[7:9] / kept[7:] / "data").exists()
-        assert ping(host)  # it was running, so it runs again
-        assert gc.collect(None, p).items == []
-    finally:
-        pid = gc._registry_pid(folder)
-        if pid is not None:
-            os.kill(pid, 15)
 
 
 def test_after_build_removes_only_the_builder_s_unwanted_folders_no_other_clone_used_lately(project, tmp_path,

@@ -25,7 +25,7 @@ from bench.project import (
     lock_and_render,
     setup_project,
 )
-from devtools.support import edit_matrix, host_platform, registry_layers
+from devtools.support import auth_header, edit_matrix, host_platform, registry_layers
 
 
 def pushed_layers(ref: str, before: set[str]) -> tuple[int, int, list[int]]:
@@ -148,7 +148,8 @@ def pull_parts(ref: str, compression: str, folder: Path) -> dict[str, float]:
 
     def download() -> None:
         for digest, path in zip(digests, blobs, strict=True):
-            with urllib.request.urlopen(f"http://{host}/v2/{name}/blobs/{digest}", timeout=600) as response, \
+            request = urllib.request.Request(f"http://{host}/v2/{name}/blobs/{digest}", headers=auth_header(host))
+            with urllib.request.urlopen(request, timeout=600) as response, \
                     path.open("wb") as handle:
                 shutil.copyfileobj(response, handle, 1 << 20)
 

@@ -95,8 +95,9 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
               help="json: a list of targets; github: {'include': [...]} for strategy.matrix via fromJSON.")
 @click.option("--group", default="default", show_default=True, help="Which group of targets.")
 @click.option("--changed", is_flag=True,
-              help="Only targets whose content tag the registry lacks (one manifest request each): "
-              "an unchanged target needs no runner.")
+              help="Only targets the registry lacks as tested: no content tag there, or one on a digest "
+              "neither this builder pushed after its smoke test nor signed with BUILDER_VERIFY_KEY's key "
+              "(one manifest request each): an unchanged target needs no runner.")
 @platform_option
 def matrix_cmd(project: Project, fmt: str, group: str, changed: bool, platforms: tuple[str, ...]) -> None:
     """Print the targets of a group for a CI matrix: one row per target and platform, with the
@@ -111,10 +112,17 @@ def matrix_cmd(project: Project, fmt: str, group: str, changed: bool, platforms:
     selected = project.views(names, platforms)
     tags = content_tags(project, selected)
     if changed:
+        from builder.images import trust
+
         host = project.matrix.registry.split("/", 1)[0]
-        creds = registry.credentials(host)
+        creds, vouch = registry.credentials(host), _vouch(None)
         up = registry.ping(host, timeout=3.0)
-        selected = [t for t in selected if not up or registry.manifest_digest(tags[t.unit], creds) is None]
+
+        def reusable(tag: str) -> bool:  # what builder build would reuse: a digest tested or signed (trust)
+            digest = registry.manifest_digest(tag, creds)
+            return digest is not None and trust.tested(tag, digest, vouch)
+
+        selected = [t for t in selected if not up or not reusable(tags[t.unit])]
     rows = [
         {"target": t.name, "platform": t.platform, "runner": RUNNERS[t.platform], "backend": t.backend,
          "vendor": t.vendor, "torch": t.torch_pin, "tags": t.tags, "content_tag": tags[t.unit]}
@@ -241,8 +249,10 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     """Build (BuildKit), smoke-test, tag (and push) targets.
 
     A target whose content tag (<registry>:<target>-<12 hex>, a digest of everything that goes
-    into its image) exists locally or in the registry was built and tested already: only its
-    tags move. --json says per target and platform: built, reused-local or reused-registry.
+    into its image) exists locally, or in the registry on a digest this builder pushed after a
+    passed smoke test or one signed with your key (--sign-key, BUILDER_VERIFY_KEY), was built and
+    tested already: only its tags move; any other image under it is built again. --json says per
+    target and platform: built, reused-local or reused-registry.
     Each platform a target lists is built (a foreign one under qemu emulation); with --push, a
     target with several platforms gets one index under each of its tags, and with a signing key
     every pushed image gets its signature, SBOM and provenance attached (see builder verify).
@@ -271,7 +281,8 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     attest = _attester(project, signer, lambda line: click.echo(line, err=True)) if push else None
     with Progress(verbose=not quiet) as ui:
         outcomes = build_all(engine, project, views, ui, push=push, smoke=not no_smoke, keep_going=keep_going,
-                             jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base, attest=attest)
+                             jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base, attest=attest,
+                             vouch=_vouch(signer))
     _report(outcomes, as_json)
 
 
@@ -302,6 +313,23 @@ def _attester(project: Project, signer: Any, say: Any) -> Any:
     from builder.supply.attach import Attach
 
     return Attach(project, signer, say)
+
+
+def _vouch(signer: Any) -> Any:
+    """Whether an image found in a registry under a content tag is signed with a configured key: the
+    signing key's public key, and BUILDER_VERIFY_KEY's (:mod:`builder.images.trust`); None without either."""
+    import os
+
+    keys = [signer.public_key] if signer is not None else []
+    if os.environ.get("BUILDER_VERIFY_KEY"):
+        from builder.supply.signing import load_public_key
+
+        keys.append(load_public_key(None))
+    if not keys:
+        return None
+    from builder.supply.verify import signed
+
+    return lambda image: signed(image, keys)
 
 
 @click.command("smoke")
@@ -430,7 +458,7 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
     contexts:    folders it staged that no target here names, no live build holds, no other clone used in --keep-days.
     build cache: BuildKit copies of wheel contexts our builds made or used, superseded here; never one in use, another clone's (--keep-days).
     images:      images our builds made, not current here; never a live build's, another clone's (--keep-days), one a container uses or a file names by digest.
-    registry:    blobs of the loopback registry no manifest references (docker-registry garbage-collect).
+    registry:    unreferenced blobs of the builder's own loopback registry, only with it stopped and no build on it.
     Smoke containers are the next build's to remove: those of killed runs (their lease is free), no others.
 
     Exits 1 when something listed could not be removed (a line says why).

@@ -79,8 +79,9 @@ def locked(path: Path, shared: bool = False, waiting: Callable[[int], object] | 
 _TEMPORARY = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write *text* to *path* through a temporary file in the same folder and a rename.
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write *text* to *path* through a temporary file in the same folder and a rename; the file gets
+    *mode* (``0o600`` for a secret: the temporary file is mkstemp's, 0600, from the start).
 
     Example:
         >>> atomic_write(Path("images/cpu/Dockerfile"), "FROM scratch\\n")
@@ -90,7 +91,7 @@ def atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

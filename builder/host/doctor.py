@@ -29,7 +29,7 @@ from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import cdi, devices, hardware
-from builder.oci import buildkit, engine, registry
+from builder.oci import buildkit, engine, localregistry, registry
 from builder.oci.engine import DockerEngine, Engine, engine_address
 from builder.oci.secrets import PLAIN, child_env
 
@@ -398,6 +398,12 @@ def check_registry(ctx: Context) -> list[Check]:
         return [Check("warn", "registry", "not checked: the project did not load")]
     host = registry.Ref.parse(ctx.project.matrix.registry).host
     if registry.ping(host):
+        if registry.is_local(host):  # not trusted for answering: the builder's own, or one with your login
+            try:
+                localregistry.check(host)
+            except (UserError, registry.RegistryFault) as exc:
+                found, _, fix = str(exc).partition("; ")
+                return [Check("fail", "registry", found, fix or None)]
         return [Check("ok", "registry", f"{host} answers /v2/")]
     if registry.is_local(host):
         return [

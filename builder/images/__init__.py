@@ -12,7 +12,9 @@
   runs through BuildKit, :mod:`builder.oci.buildkit`), ``build.py`` (``builder build`` and
   ``builder push``, one pipeline: pin the base, plan once, look up, decide, fetch, execute, indexes), ``outcome.py`` (a view's result),
   ``progress.py`` (the progress view), ``smoke.py`` (checks in the built image),
-  ``publish.py`` (push, digests, ``dist/published.json``), ``bake.py`` (``docker-bake.json``).
+  ``publish.py`` (push, digests, ``dist/published.json``), ``bake.py`` (``docker-bake.json``),
+  ``trust.py`` (what a registry holds counts as smoke-tested only by a digest the builder recorded,
+  or a signature by a configured key).
 
 A new check of a built image goes into ``smoke.py`` when the host drives it, or into the
 in-image runtime (``runtime/ml_runtime``) when the image should check itself; a new backend

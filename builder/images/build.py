@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from builder.config import files, platforms
 from builder.config.project import Project, TargetView
-from builder.images import base, gc, locks, render
+from builder.images import base, gc, locks, render, trust
 from builder.images import plan as plans
 from builder.images.execute import UI, Attester, Executor, presence, push_decisions
 from builder.images.outcome import Outcome
@@ -64,19 +64,21 @@ def build_all(
     pull: bool = False,
     update_base: bool = False,
     attest: Attester | None = None,
+    vouch: trust.Vouch | None = None,
 ) -> list[Outcome]:
     """``builder build``: reuse or build every target view (one per platform); with ``keep_going`` a
     failure doesn't stop the others.
 
     First, from the committed locks alone (no wheels fetched), each view whose content tag
-    exists locally or in the registry is reused; only the rest fetch wheels, need their
+    exists locally, or in the registry on a digest that counts as smoke-tested (:mod:`builder.images.trust`;
+    *vouch*: the cli's signature check), is reused; only the rest fetch wheels, need their
     platform's base and are built. ``rebuild`` builds everything, without the layer cache.
     With ``push``, a target with several platforms then gets one index under each of its tags;
     with *attest* (the cli's, from a signing key), every pushed image and index its attachments.
     """
     options = plans.Options(push=push, smoke=smoke, rebuild=rebuild, pull=pull, sign=attest is not None)
     return run(engine, project, views, ui, options, keep_going=keep_going, jobs=jobs, update_base=update_base,
-               attest=attest)
+               attest=attest, vouch=vouch)
 
 
 def push_all(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, *,
@@ -88,7 +90,7 @@ def push_all(engine: Engine, project: Project, views: Sequence[TargetView], ui: 
 
 def run(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, options: plans.Options, *,
         keep_going: bool, jobs: int = 1, update_base: bool = False, attest: Attester | None = None,
-        build: bool = True) -> list[Outcome]:
+        build: bool = True, vouch: trust.Vouch | None = None) -> list[Outcome]:
     """The pipeline (module docstring): its outcomes, one per view, index errors merged in."""
     labels = plans.build_labels(project.root)
     if build:
@@ -99,7 +101,7 @@ def run(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, o
     executor = Executor(engine, project, ui, options=options, attest=attest, revision=labels[plans.REVISION])
     if build:
         outcomes = _build(engine, project, views, ui, options, executor, labels, keep_going=keep_going, jobs=jobs,
-                          update_base=update_base)
+                          update_base=update_base, vouch=vouch)
     else:
         planned = plans.make_plan(project, views, options, labels=labels)
         outcomes = executor.run(push_decisions(engine, planned.views, options), keep_going=True)
@@ -126,7 +128,7 @@ def _failed(ui: UI, views: Sequence[TargetView], errors: dict[str, str]) -> list
 
 def _build(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, options: plans.Options,
            executor: Executor, labels: dict[str, str], *, keep_going: bool, jobs: int,
-           update_base: bool) -> list[Outcome]:
+           update_base: bool, vouch: trust.Vouch | None) -> list[Outcome]:
     """Plan once, decide, run the reused views' stages, then fetch, bring the bases and build the rest."""
     root = project.root  # a killed run's temporary files of atomic writes (locks, Dockerfiles, records)
     files.remove_stale_temporaries(root, root / "dist")
@@ -136,8 +138,11 @@ def _build(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI
     render.write(rendered)
     planned = plans.make_plan(project, views, options, labels=labels, rendered=rendered)
     candidates = [p for p in planned.views if p.unit not in failed_locks]
-    found = {} if options.rebuild else presence(engine, candidates)
+    found = {} if options.rebuild else presence(engine, candidates, vouch)
     decided = {p.unit: plans.decide(p, found.get(p.unit), options) for p in candidates}
+    for unit, decision in decided.items():
+        if decision.note:
+            ui.say(f"{unit}: {decision.note}")
     outcomes, buildable = [], []
     for p in planned.views:  # in order: the failed, the reused, and what is left to build
         if p.unit in failed_locks:

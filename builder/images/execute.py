@@ -40,10 +40,10 @@ from typing import Any, Protocol
 from builder.config.errors import TargetFailed, UserError
 from builder.config.ownership import clone_id, run_state, run_token
 from builder.config.project import Project, Target, TargetView
-from builder.images import owned, publish, smoke, wheelhouse
+from builder.images import owned, publish, smoke, trust, wheelhouse
 from builder.images import plan as plans
 from builder.images.outcome import Outcome
-from builder.oci import faults, registry
+from builder.oci import faults, localregistry, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
 from builder.oci.engine import Engine
 
@@ -101,15 +101,18 @@ class _Run:
     held: str | None = None  # the image this run holds in the images ledger (builder.images.owned)
 
 
-def presence(engine: Engine, views: Sequence[plans.ViewPlan]) -> dict[str, plans.Presence]:
+def presence(engine: Engine, views: Sequence[plans.ViewPlan],
+             vouch: trust.Vouch | None = None) -> dict[str, plans.Presence]:
     """The lookups :func:`~builder.images.plan.decide` needs, per view (unit): its content tag in the
     engine, else in the registry (one manifest request; none when no registry answers: the local
-    default, not started). A lookup that fails is that view's error, not the run's."""
+    default, not started) and whether the registry's digest counts as smoke-tested
+    (:func:`builder.images.trust.tested`, *vouch* for a signature). A lookup that fails is that
+    view's error, not the run's."""
     found: dict[str, plans.Presence] = {}
     up: dict[str, bool] = {}
     for view in views:
         try:
-            found[view.unit] = _presence(engine, view.content_tag, up)
+            found[view.unit] = _presence(engine, view.content_tag, up, vouch)
         except (UserError, TargetFailed) as exc:  # e.g. the registry refused the lookup
             found[view.unit] = plans.Presence(error=str(exc))
         except faults.KNOWN as exc:
@@ -117,16 +120,28 @@ def presence(engine: Engine, views: Sequence[plans.ViewPlan]) -> dict[str, plans
     return found
 
 
-def _presence(engine: Engine, ref: str, up: dict[str, bool]) -> plans.Presence:
+def _presence(engine: Engine, ref: str, up: dict[str, bool], vouch: trust.Vouch | None) -> plans.Presence:
     image = engine.image(ref)
     if image is not None:
         return plans.Presence(local_id=image["Id"], local_tags=tuple(image.get("RepoTags") or ()))
     host = registry.Ref.parse(ref).host
     if host not in up:
-        up[host] = registry.ping(host, timeout=2.0)  # once per registry and run
+        up[host] = _up(host)  # once per registry and run
     if not up[host]:
         return plans.Presence()
-    return plans.Presence(registry_digest=registry.manifest_digest(ref, registry.credentials(host)))
+    digest = registry.manifest_digest(ref, registry.credentials(host))
+    tested = digest is not None and trust.tested(ref, digest, vouch)
+    return plans.Presence(registry_digest=digest, registry_tested=tested)
+
+
+def _up(host: str) -> bool:
+    """Whether a registry answers on *host*; on loopback, one that passes
+    :func:`builder.oci.localregistry.check` (else a UserError: another process holds the port)."""
+    if not registry.ping(host, timeout=2.0):
+        return False
+    if registry.is_local(host):
+        localregistry.check(host)
+    return True
 
 
 def push_decisions(engine: Engine, views: Sequence[plans.ViewPlan],
@@ -155,9 +170,9 @@ def registry_cache_source(ref: str) -> list[str]:
     instead of passing for "never published": BuildKit itself only warns and builds cold.
     """
     host = registry.Ref.parse(ref).host
-    if not registry.ping(host, timeout=2.0):
-        return []  # no registry answers (the local default, not started): nothing to read
     try:
+        if not _up(host):
+            return []  # no registry answers (the local default, not started): nothing to read
         published = registry.manifest_digest(ref, registry.credentials(host)) is not None
     except faults.KNOWN as exc:
         raise TargetFailed(f"reading the cache source {ref} failed, not for want of it: "
@@ -325,12 +340,17 @@ class Executor:
             raise TargetFailed(f"smoke test failed: {result.summary()}")
 
     def _pull(self, run: _Run) -> None:
+        """Pull the digest the lookup found tested (never the tag, which may have moved since), then
+        give it its content tag."""
         ref = run.plan.content_tag
-        self.engine.pull(ref, registry.credentials(registry.Ref.parse(ref).host))
-        image = self.engine.image(ref)
+        pinned = f"{registry.Ref.parse(ref).name}@{run.decision.digest}"
+        self.engine.pull(pinned, registry.credentials(registry.Ref.parse(ref).host))
+        image = self.engine.image(pinned)
         if image is None:
-            raise TargetFailed(f"pulled {ref}, yet the engine has no image of that name")
-        run.out.image_id, run.present = image["Id"], tuple(image.get("RepoTags") or ())
+            raise TargetFailed(f"pulled {pinned}, yet the engine has no image of that name")
+        if ref not in (image.get("RepoTags") or ()):
+            self._tag_ref(image["Id"], ref)
+        run.out.image_id, run.present = image["Id"], (*(image.get("RepoTags") or ()), ref)
 
     def _tag(self, run: _Run) -> None:
         """The local tags; the content tag too after a passed smoke test (its presence is the proof)."""
@@ -367,8 +387,12 @@ class Executor:
         self.ui.step(plan.unit, out.steps, out.steps, "push")
         tested = [plan.content_tag] if out.smoke != "skipped" and plan.content_tag else []
         image = out.image_id or ""
+        if registry.is_local(plan.registry_host):  # builder push too: never to what holds the port
+            _up(plan.registry_host)
         pushed = publish.push_target(self.engine, plan.view, image, [*tested, *plan.push_refs])
         out.digest = pushed["digest"]
+        if tested:  # what a later build may reuse from the registry (builder.images.trust)
+            trust.record(plan.content_tag, out.digest)
         revision = self.engine.labels(image).get(plans.REVISION)
         run.record = {**pushed, "content_tag": plan.content_tag, "result": out.result, "revision": revision,
                       "current_revision": self.revision}
@@ -376,9 +400,12 @@ class Executor:
     def _copy_tags(self, run: _Run) -> None:
         """Move the tags of an image the registry has in the registry itself: no pull needed."""
         out, plan = run.out, run.plan
-        creds = registry.credentials(registry.Ref.parse(plan.content_tag).host)
-        for ref in plan.push_refs:
-            registry.copy_tag(plan.content_tag, ref.rsplit(":", 1)[1], creds)
+        source = registry.Ref.parse(plan.content_tag)
+        if registry.is_local(source.host):
+            _up(source.host)
+        creds = registry.credentials(source.host)
+        for ref in plan.push_refs:  # from the digest found tested, never the tag (it may have moved since)
+            registry.copy_tag(f"{source.name}@{out.digest}", ref.rsplit(":", 1)[1], creds)
         run.record = {**publish.published(plan.view, None, out.digest or "", list(plan.push_refs)),
                       "content_tag": plan.content_tag, "result": out.result, "revision": None,
                       "current_revision": self.revision}

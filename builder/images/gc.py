@@ -22,9 +22,11 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   image with them unless another name keeps it; never one a live build holds, one of a target a
   build is building, one another clone used within ``keep_days``, one a container uses, or one a
   file names by digest (``dist/published.json``, ``base.lock.json``, a ``builder slurm`` script).
-- **registry**: blobs of the loopback registry (:mod:`builder.oci.localregistry`) no manifest
-  references: ``docker-registry garbage-collect``, with that registry stopped (its docs ask it
-  read-only or stopped) and started again when it was running.
+- **registry**: blobs of the builder's loopback registry (:mod:`builder.oci.localregistry`) no
+  manifest references: ``docker-registry garbage-collect``, with that registry stopped (its docs ask
+  it read-only or stopped) and started again when it was running; never while another run holds it
+  (a build pushing there), never unless it stopped (its blobs are then left, in one line). A registry
+  the builder did not start, and every manifest, are never touched.
 
 Deleting from the wheelhouse happens under its lock, decided again there, so a concurrent build
 never loses a file it is staging.
@@ -42,7 +44,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -53,12 +54,10 @@ from typing import Any
 from builder.config.files import locked
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project, TargetView
-from builder.config.state import state_dir
 from builder.images import layers, lockfile, owned, wheelhouse
 from builder.images.content import content_tags
-from builder.oci import registry
+from builder.oci import localregistry, loopback, registry
 from builder.oci.engine import Engine
-from builder.oci.localregistry import ensure_local
 from builder.oci.secrets import PLAIN, child_env
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
@@ -251,12 +250,11 @@ def digest_references(project: Project, records: Mapping[str, Record]) -> dict[s
 # --- the local registry -----------------------------------------------------------------------
 
 def registry_folder(project: Project) -> Path | None:
-    """The loopback registry's folder (:func:`builder.oci.localregistry.ensure_local`), if the matrix uses one."""
+    """The loopback registry's folder (:func:`builder.oci.loopback.folder`), if the matrix uses one."""
     host = registry.Ref.parse(project.matrix.registry).host
     if not registry.is_local(host):
         return None
-    port = host.rsplit(":", 1)[-1] if ":" in host else "80"
-    folder = state_dir() / f"registry-{port}"
+    folder = loopback.folder(host)
     return folder if (folder / "config.yml").is_file() else None
 
 
@@ -279,37 +277,34 @@ def registry_garbage(folder: Path) -> list[Item]:
     return items
 
 
-def _registry_pid(folder: Path) -> int | None:
-    """The pid of the registry :mod:`builder.oci.localregistry` started on this folder, if it runs."""
-    try:
-        pid = int((folder / "registry.pid").read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if str(folder / "config.yml").encode() in cmdline else None
+def collect_registry(folder: Path) -> str | None:
+    """``garbage-collect`` the loopback registry of *folder*: with it stopped (its docs ask it stopped
+    or read-only), and started again when it ran. Returns why nothing was collected (another run
+    holds the registry, it did not stop, garbage-collect failed), or None.
 
-
-def collect_registry(folder: Path) -> None:
-    """Stop the loopback registry (garbage-collect wants it stopped), collect, start it again if it ran."""
+    Under the folder's lock, which a run that starts or checks the registry takes too: no run starts
+    pushing to it while it is stopped here.
+    """
     binary = _registry_binary()
     if binary is None:
-        return
-    pid = _registry_pid(folder)
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
-                break
-            time.sleep(0.1)
-    try:
-        subprocess.run([binary, "garbage-collect", str(folder / "config.yml")], capture_output=True, check=True,
-                       env=child_env(PLAIN))
-    finally:
-        if pid is not None:
-            config = (folder / "config.yml").read_text()
-            addr = re.search(r"addr: '([^']+)'", config)
-            if addr:
-                ensure_local(addr.group(1).replace("127.0.0.1", "localhost"))
+        return "docker-registry is not installed"
+    with locked(folder / ".lock"):
+        if localregistry.held_by_others(folder):
+            return "another build holds the registry (it pushes there): run builder gc when it is done"
+        pid = localregistry.running(folder)
+        if pid is not None and not localregistry.stop(pid):
+            return (f"the registry (pid {pid}) did not stop within {localregistry.STOP_S:.0f} s, and garbage-collect "
+                    "needs it stopped")
+        try:
+            proc = subprocess.run([binary, "garbage-collect", str(folder / "config.yml")], capture_output=True,
+                                  text=True, check=False, env=child_env(PLAIN))
+        finally:
+            if pid is not None:
+                localregistry.start(folder, f"127.0.0.1:{folder.name.removeprefix('registry-')}")
+        if proc.returncode != 0:
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            return f"docker-registry garbage-collect failed: {said[-1] if said else f'exit {proc.returncode}'}"
+    return None
 
 
 # --- collect and remove -----------------------------------------------------------------------
@@ -395,11 +390,13 @@ def remove(engine: Engine | None, project: Project, found: Found,
     failed = _remove_from_engine(engine, project, found) if engine is not None else []
     if engine is not None:
         forget_gone(engine, found.started)
-    folder = registry_folder(project)
-    if folder is not None and any(i.store == "registry" for i in found.items):
-        collect_registry(folder)
     for item in failed:
         say(f"{item.store}: {item.name} not removed: {item.note}")
+    folder = registry_folder(project)
+    blobs = [i for i in found.items if i.store == "registry"]
+    if folder is not None and blobs and (why := collect_registry(folder)) is not None:
+        say(f"registry: {len(blobs)} unreferenced blobs left in {folder / 'data'}: {why}")
+        failed += [Item("registry", i.name, 0, why) for i in blobs]
     return failed
 
 

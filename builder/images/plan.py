@@ -10,8 +10,8 @@ Whether a view is built at all needs two lookups (is its content tag local? does
 have it?): :func:`builder.images.execute.presence` makes them and hands back their answers as
 data, one :class:`Presence` per view, and :func:`decide`, a pure function of the plan, that
 answer and the options, says what happens: built, reused-local (only the tags move),
-reused-registry (skipped, pulled, or its tags moved in the registry itself), with the stages
-that leaves. ``builder push`` decides with :func:`decide_push`.
+reused-registry (skipped, pulled, or its tags moved in the registry itself; only an image whose
+digest counts as smoke-tested: :mod:`builder.images.trust`), with the stages that leaves. ``builder push`` decides with :func:`decide_push`.
 
 The stages, in the order they run: ``build`` -> ``smoke`` -> ``tag`` -> ``push`` -> ``attest``
 -> ``record`` (``pull`` before ``tag`` for a pulled image, ``copy-tags`` instead of ``push``
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.project import Project, Target, TargetView
-from builder.images import content, layers, wheelhouse
+from builder.images import content, layers, trust, wheelhouse
 from builder.images.lockfile import Pin
 from builder.oci import buildkit, registry
 from builder.oci.secrets import GIT, child_env
@@ -137,11 +137,13 @@ class Plan:
 class Presence:
     """The answers of the lookups :func:`decide` needs, for one view: the engine's ID of its content
     tag (None: not local) with the tags already on that image, the registry's digest of it (None:
-    absent, or no registry answers), or why the lookup failed."""
+    absent, or no registry answers) and whether that digest counts as smoke-tested
+    (:func:`builder.images.trust.tested`), or why the lookup failed."""
 
     local_id: str | None = None
     local_tags: tuple[str, ...] = ()
     registry_digest: str | None = None
+    registry_tested: bool = False
     error: str | None = None
 
 
@@ -158,6 +160,8 @@ class Decision:
     #: what the outcome says of the smoke test before any stage runs
     smoke: str = "skipped"
     error: str | None = None
+    #: a line to say before it runs (why it is built)
+    note: str | None = None
 
 
 def cache_ref(view: TargetView) -> str:
@@ -336,13 +340,16 @@ def index_plans(project: Project, views: Sequence[TargetView], options: Options)
 
 def decide(plan: ViewPlan, presence: Presence | None, options: Options) -> Decision:
     """What ``builder build`` does with a view, from what the lookups found (None: none made, as with
-    ``--rebuild``): reuse the local image (only its tags move), reuse the registry's (skip it;
-    pull it with ``pull``; move its tags in the registry with ``push``), or build it.
+    ``--rebuild``): reuse the local image (only its tags move), reuse the registry's when its digest
+    counts as smoke-tested (skip it; pull it with ``pull``; move its tags in the registry with
+    ``push``), or build it.
 
     Example:
         >>> p = make_plan(project, project.target("cpu").views()).views[0]
-        >>> decide(p, Presence(registry_digest="sha256:cd"), Options(push=True, sign=True)).stages
+        >>> decide(p, Presence(registry_digest="sha256:cd", registry_tested=True), Options(push=True, sign=True)).stages
         ('copy-tags', 'attest', 'record')
+        >>> decide(p, Presence(registry_digest="sha256:cd"), Options(push=True)).result  # found, never tested
+        'built'
         >>> decide(p, Presence(), Options()).result
         'built'
     """
@@ -353,6 +360,8 @@ def decide(plan: ViewPlan, presence: Presence | None, options: Options) -> Decis
     if presence.local_id is not None:
         return Decision("reused-local", (TAG, *publish_stages(options)), image_id=presence.local_id,
                         present=presence.local_tags, smoke="passed earlier")
+    if presence.registry_digest is not None and not presence.registry_tested:
+        return Decision("built", plan.stages, note=trust.untested_note(plan.content_tag, presence.registry_digest))
     if presence.registry_digest is not None:
         if options.pull:
             stages: tuple[str, ...] = (PULL, TAG, *publish_stages(options))

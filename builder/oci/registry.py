@@ -1,11 +1,12 @@
 """The OCI registry HTTP client: references, ping, credentials, manifest digests.
 
-Credentials come only from the environment (``BUILDER_REGISTRY_USER`` and
-``BUILDER_REGISTRY_PASSWORD``) or the Docker config (``docker login``); they are never
-printed or written anywhere. The environment's are the matrix registry's (:func:`use_for`): no
-other host gets them (the base's upstream, ``builder run``'s and ``builder verify``'s references,
-an old registry), while ``docker login`` credentials are per host already. A token service (the
-realm a registry names) gets them only over https, or http on loopback.
+Credentials come only from the builder's loopback registry (its own login, for its own port:
+:mod:`builder.oci.loopback`), the environment (``BUILDER_REGISTRY_USER`` and
+``BUILDER_REGISTRY_PASSWORD``) or the Docker config (``docker login``); they are never printed or
+written anywhere. The environment's are the matrix registry's (:func:`use_for`): no other host gets
+them (the base's upstream, ``builder run``'s and ``builder verify``'s references, an old registry),
+while ``docker login`` credentials are per host already. A token service (the realm a registry
+names) gets them only over https, or http on loopback.
 
 The requests are made by ``requests``: the ``Authorization`` header goes to the registry's own origin
 (scheme, host and port) alone, never with a request to a URL it names elsewhere (an upload location),
@@ -33,6 +34,7 @@ import requests
 
 from builder.config.errors import UserError
 from builder.config.urls import public
+from builder.oci import loopback
 from builder.oci.secrets import PASSWORD_ENV, SECRET_ENV, USER_ENV
 
 MANIFEST_TYPES = (
@@ -97,8 +99,11 @@ def use_for(registry: str) -> None:
 
 
 def credentials(host: str) -> dict[str, str] | None:
-    """Credentials for *host*: the environment's when *host* is the matrix registry's (:func:`use_for`),
-    else the Docker config's for *host*, else None."""
+    """Credentials for *host*: the login of the builder's registry on that loopback port
+    (:func:`builder.oci.loopback.login`), else the environment's when *host* is the matrix registry's
+    (:func:`use_for`), else the Docker config's for *host*, else None."""
+    if is_local(host) and (own := loopback.login(host)) is not None:
+        return own
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user and password and host == _matrix_host:
         return {"username": user, "password": password}
@@ -184,6 +189,16 @@ def ping(host: str, timeout: float = 3.0) -> bool:
     except (requests.RequestException, OSError):
         return False
     return status < 400 or status == 401
+
+
+def accepts(host: str, creds: dict[str, str] | None) -> bool:
+    """Whether the registry on *host* answers ``/v2/`` with 200 to *creds* (None: to a request without any);
+    a :class:`RegistryFault` when its token service fails."""
+    try:
+        status, _, _ = _request("GET", f"{_base_url(host)}/v2/", host, creds, {})
+    except UserError:
+        return False
+    return status == 200
 
 
 def token_realm(host: str, realm: str) -> str:

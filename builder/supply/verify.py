@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,29 @@ def verify(ref: str, key: SSlibKey, creds: dict[str, str] | None = None) -> list
         label = f" [{platform.get('os')}/{platform.get('architecture')}]"
         checks += _image(f"{r.name}@{entry['digest']}", key, creds, cosign.IMAGE_KINDS, label)
     return checks
+
+
+def signed(image: str, keys: Sequence[SSlibKey], creds: dict[str, str] | None = None) -> bool:
+    """Whether *image* (``<repository>@sha256:...``) carries a cosign signature by one of *keys* naming
+    its digest, as ``cosign verify`` checks it: what ``builder build`` trusts in a shared registry
+    (:mod:`builder.images.trust`). A registry that refuses or fails the reads counts as no signature."""
+    r = registry.Ref.parse(image)
+    if not r.digest:
+        return False
+    if creds is None:
+        creds = registry.credentials(r.host)
+    tag = artifacts.cosign_tag(r.digest, "sig")
+    try:
+        found = artifacts.get_manifest(f"{r.name}:{tag}", creds)
+    except (UserError, registry.RegistryFault):
+        return False
+    for key in keys:
+        try:
+            _check_sig(image, r.digest, tag, found, key, creds)
+            return True
+        except (_Failed, UserError, registry.RegistryFault):
+            continue
+    return False
 
 
 def _image(subject: str, key: SSlibKey, creds: dict[str, str] | None, kinds: tuple[str, ...],

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import run_builder
@@ -104,11 +106,13 @@ def test_the_base_pin_follows_the_content_not_what_the_engine_holds(tmp_path, en
     moves: no committed digest is compared); the same image ID shows the mirror held still."""
     from builder.oci.engine import image_store
     from devtools.dockerd import DockerdUnavailable, extra_dockerd
-    from devtools.support import fail_or_skip, start_registry, stop
+    from devtools.support import docker_login, fail_or_skip, registry_login, start_registry, stop
 
     first = base_pin(based_project)
     other = "classic" if image_store(engine.info()) == "containerd" else "containerd"
-    fresh, proc = start_registry(tmp_path / "fresh-registry")
+    user, password, htpasswd = registry_login(tmp_path / "fresh-registry")
+    fresh, proc = start_registry(tmp_path / "fresh-registry", htpasswd)
+    docker_login(Path(os.environ["DOCKER_CONFIG"]), fresh, user, password)  # the session's Docker config
     try:
         with extra_dockerd(tmp_path / "engine", "pb", store=other) as host:
             root = copy_project(tmp_path / "p")

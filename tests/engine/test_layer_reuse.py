@@ -15,7 +15,14 @@ from helpers import run_builder
 
 from builder.config.project import load_project
 from devtools.dockerd import extra_dockerd
-from devtools.support import edit_matrix, host_platform, registry_layers, registry_manifest, registry_of
+from devtools.support import (
+    auth_header,
+    edit_matrix,
+    host_platform,
+    registry_layers,
+    registry_manifest,
+    registry_of,
+)
 
 pytestmark = pytest.mark.engine  # containerd store only: see docs/testing.md (classic store: not reproducible)
 
@@ -24,7 +31,8 @@ EMPTY_LAYER = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ac
 
 
 def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=30) as response:
+    host = url.split("/")[2]
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_header(host)), timeout=30) as response:
         return json.loads(response.read())
 
 
@@ -37,7 +45,8 @@ def repo_layer_blobs(repository: str) -> set[str]:
              for digest in manifest_layers(f"{repository}:{tag}")}
     for tag in (t for t in tags if t.startswith("buildcache-")):
         request = urllib.request.Request(f"http://{host}/v2/{name}/manifests/{tag}",
-                                         headers={"Accept": "application/vnd.oci.image.index.v1+json"})
+                                         headers={"Accept": "application/vnd.oci.image.index.v1+json",
+                                                  **auth_header(host)})
         with urllib.request.urlopen(request, timeout=30) as response:
             blobs |= {m["digest"] for m in json.loads(response.read())["manifests"]
                       if "layer" in m["mediaType"]}

@@ -61,8 +61,9 @@ def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, regist
             assert engine.client.api.inspect_image(ref)["Architecture"] == arch
             made += [ref, image_id]
             digests[platform] = engine.push(ref)
-        index = oci.put_index(f"{repo}:app", list(digests.items()))
-        again = oci.put_index(f"{repo}:app", list(digests.items()))
+        creds = oci.credentials(registry)  # the session's docker login
+        index = oci.put_index(f"{repo}:app", list(digests.items()), creds)
+        again = oci.put_index(f"{repo}:app", list(digests.items()), creds)
         assert again == index, "the same images must give the same index digest"
 
         raw = _skopeo("inspect", "--raw", "--tls-verify=false", f"docker://{repo}:app")
@@ -73,7 +74,7 @@ def test_one_index_lists_each_platform_and_each_pull_gets_its_own(engine, regist
             arch = platform.split("/")[1]
             resolved = _skopeo("inspect", "--tls-verify=false", "--override-arch", arch, f"docker://{repo}:app")
             assert resolved["Architecture"] == arch and resolved["Digest"] == index  # the name resolves to the index
-            engine.client.api.pull(repo, tag="app", platform=platform)
+            engine.client.api.pull(repo, tag="app", platform=platform, auth_config=creds)
             made.append(f"{repo}:app")
             assert _file_of(engine, f"{repo}:app", platform) == f"{arch}\n"
     finally:

@@ -26,6 +26,7 @@ from helpers import (
 )
 
 from builder.oci import artifacts
+from builder.oci.registry import credentials
 from devtools.support import base_pin, copy_project, fail_or_skip
 
 pytestmark = [pytest.mark.engine, pytest.mark.podman, pytest.mark.slow]
@@ -69,7 +70,7 @@ def test_podman_builds_pushes_signs_and_runs_cpu_without_docker(podman_project, 
     digest = out["digest"]
     # The matrix's compression (zstd) on every layer, the base's too: podman < 4.7 reuses the base's gzip blob
     # the registry holds, and a mixed image breaks enroot 4.0-4.1.2; builder recompresses it after the push
-    found = artifacts.get_manifest(f"{repo}@{digest}")
+    found = artifacts.get_manifest(f"{repo}@{digest}", credentials(repo.split("/", 1)[0]))
     assert found is not None
     layers = json.loads(found[1])["layers"]
     assert all(layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+zstd" for layer in layers), layers
@@ -148,7 +149,7 @@ def test_podman_builds_nvidia_cu130_arm64_under_emulation_into_one_index_with_am
         listed = index_platforms(f"{repo}:nvidia-cu130")
         assert listed == {p: outs[p]["digest"] for p in (host, foreign)}
         for platform, digest in listed.items():
-            found = artifacts.get_manifest(f"{repo}@{digest}")
+            found = artifacts.get_manifest(f"{repo}@{digest}", credentials(repo.split("/", 1)[0]))
             assert found is not None
             types = {layer["mediaType"] for layer in json.loads(found[1])["layers"]}
             assert types == {"application/vnd.oci.image.layer.v1.tar+zstd"}, (platform, types)

@@ -64,7 +64,8 @@ def test_push_needs_credentials_and_then_digests_match(cpu_project, auth_registr
 
     refused = run_builder("push", "-t", "cpu", cwd=root, env=no_config)
     assert refused.returncode == 1
-    assert f"registry {host} refused the push" in refused.stderr and "docker login" in refused.stderr
+    assert f"registry {host} takes no request without a login, and the builder holds none for it: if it is " \
+           f"yours, docker login {host}" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
     creds = {"username": user, "password": password}
     assert manifest_digest(f"{registry}:latest-cpu", creds) is None, "the alias moved before the versioned tags"
@@ -129,7 +130,8 @@ def test_push_publishes_what_build_push_does(cpu_project, registry, engine, tmp_
         assert pushed.returncode == 0, pushed.stderr
         record = json.loads((root / "dist/published.json").read_text())["cpu"]
         assert record["content_tag"] == content_tag and content_tag in record["tags"]
-        assert manifest_digest(content_tag) == record["digest"] == manifest_digest(f"{repo}:cpu")
+        creds = oci.credentials(repo.split("/", 1)[0])  # the session's docker login
+        assert manifest_digest(content_tag, creds) == record["digest"] == manifest_digest(f"{repo}:cpu", creds)
         assert "cpu" not in changed_rows(root)
     finally:
         for ref in made:
@@ -182,13 +184,14 @@ def test_push_of_a_multi_platform_target_publishes_each_platform_and_the_index(
         assert pushed.returncode == 0, pushed.stdout + pushed.stderr
         assert "the content tag is not pushed" not in pushed.stdout + pushed.stderr
 
-        digests = {p: oci.manifest_digest(content[p]) for p in content}
+        creds = oci.credentials(registry)  # the session's docker login
+        digests = {p: oci.manifest_digest(content[p], creds) for p in content}
         assert all(digests.values()), digests
         records = json.loads((root / "dist/published.json").read_text())
         index = records["nvidia-cu130"]
         assert index["platforms"] == digests
         for ref in tags:
-            assert oci.manifest_digest(ref) == index["digest"], ref
+            assert oci.manifest_digest(ref, creds) == index["digest"], ref
         for platform, digest in digests.items():
             view = records[f"nvidia-cu130 ({platform})"]
             assert view["digest"] == digest and content[platform] in view["tags"]

@@ -80,10 +80,11 @@ def test_signed_push_of_cpu_passes_verify(cpu_project, signing_key):
     record = json.loads((cpu_project / "dist" / "published.json").read_text())["cpu"]
     digest, repo = record["digest"], registry_of(cpu_project)
     assert set(record["attachments"]) == {"sig", "sbom", "att"}
-    listed, _ = artifacts.referrers(f"{repo}@{digest}")
+    creds = registry.credentials(repo.split("/", 1)[0])  # the session's docker login
+    listed, _ = artifacts.referrers(f"{repo}@{digest}", creds)
     assert {d["digest"] for d in listed} >= set(record["attachments"].values())
     for suffix in ("sig", "att"):  # cosign's own tags
-        assert registry.manifest_digest(f"{repo}:sha256-{digest.removeprefix('sha256:')}.{suffix}")
+        assert registry.manifest_digest(f"{repo}:sha256-{digest.removeprefix('sha256:')}.{suffix}", creds)
     verify = run_builder("verify", f"{repo}:cpu", "--key", str(signing_key["public"]), cwd=cpu_project)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert [line.split(":")[0] for line in verify.stdout.splitlines()] == ["PASS sig", "PASS sbom", "PASS att"]
