@@ -247,22 +247,25 @@ def image_verdicts(images: Iterable[Mapping[str, Any]], records: Mapping[str, Re
 def stale_wheel_sources(cache: Iterable[Mapping[str, Any]], records: Mapping[str, Record], *, clone: str,
                         keep_days: float, now: float | None = None) -> list[Mapping[str, Any]]:
     """The wheel-context copies (``docker system df``'s build-cache records) that go: recorded as ours,
-    not in use, used by no other clone within *keep_days*, and superseded for *clone*: its last build
-    of that context name used other copies (by the records' times of use, which one build's copies
-    share; never BuildKit's own, which differ by milliseconds within one build).
+    not in use, used by no other clone within *keep_days*, and not *clone*'s current copy: one it never
+    used, or one its last build of that context name did not use (by the records' times of use, which
+    one build's copies share; never BuildKit's own, which differ by milliseconds within one build).
 
     Example:
         >>> def rec(i): return {"ID": i, "Type": "source.local", "InUse": False, "Description": "local source for wheels-torch"}
-        >>> mine = {"a": Record(clones={"/a": 9}), "b": Record(clones={"/a": 9}), "c": Record(clones={"/a": 5})}
-        >>> [r["ID"] for r in stale_wheel_sources([rec("a"), rec("b"), rec("c"), rec("d")], mine, clone="/a",
-        ...                                       keep_days=7, now=8 * 86400)]
-        ['c']
+        >>> mine = {"a": Record(clones={"/a": 9}), "b": Record(clones={"/a": 9}), "c": Record(clones={"/a": 5}),
+        ...         "e": Record(clones={"/b": 86400}), "f": Record(clones={"/b": 7.5 * 86400})}
+        >>> [r["ID"] for r in stale_wheel_sources([rec(i) for i in "abcdef"], mine, clone="/a",
+        ...                                       keep_days=1, now=8 * 86400)]
+        ['c', 'e']
     """
     ours = [r for r in cache if _is_wheel_source(r) and str(r.get("ID")) in records]
     last: dict[str, float] = {}
     for r in ours:
         if (when := records[str(r["ID"])].clones.get(clone)) is not None:
             last[r["Description"]] = max(last.get(r["Description"], when), when)
-    return [r for r in ours if not r.get("InUse") and r["Description"] in last
-            and records[str(r["ID"])].clones.get(clone, -1.0) < last[r["Description"]]
+    def current(r: Mapping[str, Any]) -> bool:
+        when = records[str(r["ID"])].clones.get(clone)
+        return when is not None and when >= last[r["Description"]]
+    return [r for r in ours if not r.get("InUse") and not current(r)
             and not records[str(r["ID"])].used_by_others(clone, keep_days, now)]
