@@ -90,23 +90,29 @@ def _cache(i: str, in_use: bool = False, desc: str = "local source for wheels-to
             "Size": 1}
 
 
-def test_a_wheel_context_copy_goes_only_when_ours_superseded_here_and_no_other_clone_uses_it():
-    """Superseded by the ledger's times of use (one build's copies share one: BuildKit keeps two of each
-    context name per clone), never by BuildKit's LastUsedAt."""
+def test_a_wheel_context_copy_goes_only_when_not_ours_current_and_no_other_clone_uses_it():
+    """A clone's current copy is the one its last build of that context name used (one build's copies
+    share one time of use: BuildKit keeps two of each context name per clone), never BuildKit's
+    LastUsedAt; a copy this clone never used goes once no other clone used it within --keep-days."""
     now = time.time()
     last, before = now - DAY, now - 2 * DAY
     records = {"a": Record(clones={"/a": last}), "a2": Record(clones={"/a": last}),  # this clone's last build: both
                "b": Record(clones={"/a": before}),                                # ours, superseded: goes
                "d": Record(clones={"/a": before}),                                # in use: never
-               "e": Record(clones={"/a": before, "/b": now}),                     # clone /b used it today
-               "f": Record(clones={"/a": before})}                                # the only one of its name
+               "e": Record(clones={"/a": before, "/b": now - 60}),                # clone /b used it a minute ago
+               "f": Record(clones={"/a": before})}                                # /a's only copy of its name
     cache = [_cache("a"), _cache("a2"), _cache("b"), _cache("c"), _cache("d", in_use=True), _cache("e"),
              _cache("f", desc="local source for wheels-common"), _cache("g", kind="regular")]
-    assert [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone="/a", keep_days=7)] == ["b"]
-    assert [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone="/a", keep_days=0)] == ["b", "e"]
-    assert owned.stale_wheel_sources(cache, records, clone="/new", keep_days=0) == []  # it used none of them
-    assert owned.stale_wheel_sources(cache, records, clone="/b", keep_days=7) == []  # /a's: used within 7 days
-    assert [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone="/b", keep_days=0)] == ["a", "a2", "b"]
+
+    def stale(clone, keep_days):
+        return [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone=clone, keep_days=keep_days, now=now)]
+
+    assert stale("/a", 7) == ["b"]
+    assert stale("/a", 0) == ["b", "e"]                   # /b's use is older than 0 days
+    assert stale("/new", 7) == []                         # others used each within 7 days
+    assert stale("/new", 0) == ["a", "a2", "b", "e", "f"]  # never /new's: only others used them
+    assert stale("/b", 7) == []
+    assert stale("/b", 0) == ["a", "a2", "b", "f"]        # e is /b's current copy of wheels-torch
 
 
 def test_which_recorded_images_go_and_why_the_others_stay(tmp_path):

@@ -103,7 +103,7 @@ def test_a_smoke_container_on_podman_is_as_on_docker_empty_tmpfs_and_variables_u
     base = base_pin(root)["reference"]
     engine = connect_podman()
     try:
-        engine.pull(base)
+        engine.pull(base, credentials(base.split("/", 1)[0]))  # the session's registry takes its login only
         script = ("ls -A /sys/devices/system/cpu | wc -l; touch /sys/devices/system/cpu/x 2>/dev/null || echo read-only;"
                   " echo ${LANG-unset} $A")
         status, out, _ = engine.run(base, ["sh", "-c", script], labels={}, timeout=120, network_mode="none",
