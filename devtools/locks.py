@@ -2,7 +2,7 @@
 ``images/<target>/requirements.<arch>.lock`` (its path: ``builder print``'s ``locks``).
 
 One ``name==version --hash=sha256:<hex>  # <file>[  from <index>]`` line per wheel under ``#`` header
-lines (the format ``builder lock`` writes: builder/images/lockfile.py). devtools imports nothing of
+lines (the format ``builder lock`` writes: builder/wheels/lockfile.py). devtools imports nothing of
 builder, so this reads the lines a user's script would.
 
 Example:

@@ -53,7 +53,7 @@ def index_platforms(ref: str) -> dict[str, str]:
 def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[str, Any]:
     """Pin src's base in dest as ``<registry>/base@...`` and copy it there from src's registry, byte for
     byte (same digest; a push from the classic store would re-encode its manifest)."""
-    from builder.images.base import copy_base
+    from builder.base.pin import copy_base
 
     source = base_pin(src)["reference"]  # the engine's own ID for it differs by image store
     lock = retarget_base_lock(src, dest, registry)
@@ -68,7 +68,8 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> Project:
     tag is ``127.0.0.1:1/fake:<unit>-0`` (no registry answers there: nothing is reused from one), and
     its build context ``wheels`` an empty folder of *folder*.
     """
-    from builder.images import build, content, layers, render, wheelhouse
+    from builder.images import build, content, render
+    from builder.wheels import layers, wheelhouse
 
     monkeypatch.setattr(build.base, "pin", lambda engine, project, *a, **k: project)
     monkeypatch.setattr(build, "ensure_base_present", lambda engine, project, platform, *a, **k: "base@sha256:0")
@@ -174,7 +175,7 @@ def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: 
     import json
     import tarfile
 
-    from builder.images.base import Rootfs, write_archive
+    from builder.base.pin import Rootfs, write_archive
 
     folder.mkdir()
     layer = folder / "layer.tar"
@@ -204,7 +205,7 @@ def fetch_wheels(files: Mapping[str, bytes | Path], clone: str | None = None, ho
     import tempfile
     from unittest import mock
 
-    from builder.images import wheelhouse
+    from builder.wheels import wheelhouse
 
     target = house or Path(os.environ.get("BUILDER_WHEELHOUSE") or tempfile.gettempdir())
     with tempfile.TemporaryDirectory(prefix=".fetched-", dir=target if link else None) as downloads, \

@@ -8,7 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from builder.config.project import load_project
-from builder.images import bake, content, layers, wheelhouse
+from builder.images import bake, content
+from builder.wheels import layers, wheelhouse
 from devtools.support import REPO
 
 

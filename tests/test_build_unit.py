@@ -23,7 +23,8 @@ from helpers import bare_build_project, fake_view
 from builder.config.errors import TargetFailed
 from builder.config.ownership import clone_id, run_token
 from builder.config.project import Project, Target, TargetView, load_project
-from builder.images import build, owned, publish
+from builder.gc import owned
+from builder.images import build, publish
 from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
@@ -167,7 +168,7 @@ def test_the_push_decision_pushes_the_content_tag_only_when_tested():
 
 @pytest.fixture(autouse=True)
 def private_state(tmp_path, monkeypatch):
-    """The ledgers the executor writes (builder.images.owned) and this run's lease: the test's own."""
+    """The ledgers the executor writes (builder.gc.owned) and this run's lease: the test's own."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
@@ -306,7 +307,7 @@ def test_a_build_runs_its_stages_in_order_and_records_once(tmp_path):
 
 
 def test_a_built_image_is_recorded_held_by_its_run_until_its_stages_end(tmp_path):
-    """builder.images.owned's ledger, as the executor writes it: held (this run's lease, and the target's
+    """builder.gc.owned's ledger, as the executor writes it: held (this run's lease, and the target's
     build hold) while the build and the smoke test run, released with its tags once tagged; a reused
     image is recorded too (how images built before the ledger are adopted)."""
     seen: list[tuple[list[str], set[str]]] = []

@@ -30,8 +30,8 @@ import pytest
 
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import load_project
-from builder.images.lockfile import Pin
 from builder.oci import secrets
+from builder.wheels.lockfile import Pin
 from devtools.support import copy_project, free_port, host_platform
 
 TOKEN = "tok3n-planted-40"
@@ -121,7 +121,7 @@ def test_pip_gets_the_index_login_in_a_private_file_and_no_secret(recorders, tmp
     """``pip config list`` and ``pip download`` (the real pip, started as the builder's own Python):
     the target's index, given with its login, is in neither's command line (before: ``--extra-index-url
     <url with login>``, which every local user reads in /proc)."""
-    from builder.images import resolve
+    from builder.wheels import resolve
 
     monkeypatch.setattr(sys, "executable", str(recorders.add("python", f'exec {sys.executable} "$@"',
                                                              tmp_path / "python")))
@@ -139,7 +139,7 @@ def test_pip_gets_the_index_login_in_a_private_file_and_no_secret(recorders, tmp
 def test_uv_gets_the_index_login_in_a_private_file_and_no_secret(recorders, tmp_path, monkeypatch):
     from uv import find_uv_bin
 
-    from builder.images import resolve
+    from builder.wheels import resolve
 
     monkeypatch.setattr(resolve, "find_uv_bin", lambda: str(recorders.add("uv", f'exec {find_uv_bin()} "$@"')))
     project = load_project(copy_project(tmp_path / "project") / "matrix.yaml")
@@ -179,7 +179,7 @@ def test_hadolint_gets_no_secret(recorders, tmp_path, monkeypatch):
 def test_mmdebstrap_gets_no_secret_and_the_mirror_without_its_login(recorders, tmp_path):
     """mmdebstrap (a recorder that fails: the real bootstrap is the slow test below) is given the mirror
     credential-free and SOURCE_DATE_EPOCH; the file holding the login is gone after."""
-    from builder.images import base
+    from builder.base import pin as base
 
     recorders.add("mmdebstrap")
     spec = load_project(copy_project(tmp_path / "project") / "matrix.yaml").matrix.base.bootstrap
@@ -200,7 +200,7 @@ def test_mmdebstrap_gets_no_secret_and_the_mirror_without_its_login(recorders, t
 
 def test_docker_registry_gets_nothing_of_the_users(recorders, tmp_path):
     """The loopback registry (a daemon that outlives the run) and its garbage-collect."""
-    from builder.images import gc
+    from builder.gc import stores as gc
     from builder.oci import localregistry
 
     recorders.add("docker-registry")

@@ -466,7 +466,7 @@ def test_a_redirect_within_the_registry_keeps_the_login(servers):
 def test_an_index_probe_redirected_elsewhere_gets_no_login(servers):
     """The probe of an index given with its login (is it reachable?) that redirects to another host:
     that host gets no login (before issue 40: urllib re-sent the Authorization built from the URL)."""
-    from builder.images import resolve
+    from builder.wheels import resolve
 
     elsewhere = servers(lambda method, path: (200, {}, b"<html></html>"), host="127.0.0.2")
     index = servers(lambda method, path: (302, {"Location": f"http://{elsewhere.address}/simple/"}, b""))
@@ -481,7 +481,7 @@ def test_the_mirror_login_goes_to_apt_in_a_file_never_on_mmdebstraps_command_lin
     """A mirror given with its login: mmdebstrap is given it without (its sources, and so the base's
     apt sources, name the mirror credential-free); the login goes to apt in an auth.conf file that a
     setup hook puts in the bootstrap's root and a customize hook removes before the tarball is packed."""
-    from builder.images import base
+    from builder.base import pin as base
 
     spec = load_project(copy_project(tmp_path / "project") / "matrix.yaml").matrix.base.bootstrap
     assert spec is not None
@@ -539,7 +539,7 @@ def test_a_real_bootstrap_from_a_mirror_with_a_login_publishes_no_login(tmp_path
     issue 40 the base's sources.list held ``http://ci:<token>@...``. 2 min 10 s here, beside other work."""
     import tarfile
 
-    from builder.images import base
+    from builder.base import pin as base
     from devtools.support import host_platform
 
     if shutil.which("mmdebstrap") is None:

@@ -1,4 +1,4 @@
-"""devtools/locks.py reads the hash locks as ``builder lock`` writes them (builder/images/lockfile.py):
+"""devtools/locks.py reads the hash locks as ``builder lock`` writes them (builder/wheels/lockfile.py):
 bench takes the wheels of a target from there, not from builder's internals."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.images import lockfile
+from builder.wheels import lockfile
 from devtools import locks
 from devtools.support import REPO
 

@@ -1,5 +1,5 @@
 """``builder gc``'s selection, without an engine: which wheels, staged folders, BuildKit records and
-recorded images go (builder.images.owned decides from records and docker's listings, here written
+recorded images go (builder.gc.owned decides from records and docker's listings, here written
 out; the loopback registry's blobs: tests/test_local_registry.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from helpers import fetch_wheels
 
 from builder.config.ownership import Record, run_token
 from builder.config.project import load_project
-from builder.images import gc, lockfile, owned, wheelhouse
+from builder.gc import owned
+from builder.gc import stores as gc
+from builder.wheels import lockfile, wheelhouse
 from devtools.support import copy_project
 
 DAY = 86400
@@ -116,7 +118,7 @@ def test_a_wheel_context_copy_goes_only_when_not_ours_current_and_no_other_clone
 
 
 def test_which_recorded_images_go_and_why_the_others_stay(tmp_path):
-    """builder.images.owned.verdict: only recorded images, never a current one, one a live run holds or
+    """builder.gc.owned.verdict: only recorded images, never a current one, one a live run holds or
     builds, one another clone used within --keep-days, one a container uses, one a file names by digest."""
     now = time.time()
     live = run_token()
@@ -261,8 +263,8 @@ def test_wheels_fetched_before_the_ledger_are_the_builder_s_only_where_it_can_pr
 
 HOLDER = """
 import json, sys
-from builder.images import wheelhouse
-from builder.images.lockfile import Pin
+from builder.wheels import wheelhouse
+from builder.wheels.lockfile import Pin
 folder = wheelhouse.build_context({"torch": [Pin(**p) for p in json.loads(sys.argv[2])]}, sys.argv[1])
 print(folder, flush=True)
 sys.stdin.readline()  # holds what it staged (its run lease) until told to end

@@ -8,8 +8,9 @@ import yaml
 from helpers import run_builder
 
 from builder.config.project import load_project
-from builder.images import content, layers, render
-from builder.images.lockfile import Pin
+from builder.images import content, render
+from builder.wheels import layers
+from builder.wheels.lockfile import Pin
 from devtools.support import edit_matrix
 
 

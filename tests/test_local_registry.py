@@ -22,7 +22,7 @@ import pytest
 
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
-from builder.images import gc
+from builder.gc import stores as gc
 from builder.oci import artifacts, localregistry, loopback, registry
 from devtools.support import (
     edit_matrix,

@@ -15,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from builder.images import base
+from builder.base import pin as base
 from builder.images.outcome import Outcome
 from builder.images.progress import Progress, heartbeat, summary_lines
 
@@ -172,7 +172,7 @@ def test_the_wheel_download_says_how_far_it_is(tmp_path: Path, capsys) -> None:
     import http.server
     import threading
 
-    from builder.images import resolve
+    from builder.wheels import resolve
 
     wheel = _wheel(tmp_path, 3_000_000)
     data = wheel.read_bytes()

@@ -24,7 +24,7 @@ import yaml
 
 from builder.config.errors import UserError
 from builder.config.project import load_project
-from builder.images import layers, lockfile, locks, resolve, wheelhouse
+from builder.wheels import layers, lockfile, locks, resolve, wheelhouse
 from devtools.support import edit_matrix
 
 

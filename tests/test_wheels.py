@@ -16,8 +16,8 @@ from helpers import fetch_wheels, run_builder
 
 from builder.config.errors import TargetFailed
 from builder.config.project import load_project
-from builder.images import lockfile, locks, resolve, wheelhouse
 from builder.oci.registry import Ref
+from builder.wheels import lockfile, locks, resolve, wheelhouse
 
 
 @pytest.fixture
@@ -557,7 +557,7 @@ def test_a_run_that_ends_holds_nothing_in_the_wheelhouse(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     house, _pins, layers = _staged_house(tmp_path, monkeypatch)
     wheelhouse.release()  # this process's own hold (it verified them)
-    stage = ("import json, sys; from builder.images import wheelhouse; from builder.images.lockfile import Pin; "
+    stage = ("import json, sys; from builder.wheels import wheelhouse; from builder.wheels.lockfile import Pin; "
              "print(wheelhouse.build_context({k: [Pin(**p) for p in v] for k, v in json.loads(sys.argv[1]).items()}))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     out = subprocess.run([sys.executable, "-c", stage, json.dumps({k: [vars(p) for p in v] for k, v in layers.items()})],

@@ -100,7 +100,7 @@ def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, 
     """What each of the builder's stores holds (``builder gc``'s measure), or None and why not."""
     try:
         from builder.config.project import load_project
-        from builder.images import gc
+        from builder.gc import stores as gc
         from builder.oci.engine import connect
 
         project = load_project(matrix_path, mapping_path, allow_unpinned=True)

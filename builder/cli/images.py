@@ -68,12 +68,12 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     Each target's content_tags give, per platform, the tag its image gets once built and
     smoke-tested: a digest of everything that goes into it (see builder/images/content.py); its
     layers, per platform, the layer plan: each layer's locked wheels, in install order (an empty
-    list until the platform is locked; see builder/images/layers.py); its plan, per platform, the
+    list until the platform is locked; see builder/wheels/layers.py); its plan, per platform, the
     build's plan (builder/images/plan.py): references, build arguments, contexts, cache, and the
     stages a plain build runs.
     """
-    from builder.images import layers
     from builder.images.plan import make_plan
+    from builder.wheels import layers
 
     data = project.resolved()
     if targets:
@@ -159,8 +159,8 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
     """
     import tempfile
 
+    from builder.base import pin as base
     from builder.config.baselock import read_base_lock
-    from builder.images import base
 
     spec = project.matrix.base.bootstrap
     wanted = list(platforms) or list(project.base_refs)
@@ -200,7 +200,7 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
 @platform_option
 def lock_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...]) -> None:
     """Resolve wheels on the host into the wheelhouse and write the hash locks, per platform."""
-    from builder.images import locks
+    from builder.wheels import locks
 
     failed = locks.lock_all(project, project.views(targets, platforms), click.echo)
     for name, error in failed.items():
@@ -463,7 +463,7 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
 
     Exits 1 when something listed could not be removed (a line says why).
     """
-    from builder.images import gc
+    from builder.gc import stores as gc
     from builder.oci.engine import connect
 
     engine = connect()

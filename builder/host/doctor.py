@@ -547,7 +547,7 @@ def run_checks(
 
 def store_checks(held: dict[str, tuple[int, str]] | None, why: str = "") -> list[Check]:
     """What each store of the builder's holds (bytes, where), as measured by the image build
-    (:func:`builder.images.gc.collect`, which the cli hands in: this layer never imports it).
+    (:func:`builder.gc.stores.collect`, which the cli hands in: this layer never imports it).
 
     Example:
         >>> store_checks({"wheelhouse": (3_100_000_000, "/home/u/.cache/ml-image-builder/wheels")})[0].line()

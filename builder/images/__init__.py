@@ -1,11 +1,10 @@
-"""Making the images: render, lint, lock, base, build, smoke-test, publish, bake.
+"""The pipeline: render, lint, build, smoke-test, publish, bake.
+
+The rooms beside it: the wheels (:mod:`builder.wheels`), the base (:mod:`builder.base`) and the
+clean-up (:mod:`builder.gc`).
 
 - ``render.py`` (``templates/`` -> ``images/<target>/Dockerfile``), ``lint.py`` (hadolint).
-- Locks: ``locks.py`` (``builder lock``: reuse or re-resolve each lock), ``lockfile.py`` (the
-  lock format), ``resolve.py`` (pip on the host for the image's platform, index probes),
-  ``wheelhouse.py`` (where wheels live, its ledger of which the builder fetched and verified,
-  and the per-layer folders a build mounts as its named contexts ``wheels-<layer>``).
-- ``base.py``: the reproducible, pinned base (mmdebstrap).
+- ``content.py``: content tags and build arguments.
 - ``plan.py`` (per target view: content tag, references, build request and the ordered
   stages; the pure reuse decision), ``execute.py`` (the executor: build -> smoke -> tag ->
   push -> attest -> record per view, on :class:`builder.oci.engine.Engine`; the build itself

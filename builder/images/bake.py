@@ -28,8 +28,8 @@ from typing import Any
 
 from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
-from builder.images import layers, locks, wheelhouse
 from builder.images.plan import ViewPlan, make_plan
+from builder.wheels import layers, locks, wheelhouse
 
 #: buildx rejects other characters in target and group names.
 BAKE_NAME = re.compile(r"[a-zA-Z0-9_-]+")

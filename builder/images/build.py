@@ -1,6 +1,6 @@
 """``builder build`` and ``builder push``: one pipeline, from the plan to the published index.
 
-One run: the base pinned (:func:`builder.images.base.pin`, the one place ``--update-base`` acts),
+One run: the base pinned (:func:`builder.base.pin.pin`, the one place ``--update-base`` acts),
 the locks and the rendered Dockerfiles (no wheel fetched), the plan, made once
 (:mod:`builder.images.plan`: per view its content tag, references, build request and stages), the
 lookups of what is already there (:func:`builder.images.execute.presence`) and a pure decision per
@@ -18,13 +18,16 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 
+from builder.base import pin as base
 from builder.config import files, platforms
 from builder.config.project import Project, TargetView
-from builder.images import base, gc, locks, render, trust
+from builder.gc import stores as gc
 from builder.images import plan as plans
+from builder.images import render, trust
 from builder.images.execute import UI, Attester, Executor, presence, push_decisions
 from builder.images.outcome import Outcome
 from builder.oci.engine import Engine
+from builder.wheels import locks
 
 __all__ = ["build_all", "ensure_base_present", "push_all", "registry_cache_supported", "run"]
 
@@ -40,7 +43,7 @@ def ensure_base_present(
 ) -> str:
     """*platform*'s pinned base must be local; bring it (pull, or bootstrap) if not; return its reference.
 
-    :func:`builder.images.base.pin` checked it can be had, so this pulls it; a registry that lost it
+    :func:`builder.base.pin.pin` checked it can be had, so this pulls it; a registry that lost it
     since is bootstrapped again, and a bootstrap that moves the pin fails the view (run again).
     """
     ref = project.base_for(platform)

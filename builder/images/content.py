@@ -3,7 +3,7 @@
 The digest covers the rendered Dockerfile, every file its ``COPY`` lines take from the build
 context (``runtime/``, ``examples/``: exactly what ``.dockerignore`` lets into the context,
 with their executable bits), the build arguments (the platform's base pin and every locked
-wheel, layer by layer: :mod:`builder.images.layers`) and the platform (each platform of a target has its own tag). Labels that change with every commit (revision, created) are applied at
+wheel, layer by layer: :mod:`builder.wheels.layers`) and the platform (each platform of a target has its own tag). Labels that change with every commit (revision, created) are applied at
 build time and are not part of it, so an unchanged target keeps its tag across commits.
 
 The tag ``<registry>:<target>-<12 hex>`` is applied and pushed only after the smoke test
@@ -27,7 +27,8 @@ from pathlib import Path
 from docker.utils.build import exclude_paths
 
 from builder.config.project import Project, TargetView
-from builder.images import layers, render
+from builder.images import render
+from builder.wheels import layers
 
 #: Hex digits of the digest in the tag (48 bits: collisions among one target's versions are not a concern).
 TAG_HEX = 12
@@ -62,7 +63,7 @@ def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[st
 
 def build_args(project: Project, view: TargetView) -> dict[str, str]:
     """The build arguments of a target view: its platform's base pin and each layer's wheels
-    from the platform's locks (:mod:`builder.images.layers`).
+    from the platform's locks (:mod:`builder.wheels.layers`).
 
     Example:
         >>> build_args(project, project.target("cpu").default_view)["WHEELS_TORCH"]  # doctest: +ELLIPSIS

@@ -40,12 +40,14 @@ from typing import Any, Protocol
 from builder.config.errors import TargetFailed, UserError
 from builder.config.ownership import clone_id, run_state, run_token
 from builder.config.project import Project, Target, TargetView
-from builder.images import owned, publish, smoke, trust, wheelhouse
+from builder.gc import owned
 from builder.images import plan as plans
+from builder.images import publish, smoke, trust
 from builder.images.outcome import Outcome
 from builder.oci import faults, localregistry, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
 from builder.oci.engine import Engine
+from builder.wheels import wheelhouse
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0
@@ -98,7 +100,7 @@ class _Run:
     present: tuple[str, ...] = ()
     record: dict[str, Any] | None = None
     recorded: bool = False
-    held: str | None = None  # the image this run holds in the images ledger (builder.images.owned)
+    held: str | None = None  # the image this run holds in the images ledger (builder.gc.owned)
 
 
 def presence(engine: Engine, views: Sequence[plans.ViewPlan],
@@ -220,7 +222,7 @@ def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[s
 def _stage_wheels(project: Project, plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
     """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse), or check
     those staged before; *say* gets a line for each folder replaced. This run holds them until
-    :func:`builder.images.gc.after_build`: no clean-up removes them while the engine reads them."""
+    :func:`builder.gc.stores.after_build`: no clean-up removes them while the engine reads them."""
 
     wheelhouse.build_context(plan.wheels, clone_id(project.root), say=say)
 
@@ -309,7 +311,7 @@ class Executor:
         out.size_bytes = self.engine.size(image_id)
 
     def _wheel_sources(self, contexts: Iterable[str]) -> dict[str, tuple[Any, Any]] | None:
-        """BuildKit's copies of the wheel *contexts* before a build (:func:`builder.images.owned.wheel_sources`);
+        """BuildKit's copies of the wheel *contexts* before a build (:func:`builder.gc.owned.wheel_sources`);
         None when the engine can't say."""
         try:
             return owned.wheel_sources(self.engine, contexts)

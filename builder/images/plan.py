@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.project import Project, Target, TargetView
-from builder.images import content, layers, trust, wheelhouse
-from builder.images.lockfile import Pin
+from builder.images import content, trust
 from builder.oci import buildkit, registry
 from builder.oci.secrets import GIT, child_env
+from builder.wheels import layers, wheelhouse
+from builder.wheels.lockfile import Pin
 
 BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
     "build", "smoke", "pull", "tag", "push", "copy-tags", "attest", "record", "index")
@@ -197,14 +198,14 @@ def image_refs(view: TargetView) -> list[str]:
 
 def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
     """The folder these layers' wheels are staged in, one folder per layer (nothing is written:
-    :func:`builder.images.wheelhouse.build_context` stages it)."""
+    :func:`builder.wheels.wheelhouse.build_context` stages it)."""
 
     return wheelhouse.context_folder(wheels)
 
 
 def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
     """The build's named contexts for these layers' wheels: ``wheels-<layer>`` each
-    (:func:`builder.images.layers.context_name`), that layer's folder of :func:`wheels_folder`.
+    (:func:`builder.wheels.layers.context_name`), that layer's folder of :func:`wheels_folder`.
 
     Example:
         >>> contexts = wheel_contexts({"tools": [], "cuda-dnn": []})
@@ -224,7 +225,7 @@ def request(
     """The build of one target view (or one stage of it), as data: what the executor builds and ``builder bake`` writes.
 
     *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time. *wheels*
-    (the view's :func:`builder.images.layers.context_layers`, when the caller has them) name the
+    (the view's :func:`builder.wheels.layers.context_layers`, when the caller has them) name the
     wheel contexts.
     """
 

@@ -18,7 +18,7 @@ from builder.config import grammar as g
 from builder.config.errors import UserError
 from builder.config.files import atomic_write
 from builder.config.project import Project, Target
-from builder.images import layers
+from builder.wheels import layers
 
 #: Files under images/<target>/ that render owns; anything else there (locks) is left alone.
 RENDERED = ("Dockerfile",)

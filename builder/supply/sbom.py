@@ -37,9 +37,9 @@ from packageurl import PackageURL
 from builder.config.baselock import read_base_lock
 from builder.config.errors import UserError
 from builder.config.project import Project, Target, TargetView
-from builder.images.lockfile import Pin, read_lock
-from builder.images.locks import shared_lock_path
 from builder.oci.registry import Ref
+from builder.wheels.lockfile import Pin, read_lock
+from builder.wheels.locks import shared_lock_path
 
 #: The in-image runtime's source folder (its pyproject.toml names the distribution).
 RUNTIME_DIR = "runtime"

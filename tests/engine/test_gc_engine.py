@@ -27,7 +27,9 @@ from helpers import fetch_wheels, run_builder
 
 from builder.config.ownership import clone_id
 from builder.config.project import load_project
-from builder.images import gc, lockfile, owned, wheelhouse
+from builder.gc import owned
+from builder.gc import stores as gc
+from builder.wheels import lockfile, wheelhouse
 from devtools.support import copy_project, edit_matrix
 
 pytestmark = pytest.mark.engine
@@ -285,7 +287,7 @@ def test_another_clones_image_and_wheel_copies_survive_gc_within_keep_days(engin
 def test_an_untagged_image_a_live_build_holds_stays_until_its_run_ends(engine, own_project, state, tmp_path,
                                                                        no_leftovers):
     """A build in clone B has exported its image, not yet tagged (it is smoke-testing it): the run holds
-    it in the ledger, recorded by the executor's own call (builder.images.owned.record_image). Clone A's
+    it in the ledger, recorded by the executor's own call (builder.gc.owned.record_image). Clone A's
     gc, even with ``--keep-days 0``, keeps it while B's run lives; after B's run is killed it goes."""
     a = own_project
     b = copy_project(tmp_path / "clone-b")

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from helpers import load_one_file_image, publish_base_to, run_builder
 
-from builder.images import wheelhouse
 from builder.oci import registry as oci
+from builder.wheels import wheelhouse
 from devtools.support import copy_project, host_platform, start_registry, stop
 
 pytestmark = pytest.mark.engine

@@ -23,8 +23,9 @@ import pytest
 from helpers import fetch_wheels, publish_base_to, run_builder
 
 from builder.config.ownership import run_token
-from builder.images import execute, lockfile, wheelhouse
+from builder.images import execute
 from builder.images.smoke import SMOKE_LABEL
+from builder.wheels import lockfile, wheelhouse
 from devtools.support import copy_project, edit_matrix, fail_or_skip, host_platform, registry_of
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -17,7 +17,7 @@ by a name, a label or an age; and what ``builder gc`` may remove of them.
   image stays: each clone's ``dist/published.json`` and ``base.lock.json``, and the launcher
   scripts ``builder slurm`` wrote (:data:`builder.config.ownership.REFERENCES`).
 
-:func:`image_verdicts` and :func:`stale_wheel_sources` decide (pure); :mod:`builder.images.gc` lists
+:func:`image_verdicts` and :func:`stale_wheel_sources` decide (pure); :mod:`builder.gc.stores` lists
 and removes, deciding again under the ledger's lock.
 
 Example:
@@ -42,7 +42,7 @@ from builder.config.project import Project
 from builder.config.state import state_dir
 from builder.oci.engine import Engine
 
-#: BuildKit's description of a wheel context's copy (:func:`builder.images.layers.context_name`).
+#: BuildKit's description of a wheel context's copy (:func:`builder.wheels.layers.context_name`).
 WHEEL_SOURCE = "local source for wheels-"
 #: The key of a build's hold on its target: while a live run holds it, no image of the target goes.
 BUILDING = "build:"

@@ -2,22 +2,22 @@
 
 Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
 
-- **wheelhouse** (:func:`builder.images.wheelhouse.location`): a wheel the builder fetched (its
-  ledger records it: :mod:`builder.images.wheelhouse`) that no lock under ``images/`` of this
+- **wheelhouse** (:func:`builder.wheels.wheelhouse.location`): a wheel the builder fetched (its
+  ledger records it: :mod:`builder.wheels.wheelhouse`) that no lock under ``images/`` of this
   checkout pins, no live build holds and no other clone used within ``keep_days`` (the wheelhouse is
   shared by every clone of the user, and beyond); one hard-linked from a staged folder that is kept
   stays too. A file the builder did not fetch (a note, another project's wheel) is never touched:
   the report says how many there are, once.
 - **contexts** (``<wheelhouse>/.contexts/<hash>``): a folder the builder staged (recorded) that is
-  no current target view's :func:`~builder.images.wheelhouse.context_folder`, that no live build
+  no current target view's :func:`~builder.wheels.wheelhouse.context_folder`, that no live build
   holds (a build holds what it staged until the engine is done with it) and no other clone used
   within ``keep_days``.
 - **build cache**: BuildKit's copies of the wheel contexts (``local source for wheels-<layer>``)
-  that the builder's builds made or used (:mod:`builder.images.owned` records them), that this
+  that the builder's builds made or used (:mod:`builder.gc.owned` records them), that this
   checkout's last build of that context did not use, and no other clone used within ``keep_days``.
   Pruned through ``docker buildx prune --filter id=...``, never by touching the engine's files;
   records in use are never pruned, nor any copy the builder did not record.
-- **images**: images the builder recorded (:mod:`builder.images.owned`: built, pulled, or reused
+- **images**: images the builder recorded (:mod:`builder.gc.owned`: built, pulled, or reused
   by a build) that carry no current tag of this checkout: their tags the builder gave go, and the
   image with them unless another name keeps it; never one a live build holds, one of a target a
   build is building, one another clone used within ``keep_days``, one a container uses, or one a
@@ -54,11 +54,12 @@ from typing import Any
 from builder.config.files import locked
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project, TargetView
-from builder.images import layers, lockfile, owned, wheelhouse
+from builder.gc import owned
 from builder.images.content import content_tags
 from builder.oci import localregistry, loopback, registry
 from builder.oci.engine import Engine
 from builder.oci.secrets import PLAIN, child_env
+from builder.wheels import layers, lockfile, wheelhouse
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
@@ -224,7 +225,7 @@ def _linked(folders: Iterable[Path]) -> set[tuple[int, int]]:
     return {(st.st_dev, st.st_ino) for p in folders for f in _files(p) if (st := f.lstat()).st_nlink > 1}
 
 
-# --- the engine: build cache and images (builder.images.owned records what is the builder's) ------
+# --- the engine: build cache and images (builder.gc.owned records what is the builder's) ------
 
 def _unique(image: Mapping[str, Any]) -> int:
     """An image's bytes no other image shares, as ``docker system df`` says (Size less SharedSize).
@@ -241,7 +242,7 @@ def current_refs(project: Project) -> set[str]:
 
 
 def digest_references(project: Project, records: Mapping[str, Record]) -> dict[str, str]:
-    """The files naming an image by digest (:func:`builder.images.owned.digest_references`): this
+    """The files naming an image by digest (:func:`builder.gc.owned.digest_references`): this
     checkout's, those of every clone the *records* name, and the launcher scripts the builder wrote."""
     roots = {project.root, *(Path(c) for r in records.values() for c in r.clones)}
     return owned.digest_references(sorted(roots), owned.recorded_scripts())
@@ -356,7 +357,7 @@ def _collect_files(found: Found, project: Project, keep_days: float, items: bool
 
 def _collect_engine(found: Found, engine: Engine, project: Project, keep_days: float, items: bool) -> None:
     """The engine's build cache and the images the builder recorded: what they hold, and (with
-    *items*) what goes (:mod:`builder.images.owned` decides)."""
+    *items*) what goes (:mod:`builder.gc.owned` decides)."""
     usage = engine.disk_usage()
     cache = usage.get("BuildCache") or []
     found.held["build cache"] = sum(int(r.get("Size") or 0) for r in cache if not r.get("Shared"))

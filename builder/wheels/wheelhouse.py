@@ -37,7 +37,7 @@ from builder.config.errors import TargetFailed, UserError
 from builder.config.files import atomic_write, locked
 from builder.config.ownership import Ledger, Record, run_token
 from builder.config.state import state_dir
-from builder.images.lockfile import Pin, wheel_name_problem
+from builder.wheels.lockfile import Pin, wheel_name_problem
 
 
 def location() -> Path:

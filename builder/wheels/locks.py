@@ -1,8 +1,8 @@
 """``builder lock``: each target's wheels resolved on the host into the wheelhouse, with hash locks.
 
-pip runs on the host (:mod:`builder.images.resolve`), resolving for the image's Python and
-platform, into the shared wheelhouse (:mod:`builder.images.wheelhouse`). Three locks result
-(format: :mod:`builder.images.lockfile`), per platform (``<arch>``: amd64, arm64):
+pip runs on the host (:mod:`builder.wheels.resolve`), resolving for the image's Python and
+platform, into the shared wheelhouse (:mod:`builder.wheels.wheelhouse`). Three locks result
+(format: :mod:`builder.wheels.lockfile`), per platform (``<arch>``: amd64, arm64):
 ``images/tools.<arch>.lock`` (the build-time installer), ``images/common.<arch>.lock`` (the
 shared layer) and ``images/<target>/requirements.<arch>.lock`` (torch and friends, pinned to
 agree with common).
@@ -33,10 +33,10 @@ from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.config.urls import public, redact
 from builder.config.wheelmap import index_env_var
-from builder.images.lockfile import Pin, ordered, read_lock, write_lock
-from builder.images.resolve import fetch_locked, index_reachable, resolve
-from builder.images.wheelhouse import location as wheelhouse_location
-from builder.images.wheelhouse import missing as missing_wheels
+from builder.wheels.lockfile import Pin, ordered, read_lock, write_lock
+from builder.wheels.resolve import fetch_locked, index_reachable, resolve
+from builder.wheels.wheelhouse import location as wheelhouse_location
+from builder.wheels.wheelhouse import missing as missing_wheels
 
 Say = Callable[[str], object]
 
@@ -258,7 +258,7 @@ def lock_all(
     """Lock tools, common and every target view, per platform; return {view's unit: error} for those that failed.
 
     ``fetch=False``: current locks are taken as they are, their wheels not fetched or checked.
-    A lock line that names a path rather than a wheel (:func:`builder.images.lockfile.read_lock`)
+    A lock line that names a path rather than a wheel (:func:`builder.wheels.lockfile.read_lock`)
     stops it before anything is resolved or fetched.
     """
     for path in dict.fromkeys([*(shared_lock_path(project, name, v.platform) for v in views for name in ("tools", "common")),

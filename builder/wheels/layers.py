@@ -28,8 +28,8 @@ from packaging.utils import canonicalize_name
 from builder.config.errors import UserError
 from builder.config.matrix import PACKAGES_LAYER, Matrix
 from builder.config.project import Project, TargetView
-from builder.images.lockfile import Pin, ordered, read_lock
-from builder.images.locks import shared_lock_path
+from builder.wheels.lockfile import Pin, ordered, read_lock
+from builder.wheels.locks import shared_lock_path
 
 
 @dataclass(frozen=True)

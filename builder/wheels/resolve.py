@@ -4,7 +4,7 @@ uv resolves with the host's pip sources (index, extra indexes, find-links, CA bu
 constraints; :func:`pip_sources`) behind the target's vendor index, with uv's ``first-index``
 strategy: a name the vendor index has never comes from another source. pip downloads exactly
 the resolved files by sha256, for the image's Python and every manylinux tag its glibc allows,
-into the wheelhouse (:mod:`builder.images.wheelhouse`).
+into the wheelhouse (:mod:`builder.wheels.wheelhouse`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from builder.config.errors import TargetFailed, UserError
 from builder.config.ownership import clone_id
 from builder.config.project import Project
 from builder.config.urls import public, redact
-from builder.images import wheelhouse
-from builder.images.lockfile import Pin, wheel_name_problem
 from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.registry import cause, fetch
 from builder.oci.secrets import PIP, UV, child_env
+from builder.wheels import wheelhouse
+from builder.wheels.lockfile import Pin, wheel_name_problem
 
 
 def platform_args(project: Project, platform: str) -> list[str]:
@@ -251,7 +251,7 @@ def _download_missing(project: Project, platform: str, house: Path, wanted: list
 
 def _checked_pins(project: Project, house: Path, wanted: list[tuple[Pin, str, int | None]]) -> list[Pin]:
     """The *wanted* pins, each wheel in the wheelhouse with its hash (one of the builder's that differs is
-    removed; :func:`builder.images.wheelhouse.missing`)."""
+    removed; :func:`builder.wheels.wheelhouse.missing`)."""
     pins = [pin for pin, _url, _size in wanted]
     for pin in pins:
         if not (house / pin.filename).exists():

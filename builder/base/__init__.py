@@ -1,0 +1,8 @@
+"""The base: the reproducible, pinned image every target starts from (mmdebstrap, or a pinned ``image:``).
+
+- ``pin.py``: getting the base (local, pulled, copied to a new registry, or bootstrapped and
+  pushed) and pinning it in ``base.lock.json`` (:mod:`builder.config.baselock`, the file's format).
+
+This package never imports the pipeline (:mod:`builder.images`), the wheels or the clean-up
+(``lint-imports`` checks it): the pipeline and ``builder base`` use it.
+"""
