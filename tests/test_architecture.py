@@ -21,7 +21,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_import_contracts_are_kept():
-    """cli > supply > images | cluster > host > oci > config; only cli imports click; ml_runtime imports
+    """cli > supply > images | cluster > gc > wheels | base > host > oci > config; only cli imports click; ml_runtime imports
     nothing of builder."""
     proc = _run(str(BIN / "lint-imports"), "--no-cache")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from builder.base import pin as base
+from builder.config.heartbeat import heartbeat
 from builder.images.outcome import Outcome
-from builder.images.progress import Progress, heartbeat, summary_lines
+from builder.images.progress import Progress, summary_lines
 
 DIGEST = "sha256:8e83bcc6d3788e4b44b072ffa1eb630698de81ea46319a9e0e" + "0" * 14
 TAGS = [f"registry.example:5443/team/ml-runtime:nvidia-cu130-{'a' * 12}",

@@ -36,10 +36,10 @@ from pathlib import Path
 from builder.config import platforms
 from builder.config.baselock import BaseLock, PinnedBase, read_base_lock, write_base_lock
 from builder.config.errors import UserError
+from builder.config.heartbeat import HEARTBEAT_S, heartbeat
 from builder.config.matrix import Bootstrap
 from builder.config.project import Project, pinned_base_refs, spec_hash
 from builder.config.urls import public
-from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
 from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local

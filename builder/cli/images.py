@@ -464,10 +464,11 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
     Exits 1 when something listed could not be removed (a line says why).
     """
     from builder.gc import stores as gc
+    from builder.images.content import current_refs
     from builder.oci.engine import connect
 
     engine = connect()
-    found = gc.collect(engine, project, keep_days=keep_days)
+    found = gc.collect(engine, project, keep_days=keep_days, current=current_refs(project))
     failed = [] if dry_run else gc.remove(engine, project, found, say=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(gc.as_json(found, dry_run))

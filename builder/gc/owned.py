@@ -32,6 +32,7 @@ import hashlib
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +189,7 @@ class Verdict:
         return str(self.image["Id"])
 
 
-def verdict(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: float, current: set[str],
+def verdict(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: float, current: AbstractSet[str],
             building: set[str], references: Mapping[str, str], now: float | None = None) -> Verdict | None:
     """What ``builder gc`` in *clone* does with a recorded image: None when it is current (one of its
     tags is one of this checkout's *current* tags) or nothing of it is the builder's to remove.

@@ -32,7 +32,7 @@ Deleting from the wheelhouse happens under its lock, decided again there, so a c
 never loses a file it is staging.
 
 Example:
-    >>> found = collect(connect(), project, keep_days=7)  # doctest: +SKIP
+    >>> found = collect(connect(), project, keep_days=7, current=current_refs(project))  # doctest: +SKIP
     >>> [f"{s.store}: {human(s.freed)}" for s in found.summary()]  # doctest: +SKIP
     ['wheelhouse: 1.2 GB', 'contexts: 0 B', 'build cache: 310 MB', 'images: 40 MB', 'registry: 0 B']
 """
@@ -47,6 +47,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,6 @@ from builder.config.files import locked
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project, TargetView
 from builder.gc import owned
-from builder.images.content import content_tags
 from builder.oci import localregistry, loopback, registry
 from builder.oci.engine import Engine
 from builder.oci.secrets import PLAIN, child_env
@@ -95,6 +95,8 @@ class Found:
     kept: list[Item] = field(default_factory=list)  # would go but can't (in use): said, not removed
     keep_days: float = KEEP_DAYS
     started: float = field(default_factory=time.time)  # when collect looked
+    #: the tags this checkout's views give an image now: an image carrying one stays
+    current: frozenset[str] = frozenset()
 
     def summary(self) -> list[Store]:
         return [Store(s, self.held.get(s, 0), sum(i.bytes for i in self.items if i.store == s),
@@ -235,12 +237,6 @@ def _unique(image: Mapping[str, Any]) -> int:
     return int(image.get("Size") or 0) - max(int(image.get("SharedSize") or 0), 0)
 
 
-def current_refs(project: Project) -> set[str]:
-    """Every tag this checkout's target views give an image now: content tags and local tags."""
-    views = all_views(project)
-    return set(content_tags(project, views).values()) | {ref for v in views for ref in v.local_refs}
-
-
 def digest_references(project: Project, records: Mapping[str, Record]) -> dict[str, str]:
     """The files naming an image by digest (:func:`builder.gc.owned.digest_references`): this
     checkout's, those of every clone the *records* name, and the launcher scripts the builder wrote."""
@@ -311,10 +307,14 @@ def collect_registry(folder: Path) -> str | None:
 # --- collect and remove -----------------------------------------------------------------------
 
 def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAYS,
-            items: bool = True) -> Found:
+            items: bool = True, current: AbstractSet[str] | None = None) -> Found:
     """What each store holds, and (with *items*) what goes; nothing is removed. Without an *engine*
-    the engine's stores are left out."""
-    found = Found(keep_days=keep_days)
+    the engine's stores are left out. *current*: every tag this checkout's views give an image now
+    (:func:`builder.images.content.current_refs`, which the caller hands in: the clean-up never
+    renders); needed for the images to go, so with an *engine* and *items*."""
+    if engine is not None and items and current is None:
+        raise TypeError("collect: the images that go are decided against the current tags: pass current=")
+    found = Found(keep_days=keep_days, current=frozenset(current or ()))
     _collect_files(found, project, keep_days, items)
     if engine is not None:
         _collect_engine(found, engine, project, keep_days, items)
@@ -372,7 +372,7 @@ def _collect_engine(found: Found, engine: Engine, project: Project, keep_days: f
     stale = owned.stale_wheel_sources(cache, owned.build_cache_ledger(engine).records(), clone=clone,
                                       keep_days=keep_days)
     found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", "")) for r in stale]
-    for v in owned.image_verdicts(images, records, clone=clone, keep_days=keep_days, current=current_refs(project),
+    for v in owned.image_verdicts(images, records, clone=clone, keep_days=keep_days, current=found.current,
                                   references=digest_references(project, records)):
         named = ", ".join(v.untag) or "untagged"
         if v.kept is not None:
@@ -427,7 +427,7 @@ def _remove_from_engine(engine: Engine, project: Project, found: Found) -> list[
                 failed.append(Item("build cache", rid, 0, why))
             else:
                 copies.pop(rid)
-    current, listed = current_refs(project), [i.name for i in found.items if i.store == "images"]
+    current, listed = found.current, [i.name for i in found.items if i.store == "images"]
     with owned.images_ledger(engine).editing() as records:
         # Decided again under the ledger's lock: since collect looked, a build may hold the image now,
         # or another clone have used it (their records wait for this lock).

@@ -125,3 +125,10 @@ def content_tags(
         digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
         tags[view.unit] = f"{view.primary_ref.rsplit(':', 1)[0]}:{view.name}-{digest[:TAG_HEX]}"
     return tags
+
+
+def current_refs(project: Project) -> set[str]:
+    """Every tag this checkout's target views give an image now: content tags and local tags
+    (what ``builder gc`` never removes an image under)."""
+    views = [v for t in project.targets for v in t.views()]
+    return set(content_tags(project, views).values()) | {ref for v in views for ref in v.local_refs}

@@ -28,10 +28,10 @@ from uv import find_uv_bin
 
 from builder.config import platforms
 from builder.config.errors import TargetFailed, UserError
+from builder.config.heartbeat import HEARTBEAT_S, heartbeat
 from builder.config.ownership import clone_id
 from builder.config.project import Project
 from builder.config.urls import public, redact
-from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.registry import cause, fetch
 from builder.oci.secrets import PIP, UV, child_env
 from builder.wheels import wheelhouse
