@@ -53,7 +53,7 @@ def index_platforms(ref: str) -> dict[str, str]:
 def publish_base_to(engine: Any, src: Path, dest: Path, registry: str) -> dict[str, Any]:
     """Pin src's base in dest as ``<registry>/base@...`` and copy it there from src's registry, byte for
     byte (same digest; a push from the classic store would re-encode its manifest)."""
-    from builder.base.pin import copy_base
+    from builder.base.blobs import copy_base
 
     source = base_pin(src)["reference"]  # the engine's own ID for it differs by image store
     lock = retarget_base_lock(src, dest, registry)
@@ -175,7 +175,7 @@ def load_one_file_image(engine: Any, folder: Path, arch: str, ref: str, labels: 
     import json
     import tarfile
 
-    from builder.base.pin import Rootfs, write_archive
+    from builder.base.bootstrap import Rootfs, write_archive
 
     folder.mkdir()
     layer = folder / "layer.tar"

@@ -179,7 +179,7 @@ def test_hadolint_gets_no_secret(recorders, tmp_path, monkeypatch):
 def test_mmdebstrap_gets_no_secret_and_the_mirror_without_its_login(recorders, tmp_path):
     """mmdebstrap (a recorder that fails: the real bootstrap is the slow test below) is given the mirror
     credential-free and SOURCE_DATE_EPOCH; the file holding the login is gone after."""
-    from builder.base import pin as base
+    from builder.base import bootstrap as base
 
     recorders.add("mmdebstrap")
     spec = load_project(copy_project(tmp_path / "project") / "matrix.yaml").matrix.base.bootstrap

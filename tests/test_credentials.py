@@ -481,7 +481,7 @@ def test_the_mirror_login_goes_to_apt_in_a_file_never_on_mmdebstraps_command_lin
     """A mirror given with its login: mmdebstrap is given it without (its sources, and so the base's
     apt sources, name the mirror credential-free); the login goes to apt in an auth.conf file that a
     setup hook puts in the bootstrap's root and a customize hook removes before the tarball is packed."""
-    from builder.base import pin as base
+    from builder.base import bootstrap as base
 
     spec = load_project(copy_project(tmp_path / "project") / "matrix.yaml").matrix.base.bootstrap
     assert spec is not None
@@ -539,7 +539,7 @@ def test_a_real_bootstrap_from_a_mirror_with_a_login_publishes_no_login(tmp_path
     issue 40 the base's sources.list held ``http://ci:<token>@...``. 2 min 10 s here, beside other work."""
     import tarfile
 
-    from builder.base import pin as base
+    from builder.base import bootstrap as base
     from devtools.support import host_platform
 
     if shutil.which("mmdebstrap") is None:

@@ -15,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from builder.base import pin as base
+from builder.base import bootstrap as base
 from builder.config.heartbeat import heartbeat
 from builder.images.outcome import Outcome
 from builder.images.progress import Progress, summary_lines

@@ -2,6 +2,9 @@
 
 - ``pin.py``: getting the base (local, pulled, copied to a new registry, or bootstrapped and
   pushed) and pinning it in ``base.lock.json`` (:mod:`builder.config.baselock`, the file's format).
+- ``bootstrap.py``: making it from Debian (mmdebstrap, its reproducible image config and archive),
+  with no engine or registry; ``blobs.py``: its bytes between the engine and the registry (pushed
+  from its own bytes, copied between registries, saved, loaded).
 
 This package never imports the pipeline (:mod:`builder.images`), the wheels or the clean-up
 (``lint-imports`` checks it): the pipeline and ``builder base`` use it.

@@ -159,7 +159,7 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
     """
     import tempfile
 
-    from builder.base import pin as base
+    from builder.base import bootstrap, pin
     from builder.config.baselock import read_base_lock
 
     spec = project.matrix.base.bootstrap
@@ -174,13 +174,13 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
             if pinned is None:
                 raise UserError(f"base.lock.json pins no base for {platform}; run 'builder base --platform {platform}'")
             with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-                image_id, rootfs = base.image_id_of(spec, Path(tmp), platform)
+                image_id, rootfs = bootstrap.image_id_of(spec, Path(tmp), platform)
             if image_id == pinned.image_id:
                 click.echo(f"{platform}: base.lock.json matches a fresh bootstrap ({image_id})")
                 continue
             drifted = True
             click.echo(f"{platform}: base drift: a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}")
-            for line in base.drift_report(pinned.packages, rootfs.packages):
+            for line in bootstrap.drift_report(pinned.packages, rootfs.packages):
                 click.echo(line)
         if drifted:
             click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
@@ -190,7 +190,7 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
 
     engine = connect()
     for platform in wanted:
-        pinned = base.ensure_base(engine, project, platform, update=update, say=click.echo)
+        pinned = pin.ensure_base(engine, project, platform, update=update, say=click.echo)
         click.echo(f"base {platform}: {pinned.reference} (image {pinned.image_id})")
 
 

@@ -71,7 +71,8 @@ def test_base_update_after_a_registry_change_re_pins_the_same_base(tmp_path, reg
 def test_a_load_the_engine_refuses_is_one_line_naming_it(engine, tmp_path):
     """The base's docker-archive, cut short: the engine's refusal is read out of the load (docker-py
     hands it back as a generator) and becomes one line naming what was loaded; nothing is tagged."""
-    from builder.base.pin import Rootfs, load_archive, write_archive
+    from builder.base.blobs import load_archive
+    from builder.base.bootstrap import Rootfs, write_archive
     from builder.config.errors import UserError
 
     layer = tmp_path / "layer.tar"

@@ -1,0 +1,210 @@
+"""Making the base from Debian: mmdebstrap writes a root file system tarball, and we write its image.
+
+With a fixed SOURCE_DATE_EPOCH the same packages give the same bytes. We then write the
+docker-archive ourselves, with a config whose ``created`` time is that epoch, so the image ID (the
+config's digest) is reproducible too (``docker import`` would stamp the current time). Nothing here
+needs an engine or a registry (:mod:`builder.base.blobs` moves the bytes, :mod:`builder.base.pin` pins them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+import shutil
+import subprocess
+import tarfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from builder.config import platforms
+from builder.config.errors import UserError
+from builder.config.heartbeat import HEARTBEAT_S, heartbeat
+from builder.config.matrix import Bootstrap
+from builder.config.urls import public
+from builder.oci.secrets import MMDEBSTRAP, child_env
+
+
+@dataclass(frozen=True)
+class Rootfs:
+    """A bootstrapped root file system tarball and what is inside."""
+
+    tarball: Path
+    diff_id: str
+    packages: dict[str, str]
+
+
+#: Where apt inside the bootstrap reads the mirror's login (apt_auth.conf(5)): put there by a setup hook
+#: from the builder's private folder, removed by a customize hook before the root file system is packed.
+AUTH_IN_ROOT = "etc/apt/auth.conf.d/90-builder-mirror.conf"
+
+
+def mirror_login(mirror: str) -> str | None:
+    """apt_auth.conf(5)'s entry for the login in *mirror* (``http://user:password@host/debian``); None without one.
+
+    The mirror goes to mmdebstrap, and so into the base's apt sources, without it (:func:`public`).
+
+    Example:
+        >>> mirror_login("http://ci:t%40k@mirror.example:8080/debian")
+        'machine http://mirror.example:8080/debian login ci password t@k\\n'
+        >>> mirror_login("http://deb.debian.org/debian") is None
+        True
+    """
+    parts = urllib.parse.urlsplit(mirror)
+    if parts.username is None:
+        return None
+    login, password = urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or "")
+    if any(c.isspace() for c in login + password):
+        raise UserError(f"base.bootstrap.mirror {public(mirror)}: its login holds white space, which apt's auth.conf "
+                        "cannot carry; use a login without it")
+    netloc = parts.netloc.rpartition("@")[2]
+    return f"machine {parts.scheme}://{netloc}{parts.path} login {login} password {password}\n"
+
+
+def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str, auth: Path | None = None) -> list[str]:
+    """The mmdebstrap command for a spec and platform (docs and man pages left out, copyright files kept).
+
+    A foreign architecture's maintainer scripts run under qemu (binfmt_misc), as in its containers.
+    The mirror is named without its login; *auth*, the file holding it (:func:`mirror_login`), is
+    apt's for the bootstrap alone.
+
+    Example:
+        >>> spec = project.matrix.base.bootstrap
+        >>> mmdebstrap_argv(spec, Path("/tmp/rootfs.tar"), "linux/arm64")[:4]
+        ['mmdebstrap', '--variant=minbase', '--arch=arm64', '--format=tar']
+    """
+    put = f'mkdir -p "$1/etc/apt/auth.conf.d" && install -m 0600 {shlex.quote(str(auth))} "$1/{AUTH_IN_ROOT}"'
+    hooks = [f"--setup-hook={put}", f'--customize-hook=rm "$1/{AUTH_IN_ROOT}"'] if auth else []
+    return [
+        "mmdebstrap",
+        f"--variant={spec.variant}",
+        f"--arch={platforms.arch(platform)}",
+        "--format=tar",
+        f"--include={','.join(spec.packages)}",
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        "--dpkgopt=path-exclude=/usr/share/info/*",
+        "--verbose",  # dpkg's lines: the heartbeat counts the packages
+        *hooks,
+        spec.suite,
+        str(output),
+        public(spec.mirror),
+    ]
+
+
+def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
+    """Run mmdebstrap into *workdir*; return the tarball, its digest and its package list."""
+    if shutil.which("mmdebstrap") is None:
+        raise UserError("mmdebstrap is not installed: apt-get install mmdebstrap (it makes the base)")
+    if (problem := platforms.emulation_problem(platform)) is not None:
+        raise UserError(f"bootstrapping the base: {problem}")
+    output = workdir / "rootfs.tar"
+    env = child_env(MMDEBSTRAP, {"SOURCE_DATE_EPOCH": str(spec.source_date_epoch)})
+    auth = None
+    if (login := mirror_login(spec.mirror)) is not None:
+        auth = workdir / "mirror-auth.conf"
+        auth.touch(mode=0o600)
+        auth.write_text(login)
+    try:
+        code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, output, platform, auth), env, platform)
+    finally:
+        if auth is not None:
+            auth.unlink()
+    if code != 0:
+        tail = " | ".join(stderr.strip().splitlines()[-3:])
+        raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {public(spec.mirror)}: {tail}")
+    digest = hashlib.sha256()
+    with output.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return Rootfs(output, f"sha256:{digest.hexdigest()}", _packages(output))
+
+
+def _run_mmdebstrap(argv: list[str], env: dict[str, str], platform: str,
+                    heartbeat_s: float = HEARTBEAT_S) -> tuple[int, str]:
+    """Run mmdebstrap, saying what it does every *heartbeat_s* seconds (minutes under qemu, silent
+    otherwise); return its exit code and output. ``--verbose`` prints dpkg's lines, which count the packages."""
+    started, lines, unpacked = time.monotonic(), [], [0]
+    stage = ["starting"]
+
+    def status() -> str:
+        return (f"bootstrapping {platform}: {unpacked[0]} packages unpacked, {stage[0]} "
+                f"({time.monotonic() - started:.0f} s)")
+
+    with heartbeat(status, heartbeat_s), subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("Unpacking "):
+                unpacked[0] += 1
+            elif line.startswith("I: "):
+                stage[0] = line[3:].strip().rstrip(".")
+        code = proc.wait()
+    return code, "".join(lines)
+
+
+def _packages(tarball: Path) -> dict[str, str]:
+    """Installed Debian packages and versions, read from the tarball's dpkg status."""
+    with tarfile.open(tarball) as tar:
+        member = tar.extractfile("./var/lib/dpkg/status")
+        text = member.read().decode() if member else ""
+    out = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if "Package" in fields and "installed" in fields.get("Status", ""):
+            out[fields["Package"]] = fields.get("Version", "")
+    return dict(sorted(out.items()))
+
+
+def image_config(rootfs: Rootfs, spec: Bootstrap, platform: str) -> bytes:
+    """The image config, serialised deterministically; its sha256 is the image ID."""
+    created = datetime.fromtimestamp(spec.source_date_epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    config = {
+        "architecture": platforms.arch(platform),
+        "os": "linux",
+        "created": created,
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
+            "Cmd": ["/bin/bash"],
+            "Labels": {"io.ml-image-builder.images.base": f"debian-{spec.suite}-{spec.variant}"},
+        },
+        "rootfs": {"type": "layers", "diff_ids": [rootfs.diff_id]},
+        "history": [{"created": created, "created_by": f"mmdebstrap {spec.suite} ({', '.join(spec.packages)})"}],
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_archive(rootfs: Rootfs, config: bytes, repo_tag: str, archive: Path) -> str:
+    """Write a docker-archive (``docker save`` layout) and return the image ID it loads as."""
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    layer_dir = rootfs.diff_id.split(":", 1)[1]
+    manifest = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [repo_tag],
+                            "Layers": [f"{layer_dir}/layer.tar"]}]).encode()
+    with tarfile.open(archive, "w") as tar:
+        for name, data in ((f"{image_id[7:]}.json", config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            tar.addfile(info, io.BytesIO(data))
+        tar.add(rootfs.tarball, arcname=f"{layer_dir}/layer.tar")
+    return image_id
+
+
+def image_id_of(spec: Bootstrap, workdir: Path, platform: str) -> tuple[str, Rootfs]:
+    """Bootstrap without an engine and compute the image ID it would load as."""
+    rootfs = bootstrap(spec, workdir, platform)
+    return "sha256:" + hashlib.sha256(image_config(rootfs, spec, platform)).hexdigest(), rootfs
+
+
+def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    """Package-by-package differences between the locked base and a fresh bootstrap."""
+    lines = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            lines.append(f"  {name}: {old.get(name, '(absent)')} -> {new.get(name, '(absent)')}")
+    return lines
