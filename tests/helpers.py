@@ -72,7 +72,7 @@ def bare_build_project(monkeypatch: Any, folder: Path) -> Project:
     from builder.wheels import layers, wheelhouse
 
     monkeypatch.setattr(build.base, "pin", lambda engine, project, *a, **k: project)
-    monkeypatch.setattr(build, "ensure_base_present", lambda engine, project, platform, *a, **k: "base@sha256:0")
+    monkeypatch.setattr(build.base, "get", lambda engine, project, platform, **k: "base@sha256:0")
     monkeypatch.setattr(build.locks, "lock_all", lambda *a, **k: {})
     monkeypatch.setattr(content, "content_tags",
                         lambda project, views, *a: {v.unit: f"127.0.0.1:1/fake:{v.unit}-0" for v in views})

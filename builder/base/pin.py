@@ -1,4 +1,6 @@
-"""``builder base``: get, push and pin the shared base every target starts from, per platform.
+"""Getting the shared base every target starts from, per platform: :func:`get` is the one way
+(``builder base``, ``builder build`` before planning and before each build); ``builder base --check``
+is :func:`check`.
 
 With ``bootstrap:``, the base is made (:mod:`builder.base.bootstrap`) and pushed from its own bytes
 (:mod:`builder.base.blobs`); with ``image:``, the pinned reference is pulled. The registry digest
@@ -12,9 +14,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from builder.base.blobs import base_tag, copy_base, gzip_layer, hold, make_image, push_base, saved_blobs
-from builder.base.bootstrap import Rootfs, drift_report, image_config
+from builder.base.bootstrap import Rootfs, drift_report, image_config, image_id_of
 from builder.config.baselock import BaseLock, PinnedBase, read_base_lock, write_base_lock
 from builder.config.errors import UserError
 from builder.config.heartbeat import heartbeat
@@ -24,31 +27,40 @@ from builder.oci.localregistry import ensure_local
 from builder.oci.registry import RegistryFault, credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers
 
+#: What a caller needs of a platform's base (:func:`get`).
+Need = Literal["pinned", "local", "published"]
 
-def _local_has(engine: Engine, pinned: PinnedBase) -> bool:
-    """The pinned base is local under its registry reference (both image stores name it so)."""
-    return pinned.reference in engine.repo_digests(pinned.reference)
+
+def local(engine: Engine, ref: str) -> bool:
+    """Whether the engine holds the base *ref* (``repo@sha256:...``, or an ``image:``'s reference): the one
+    test of "local" (both image stores find an image by the reference it was pulled or pushed as)."""
+    return engine.image(ref) is not None
 
 
 def _in_registry(ref: str) -> bool:
-    """The registry has *ref*; False when it has not, or does not answer (:func:`ensure_base` says why)."""
+    """The registry has *ref*; False when it has not, or does not answer (:func:`get` says why)."""
     try:
         return manifest_digest(ref, credentials(ref.split("/", 1)[0])) is not None
     except (RegistryFault, UserError):
         return False
 
 
-def pin(engine: Engine, project: Project, platforms_used: list[str], *, update: bool,
-        say: Callable[[str], object]) -> Project:
-    """*project* with each of *platforms_used* building FROM its pinned base, settled before anything is
-    planned (the base is in every content tag): base.lock.json's pin when that base can be had (local,
-    or in the registry: a build pulls it); else it is bootstrapped and pushed (:func:`ensure_base`),
-    re-pinned only with *update* (``--update-base``, the one place it acts) when the Debian mirror moved.
+def get(engine: Engine, project: Project, platform: str, *, need: Need, update: bool,
+        say: Callable[[str], object]) -> str:
+    """The reference *platform*'s builds start FROM, settled as far as *need* asks: the one way to the base.
 
-    A no-op asks the engine once per platform, and the registry only for a base not local.
+    - ``"pinned"`` (``builder build``, before anything is planned: the base is in every content tag):
+      base.lock.json's pin as it is when that base can be had (local, or in the registry: a build pulls
+      it). Asks the engine once, and the registry only for a base not local.
+    - ``"local"`` (a view about to build FROM it): that base in the engine.
+    - ``"published"`` (``builder base``): in the engine and in the matrix's registry, pinned there.
+
+    What *need* does not find is settled (:func:`_settle`): an ``image:`` is pulled; a locked base is moved
+    to a new registry, pushed where the registry lacks it, or pulled; else it is bootstrapped, pushed and
+    pinned, re-pinned only with *update* (``--update-base``, ``builder base --update``) when the Debian
+    mirror moved.
     """
-    refs = {}
-    for platform in platforms_used:
+    if need == "pinned":
         try:  # the pinned reference, or why there is none
             ref: str | None = pinned_base_refs(project.root, project.matrix, [platform], False,
                                                project.matrix_path.name)[platform]
@@ -56,21 +68,73 @@ def pin(engine: Engine, project: Project, platforms_used: list[str], *, update: 
             if not update or project.matrix.base.image is not None:
                 raise
             ref = None
-        if ref is not None and (project.matrix.base.image is not None or engine.image(ref) is not None
-                                or _in_registry(ref)):
-            refs[platform] = ref
-            continue
-        refs[platform] = ensure_base(engine, project, platform, update=update, say=say).reference
+        if ref is not None and (project.matrix.base.image is not None or local(engine, ref) or _in_registry(ref)):
+            return ref
+    elif need == "local":
+        ref = project.base_for(platform)
+        if local(engine, ref):
+            return ref
+        say(f"base {ref} ({platform}) is not local: fetching it")
+    return _settle(engine, project, platform, update=update, say=say).reference
+
+
+def pin(engine: Engine, project: Project, platforms_used: list[str], *, update: bool,
+        say: Callable[[str], object]) -> Project:
+    """*project* with each of *platforms_used* building FROM its pinned base (:func:`get`, ``"pinned"``)."""
+    refs = {p: get(engine, project, p, need="pinned", update=update, say=say) for p in platforms_used}
     return dataclasses.replace(project, base_refs={**project.base_refs, **refs})
 
 
-def ensure_base(
+def image_id(engine: Engine, project: Project, platform: str) -> str:
+    """The image ID of *platform*'s base as ``builder base`` reports it: base.lock.json's (the reproducible
+    config digest) for a bootstrapped base, the engine's for an ``image:`` (after :func:`get`)."""
+    if project.matrix.base.image is not None:
+        return engine.resolve([project.matrix.base.image])
+    lock = read_base_lock(project.root)
+    if lock is None or platform not in lock.platforms:
+        raise UserError(f"base.lock.json pins no base for {platform}; run 'builder base --platform {platform}'")
+    return lock.platforms[platform].image_id
+
+
+def check(project: Project, platforms_wanted: list[str], say: Callable[[str], object]) -> bool:
+    """``builder base --check``: bootstrap each platform's base afresh (no engine) and say whether
+    base.lock.json still pins it, package by package where not (:func:`_drift`); whether all match."""
+    spec, lock = project.matrix.base.bootstrap, read_base_lock(project.root)
+    if spec is None or lock is None:
+        raise UserError("base --check needs a bootstrap: spec and a base.lock.json; run 'builder base' first")
+    drifted = False
+    for platform in platforms_wanted:
+        pinned = lock.platforms.get(platform)
+        if pinned is None:
+            raise UserError(f"base.lock.json pins no base for {platform}; run 'builder base --platform {platform}'")
+        with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
+            fresh, rootfs = image_id_of(spec, Path(tmp), platform)
+        report = _drift(pinned, fresh, rootfs)
+        if report is None:
+            say(f"{platform}: base.lock.json matches a fresh bootstrap ({fresh})")
+            continue
+        drifted = True
+        say(f"{platform}: base drift: a fresh bootstrap is {fresh}, base.lock.json pins {pinned.image_id}")
+        for line in report:
+            say(line)
+    if drifted:
+        say("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
+    return not drifted
+
+
+def _drift(pinned: PinnedBase, fresh: str, rootfs: Rootfs) -> list[str] | None:
+    """How a fresh bootstrap (image ID *fresh*, *rootfs*) differs from the *pinned* base, package by
+    package; None when it is the pinned image (the Debian mirror did not move)."""
+    return None if fresh == pinned.image_id else drift_report(pinned.packages, rootfs.packages)
+
+
+def _settle(
     engine: Engine, project: Project, platform: str, *, update: bool, say: Callable[[str], object]
 ) -> PinnedBase:
-    """Make sure *platform*'s pinned base is local and in the registry; bootstrap it when needed."""
+    """*platform*'s pinned base local and in the registry, made when it can be had from nowhere (:func:`get`)."""
     matrix = project.matrix
     if matrix.base.image is not None:
-        if engine.image(matrix.base.image) is None:
+        if not local(engine, matrix.base.image):
             say(f"pulling {matrix.base.image} ({platform})")
             engine.pull(matrix.base.image, credentials(matrix.base.image.split("/", 1)[0]), platform=platform)
         return PinnedBase(reference=matrix.base.image, image_id=engine.resolve([matrix.base.image]))
@@ -98,7 +162,7 @@ def _locked(engine: Engine, project: Project, platform: str, lock: BaseLock, pin
         if moved is not None:
             write_base_lock(project.root, lock.with_platform(platform, moved))
             return moved
-    if _local_has(engine, pinned):
+    if local(engine, pinned.reference):
         _push_if_missing(engine, project, platform, pinned, say)
         return pinned
     try:
@@ -138,8 +202,7 @@ def _pin_bootstrapped(engine: Engine, project: Project, platform: str, lock: Bas
     """Push and pin a bootstrapped base (:func:`_bootstrap`'s second half)."""
     spec = project.matrix.base.bootstrap
     assert spec is not None
-    if pinned is not None and image_id != pinned.image_id:
-        report = drift_report(pinned.packages, rootfs.packages)
+    if pinned is not None and (report := _drift(pinned, image_id, rootfs)) is not None:
         lines = [f"base drift ({platform}): a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}",
                  "  (the Debian mirror moved since the lock was written)", *report]
         if not update:
@@ -165,7 +228,7 @@ def _move_to_registry(
     digest = copy_base(pinned.reference, project.base_repository, tag.rsplit(":", 1)[1])
     if digest is not None:
         hold(engine, f"{project.base_repository}@{digest}", platform)
-    elif _local_has(engine, pinned):
+    elif local(engine, pinned.reference):
         with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
             digest = push_base(engine, project, platform, *saved_blobs(engine, pinned.reference, Path(tmp)))
     if digest is None:

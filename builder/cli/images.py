@@ -157,41 +157,17 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
 
     Default: every platform a target lists (a foreign one bootstraps under qemu emulation).
     """
-    import tempfile
+    from builder.base import pin
 
-    from builder.base import bootstrap, pin
-    from builder.config.baselock import read_base_lock
-
-    spec = project.matrix.base.bootstrap
     wanted = list(platforms) or list(project.base_refs)
     if check:
-        lock = read_base_lock(project.root)
-        if spec is None or lock is None:
-            raise UserError("base --check needs a bootstrap: spec and a base.lock.json; run 'builder base' first")
-        drifted = False
-        for platform in wanted:
-            pinned = lock.platforms.get(platform)
-            if pinned is None:
-                raise UserError(f"base.lock.json pins no base for {platform}; run 'builder base --platform {platform}'")
-            with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
-                image_id, rootfs = bootstrap.image_id_of(spec, Path(tmp), platform)
-            if image_id == pinned.image_id:
-                click.echo(f"{platform}: base.lock.json matches a fresh bootstrap ({image_id})")
-                continue
-            drifted = True
-            click.echo(f"{platform}: base drift: a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}")
-            for line in bootstrap.drift_report(pinned.packages, rootfs.packages):
-                click.echo(line)
-        if drifted:
-            click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
-            sys.exit(1)
-        return
+        sys.exit(0 if pin.check(project, wanted, say=click.echo) else 1)
     from builder.oci.engine import connect
 
     engine = connect()
     for platform in wanted:
-        pinned = pin.ensure_base(engine, project, platform, update=update, say=click.echo)
-        click.echo(f"base {platform}: {pinned.reference} (image {pinned.image_id})")
+        reference = pin.get(engine, project, platform, need="published", update=update, say=click.echo)
+        click.echo(f"base {platform}: {reference} (image {pin.image_id(engine, project, platform)})")
 
 
 @click.command("lock")

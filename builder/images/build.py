@@ -1,6 +1,6 @@
 """``builder build`` and ``builder push``: one pipeline, from the plan to the published index.
 
-One run: the base pinned (:func:`builder.base.pin.pin`, the one place ``--update-base`` acts),
+One run: the base pinned (:func:`builder.base.pin.get`, the one place ``--update-base`` acts),
 the locks and the rendered Dockerfiles (no wheel fetched), the plan, made once
 (:mod:`builder.images.plan`: per view its content tag, references, build request and stages), the
 lookups of what is already there (:func:`builder.images.execute.presence`) and a pure decision per
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from builder.base import pin as base
 from builder.config import files, platforms
@@ -29,28 +29,13 @@ from builder.images.outcome import Outcome
 from builder.oci.engine import Engine
 from builder.wheels import locks
 
-__all__ = ["build_all", "ensure_base_present", "push_all", "registry_cache_supported", "run"]
+__all__ = ["build_all", "push_all", "registry_cache_supported", "run"]
 
 
 def registry_cache_supported(engine: Engine) -> bool:
     """Whether builds here can export a registry cache: the docker driver can with the containerd
     image store only; a builder the user selects (docker-container, remote, kubernetes) always can."""
     return bool(os.environ.get("BUILDX_BUILDER")) or engine.store() == "containerd"
-
-
-def ensure_base_present(
-    engine: Engine, project: Project, platform: str, say: Callable[[str], None], update: bool = False
-) -> str:
-    """*platform*'s pinned base must be local; bring it (pull, or bootstrap) if not; return its reference.
-
-    :func:`builder.base.pin.pin` checked it can be had, so this pulls it; a registry that lost it
-    since is bootstrapped again, and a bootstrap that moves the pin fails the view (run again).
-    """
-    ref = project.base_for(platform)
-    if engine.image(ref) is not None:
-        return ref
-    say(f"base {ref} ({platform}) is not local: fetching it")
-    return base.ensure_base(engine, project, platform, update=update, say=say).reference
 
 
 def build_all(
@@ -175,7 +160,8 @@ def _ready(engine: Engine, project: Project, ui: UI, buildable: list[plans.ViewP
     if failed_fetch and not keep_going:
         return [], outcomes
     for platform in dict.fromkeys(p.view.platform for p in buildable):
-        pinned = ensure_base_present(engine, project, platform, ui.say, update=update_base)
+        # base.pin checked it can be had, so this pulls it; a registry that lost it since is bootstrapped again
+        pinned = base.get(engine, project, platform, need="local", update=update_base, say=ui.say)
         if pinned != project.base_for(platform):  # the registry lost the base during this run
             errors = {p.unit: f"the {platform} base was re-pinned during this run ({pinned}): run it again"
                       for p in buildable if p.view.platform == platform}
