@@ -200,13 +200,12 @@ def test_mmdebstrap_gets_no_secret_and_the_mirror_without_its_login(recorders, t
 
 def test_docker_registry_gets_nothing_of_the_users(recorders, tmp_path):
     """The loopback registry (a daemon that outlives the run) and its garbage-collect."""
-    from builder.gc import stores as gc
     from builder.oci import localregistry
 
     recorders.add("docker-registry")
     with pytest.raises(UserError, match="did not start"):
         localregistry.ensure_local(f"127.0.0.1:{free_port()}")
-    gc.registry_garbage(tmp_path)
+    localregistry.unreferenced_blobs(tmp_path)
     records = recorders.records("docker-registry")
     assert [r.argv[0] for r in records] == ["serve", "garbage-collect"]
     _clean(records, "LANG")

@@ -164,7 +164,7 @@ def test_gc_collects_an_unreferenced_blob_and_starts_the_registry_again(project)
     and running again after (as it was)."""
     host, p = _registry_project(project)
     localregistry.ensure_local(host)
-    folder = gc.registry_folder(p)
+    folder = localregistry.own_folder(p.matrix.registry)
     assert folder is not None
     config, layer, orphan = _image(host, registry.credentials(host) or {})
     before = localregistry.running(folder)
@@ -189,7 +189,7 @@ def test_gc_leaves_the_blobs_of_a_registry_that_does_not_stop(project, monkeypat
     line and leaves every blob (on main it ran garbage-collect under the live registry anyway)."""
     host, p = _registry_project(project)
     localregistry.ensure_local(host)
-    folder = gc.registry_folder(p)
+    folder = localregistry.own_folder(p.matrix.registry)
     assert folder is not None
     _, _, orphan = _image(host, registry.credentials(host) or {})
     real = localregistry.running(folder)
@@ -224,7 +224,7 @@ def test_gc_never_stops_the_registry_under_another_runs_build(project):
     in one line; once that run is gone, gc collects (on main: stopped under the build)."""
     host, p = _registry_project(project)
     localregistry.ensure_local(host)
-    folder = gc.registry_folder(p)
+    folder = localregistry.own_folder(p.matrix.registry)
     assert folder is not None
     _, _, orphan = _image(host, registry.credentials(host) or {})
     pid = localregistry.running(folder)

@@ -42,9 +42,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -56,9 +53,8 @@ from builder.config.files import locked
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project, TargetView
 from builder.gc import owned
-from builder.oci import localregistry, loopback, registry
+from builder.oci import localregistry
 from builder.oci.engine import Engine
-from builder.oci.secrets import PLAIN, child_env
 from builder.wheels import layers, lockfile, wheelhouse
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
@@ -244,66 +240,6 @@ def digest_references(project: Project, records: Mapping[str, Record]) -> dict[s
     return owned.digest_references(sorted(roots), owned.recorded_scripts())
 
 
-# --- the local registry -----------------------------------------------------------------------
-
-def registry_folder(project: Project) -> Path | None:
-    """The loopback registry's folder (:func:`builder.oci.loopback.folder`), if the matrix uses one."""
-    host = registry.Ref.parse(project.matrix.registry).host
-    if not registry.is_local(host):
-        return None
-    folder = loopback.folder(host)
-    return folder if (folder / "config.yml").is_file() else None
-
-
-def _registry_binary() -> str | None:
-    return shutil.which("docker-registry")
-
-
-def registry_garbage(folder: Path) -> list[Item]:
-    """``garbage-collect --dry-run``: the blobs no manifest references, with their sizes."""
-    binary = _registry_binary()
-    if binary is None:
-        return []
-    proc = subprocess.run([binary, "garbage-collect", "--dry-run", str(folder / "config.yml")],
-                          capture_output=True, text=True, check=False, env=child_env(PLAIN))
-    blobs = folder / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"
-    items = []
-    for digest in sorted(set(re.findall(r"blob eligible for deletion: (sha256:[0-9a-f]{64})", proc.stdout + proc.stderr))):
-        data = blobs / digest[7:9] / digest[7:] / "data"
-        items.append(Item("registry", digest, data.stat().st_size if data.is_file() else 0))
-    return items
-
-
-def collect_registry(folder: Path) -> str | None:
-    """``garbage-collect`` the loopback registry of *folder*: with it stopped (its docs ask it stopped
-    or read-only), and started again when it ran. Returns why nothing was collected (another run
-    holds the registry, it did not stop, garbage-collect failed), or None.
-
-    Under the folder's lock, which a run that starts or checks the registry takes too: no run starts
-    pushing to it while it is stopped here.
-    """
-    binary = _registry_binary()
-    if binary is None:
-        return "docker-registry is not installed"
-    with locked(folder / ".lock"):
-        if localregistry.held_by_others(folder):
-            return "another build holds the registry (it pushes there): run builder gc when it is done"
-        pid = localregistry.running(folder)
-        if pid is not None and not localregistry.stop(pid):
-            return (f"the registry (pid {pid}) did not stop within {localregistry.STOP_S:.0f} s, and garbage-collect "
-                    "needs it stopped")
-        try:
-            proc = subprocess.run([binary, "garbage-collect", str(folder / "config.yml")], capture_output=True,
-                                  text=True, check=False, env=child_env(PLAIN))
-        finally:
-            if pid is not None:
-                localregistry.start(folder, f"127.0.0.1:{folder.name.removeprefix('registry-')}")
-        if proc.returncode != 0:
-            said = (proc.stderr or proc.stdout).strip().splitlines()
-            return f"docker-registry garbage-collect failed: {said[-1] if said else f'exit {proc.returncode}'}"
-    return None
-
-
 # --- collect and remove -----------------------------------------------------------------------
 
 def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAYS,
@@ -318,12 +254,12 @@ def collect(engine: Engine | None, project: Project, keep_days: float = KEEP_DAY
     _collect_files(found, project, keep_days, items)
     if engine is not None:
         _collect_engine(found, engine, project, keep_days, items)
-    folder = registry_folder(project)
+    folder = localregistry.own_folder(project.matrix.registry)
     if folder is not None:
         found.where["registry"] = str(folder / "data")
         found.held["registry"] = _held([folder / "data"]) if (folder / "data").is_dir() else 0
         if items:
-            found.items += registry_garbage(folder)
+            found.items += [Item("registry", digest, size) for digest, size in localregistry.unreferenced_blobs(folder)]
     return found
 
 
@@ -393,9 +329,9 @@ def remove(engine: Engine | None, project: Project, found: Found,
         forget_gone(engine, found.started)
     for item in failed:
         say(f"{item.store}: {item.name} not removed: {item.note}")
-    folder = registry_folder(project)
+    folder = localregistry.own_folder(project.matrix.registry)
     blobs = [i for i in found.items if i.store == "registry"]
-    if folder is not None and blobs and (why := collect_registry(folder)) is not None:
+    if folder is not None and blobs and (why := localregistry.collect_garbage(folder)) is not None:
         say(f"registry: {len(blobs)} unreferenced blobs left in {folder / 'data'}: {why}")
         failed += [Item("registry", i.name, 0, why) for i in blobs]
     return failed

@@ -13,12 +13,16 @@ an earlier builder started without a login is restarted with one (:func:`ensure_
 A run that starts or checks it for a push holds it (a run lease in the ``registry`` ledger,
 :class:`builder.config.ownership.Ledger`) until the run ends: ``builder gc`` never stops it under
 another run (:func:`held_by_others`), and stops and starts it under the folder's lock, which
-:func:`ensure_local` takes too.
+:func:`ensure_local` takes too (:func:`collect_garbage`).
+
+Its folder: ``config.yml`` (what :func:`start` writes), ``data/`` (the storage), ``registry.log``,
+``registry.pid``, the login (``password``, ``htpasswd``: :mod:`builder.oci.loopback`) and ``.lock``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,7 +33,7 @@ from builder.config.errors import UserError
 from builder.config.files import atomic_write, locked
 from builder.config.ownership import Ledger, run_state, run_token
 from builder.oci import loopback
-from builder.oci.registry import accepts, credentials, is_local, ping
+from builder.oci.registry import Ref, accepts, credentials, is_local, ping
 from builder.oci.secrets import PLAIN, child_env
 
 #: How long a registry gets to stop after SIGTERM.
@@ -170,3 +174,58 @@ def held_by_others(where: Path) -> bool:
     record = Ledger(LEDGER).records().get(str(where))
     me = run_token()
     return record is not None and any(r != me and run_state(r) != "gone" for r in record.runs)
+
+
+def own_folder(registry: str) -> Path | None:
+    """The folder of the builder's own registry that the matrix's *registry* (``host:port/repository``)
+    names, when it is a loopback one the builder started (its ``config.yml`` is there); else None."""
+    host = Ref.parse(registry).host
+    if not is_local(host):
+        return None
+    where = loopback.folder(host)
+    return where if (where / "config.yml").is_file() else None
+
+
+def unreferenced_blobs(where: Path) -> list[tuple[str, int]]:
+    """``garbage-collect --dry-run`` of the registry of *where*: (digest, bytes) of each blob no manifest
+    references; none when docker-registry is not installed."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        return []
+    proc = subprocess.run([binary, "garbage-collect", "--dry-run", str(where / "config.yml")],
+                          capture_output=True, text=True, check=False, env=child_env(PLAIN))
+    blobs = where / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256"  # the registry's own layout
+    found = []
+    for digest in sorted(set(re.findall(r"blob eligible for deletion: (sha256:[0-9a-f]{64})", proc.stdout + proc.stderr))):
+        data = blobs / digest[7:9] / digest[7:] / "data"
+        found.append((digest, data.stat().st_size if data.is_file() else 0))
+    return found
+
+
+def collect_garbage(where: Path) -> str | None:
+    """``garbage-collect`` the registry of *where*: with it stopped (its docs ask it stopped or
+    read-only), and started again when it ran. Returns why nothing was collected (another run holds
+    the registry, it did not stop, garbage-collect failed), or None.
+
+    Under the folder's lock, which a run that starts or checks the registry takes too: no run starts
+    pushing to it while it is stopped here.
+    """
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        return "docker-registry is not installed"
+    with locked(where / ".lock"):
+        if held_by_others(where):
+            return "another build holds the registry (it pushes there): run builder gc when it is done"
+        pid = running(where)
+        if pid is not None and not stop(pid):
+            return f"the registry (pid {pid}) did not stop within {STOP_S:.0f} s, and garbage-collect needs it stopped"
+        try:
+            proc = subprocess.run([binary, "garbage-collect", str(where / "config.yml")], capture_output=True,
+                                  text=True, check=False, env=child_env(PLAIN))
+        finally:
+            if pid is not None:
+                start(where, f"127.0.0.1:{where.name.removeprefix('registry-')}")
+        if proc.returncode != 0:
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            return f"docker-registry garbage-collect failed: {said[-1] if said else f'exit {proc.returncode}'}"
+    return None
