@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 from builder.base.bootstrap import Rootfs, bootstrap, image_config, write_archive
-from builder.config import platforms
+from builder.config import platforms, tags
 from builder.config.errors import UserError
 from builder.config.project import Project
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
@@ -29,7 +29,7 @@ from builder.oci.registry import credentials
 
 def base_tag(project: Project, platform: str) -> str:
     """The tag a platform's base is pushed under before it is pinned by digest: ``base:<suite>-<arch>``."""
-    return f"{project.base_repository}:{project.matrix.base.debian_suite}-{platforms.arch(platform)}"
+    return tags.base_tag(project.matrix.registry, project.matrix.base.debian_suite, platforms.arch(platform))
 
 
 #: The media types of the base's own manifest (OCI: every engine this project supports pulls it).
@@ -72,7 +72,7 @@ def push_base(engine: Engine, project: Project, platform: str, layer: bytes, con
     push_blob(repository, layer, creds)
     push_blob(repository, config, creds)
     tag = base_tag(project, platform)
-    digest = put_manifest(repository, tag.rsplit(":", 1)[1], base_manifest(layer, config), OCI_MANIFEST, creds)
+    digest = put_manifest(repository, tags.tag_of(tag), base_manifest(layer, config), OCI_MANIFEST, creds)
     hold(engine, f"{repository}@{digest}", platform)
     return digest
 

@@ -22,6 +22,7 @@ from builder.config.baselock import BaseLock, PinnedBase, read_base_lock, write_
 from builder.config.errors import UserError
 from builder.config.heartbeat import heartbeat
 from builder.config.project import Project, pinned_base_refs, spec_hash
+from builder.config.tags import tag_of
 from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import RegistryFault, credentials, manifest_digest
@@ -225,7 +226,7 @@ def _move_to_registry(
     pushed from the engine's copy) pinned in the new one; None when it can be had from neither (then it
     is bootstrapped)."""
     tag = base_tag(project, platform)
-    digest = copy_base(pinned.reference, project.base_repository, tag.rsplit(":", 1)[1])
+    digest = copy_base(pinned.reference, project.base_repository, tag_of(tag))
     if digest is not None:
         hold(engine, f"{project.base_repository}@{digest}", platform)
     elif local(engine, pinned.reference):

@@ -7,7 +7,7 @@
   ``errors.py`` (``UserError``: exit 2 with a fix; ``TargetFailed``: one target failed).
 - ``project.py``: the resolution: matrix + wheel mapping + base pin -> ``Target``\\ s (tags, labels,
   torch pin, index, device flags), and their ``TargetView``\\ s, one per platform (lock, arch, local tags);
-  ``baselock.py``: ``base.lock.json``.
+  ``baselock.py``: ``base.lock.json``; ``tags.py``: the tag scheme (every name the builder gives an image).
 - ``files.py``: atomic writes, lock files; ``heartbeat.py``: a line while a long step is silent; ``state.py``: the user's state folder (wheelhouse, local
   registry, leases and ledgers); ``ownership.py``: what the builder owns, by its own records: each run's lease (a lock held for the
   process's life) and the ledgers of what it made or fetched, which every clean-up reads.

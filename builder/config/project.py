@@ -25,6 +25,7 @@ from builder.config.baselock import LOCK_NAME, read_base_lock
 from builder.config.errors import UserError
 from builder.config.loaders import load_json, load_yaml
 from builder.config.matrix import PACKAGES_LAYER, SUITE_GLIBC, Matrix, TargetSpec
+from builder.config.tags import base_repository, base_tag, generated, is_alias, platform_tag
 from builder.config.urls import public
 from builder.config.validation import format_errors
 from builder.config.wheelmap import (
@@ -115,7 +116,7 @@ class Target:
     @property
     def alias_refs(self) -> list[str]:
         """Moving aliases (latest-<vendor>): pushed only after the versioned tags."""
-        return [r for r in self.refs if r.rsplit(":", 1)[1].startswith("latest-")]
+        return [r for r in self.refs if is_alias(r)]
 
     @property
     def run_flags(self) -> RunFlags:
@@ -162,7 +163,7 @@ class TargetView(Target):
             >>> project.target("nvidia-cu130").on("linux/arm64").platform_refs[0]
             'localhost:5000/ml-runtime:nvidia-cu130-arm64'
         """
-        return [f"{r}-{self.arch}" for r in self.refs] if len(self.platforms) > 1 else []
+        return [platform_tag(r, self.arch) for r in self.refs] if len(self.platforms) > 1 else []
 
     @property
     def local_refs(self) -> list[str]:
@@ -200,7 +201,7 @@ class Project:
 
     @property
     def base_repository(self) -> str:
-        return f"{self.matrix.registry}/base"
+        return base_repository(self.matrix.registry)
 
     @property
     def glibc(self) -> tuple[int, int]:
@@ -325,10 +326,10 @@ def _entry(mapping: WheelMapping, t: TargetSpec, where: str) -> tuple[str, Entry
 def _tags(t: TargetSpec, vendor: str, latest: bool, where: str) -> tuple[list[str], list[str]]:
     """The target's tags (the generated ones, then its own), and the problems of its own: one generated
     anyway (the entry would be ignored)."""
-    tags = [t.name, f"{t.name}-torch{t.torch}", *([f"latest-{vendor}"] if latest else [])]
+    made = generated(t.name, t.torch, vendor, latest=latest)
     problems = [f"{where}.tags: {x!r} is a generated tag of this target already; remove it"
-                for x in t.tags if x in tags]
-    return tags + [x for x in t.tags if x not in tags], problems
+                for x in t.tags if x in made]
+    return made + [x for x in t.tags if x not in made], problems
 
 
 def _label_problems(t: TargetSpec, where: str) -> list[str]:
@@ -426,16 +427,16 @@ def pinned_base_refs(root: Path, matrix: Matrix, platforms_used: Sequence[str], 
         pinned = lock.platforms.get(platform) if lock is not None else None
         if pinned is None:
             if allow_unpinned:
-                refs[platform] = f"{matrix.registry}/base:{base.debian_suite}-{platforms.arch(platform)}"
+                refs[platform] = base_tag(matrix.registry, base.debian_suite, platforms.arch(platform))
                 continue
             what = "missing" if lock is None else f"pins no base for {platform}"
             raise UserError(
                 f"{LOCK_NAME}: {what}; run 'builder base --platform {platform}' to bootstrap, push and pin it "
                 "(or pass --allow-unpinned to render against a floating tag)"
             )
-        if not pinned.reference.startswith(f"{matrix.registry}/base@"):
+        if not pinned.reference.startswith(f"{base_repository(matrix.registry)}@"):
             if allow_unpinned:  # builder base re-pins it in the new registry
-                refs[platform] = f"{matrix.registry}/base:{base.debian_suite}-{platforms.arch(platform)}"
+                refs[platform] = base_tag(matrix.registry, base.debian_suite, platforms.arch(platform))
                 continue
             raise UserError(
                 f"{LOCK_NAME}: platforms.{platform}.reference {pinned.reference!r} is not in registry "

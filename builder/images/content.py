@@ -6,7 +6,7 @@ with their executable bits), the build arguments (the platform's base pin and ev
 wheel, layer by layer: :mod:`builder.wheels.layers`) and the platform (each platform of a target has its own tag). Labels that change with every commit (revision, created) are applied at
 build time and are not part of it, so an unchanged target keeps its tag across commits.
 
-The tag ``<registry>:<target>-<12 hex>`` is applied and pushed only after the smoke test
+The tag ``<registry>:<target>-<12 hex>`` (:func:`builder.config.tags.content_tag`) is applied and pushed only after the smoke test
 passed, so its presence, locally or in the registry, is the proof that this exact content was
 built and tested: ``builder build`` then only moves the other tags.
 
@@ -26,12 +26,10 @@ from pathlib import Path
 
 from docker.utils.build import exclude_paths
 
+from builder.config import tags
 from builder.config.project import Project, TargetView
 from builder.images import render
 from builder.wheels import layers
-
-#: Hex digits of the digest in the tag (48 bits: collisions among one target's versions are not a concern).
-TAG_HEX = 12
 
 
 def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[str]:
@@ -108,7 +106,7 @@ def content_tags(
             hashes[rel] = [rel, hashlib.sha256(path.read_bytes()).hexdigest(), bool(path.stat().st_mode & 0o111)]
         return hashes[rel]
 
-    tags = {}
+    found = {}
     for view in views:
         dockerfile = rendered[root / view.dockerfile]
         args = build_args(project, view)
@@ -123,8 +121,8 @@ def content_tags(
             "emulated": not view.native,
         }
         digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
-        tags[view.unit] = f"{view.primary_ref.rsplit(':', 1)[0]}:{view.name}-{digest[:TAG_HEX]}"
-    return tags
+        found[view.unit] = tags.content_tag(tags.repository_of(view.primary_ref), view.name, digest)
+    return found
 
 
 def current_refs(project: Project) -> set[str]:

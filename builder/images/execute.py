@@ -40,6 +40,7 @@ from typing import Any, Protocol
 from builder.config.errors import TargetFailed, UserError
 from builder.config.ownership import clone_id, run_state, run_token
 from builder.config.project import Project, Target, TargetView
+from builder.config.tags import tag_of
 from builder.gc import owned
 from builder.images import plan as plans
 from builder.images import publish, smoke, trust
@@ -366,7 +367,7 @@ class Executor:
         owned.record_image(self.engine, self.project, image, run.plan.name, [*tested, *run.plan.local_refs])
         if out.size_bytes is None:
             out.size_bytes = self.engine.size(image)
-        out.tags = [r.rsplit(":", 1)[1] for r in run.plan.local_refs]
+        out.tags = [tag_of(r) for r in run.plan.local_refs]
 
     def _tag_ref(self, image: str, ref: str) -> None:
         """Tag; when another build tags the same name at the same moment, the containerd store refuses
@@ -407,11 +408,11 @@ class Executor:
             _up(source.host)
         creds = registry.credentials(source.host)
         for ref in plan.push_refs:  # from the digest found tested, never the tag (it may have moved since)
-            registry.copy_tag(f"{source.name}@{out.digest}", ref.rsplit(":", 1)[1], creds)
+            registry.copy_tag(f"{source.name}@{out.digest}", tag_of(ref), creds)
         run.record = {**publish.published(plan.view, None, out.digest or "", list(plan.push_refs)),
                       "content_tag": plan.content_tag, "result": out.result, "revision": None,
                       "current_revision": self.revision}
-        out.tags = [r.rsplit(":", 1)[1] for r in plan.push_refs]
+        out.tags = [tag_of(r) for r in plan.push_refs]
 
     def _attest(self, run: _Run) -> None:
         if self.attest is None or run.record is None:

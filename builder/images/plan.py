@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.project import Project, Target, TargetView
+from builder.config.tags import cache_tag, repository_of
 from builder.images import content, trust
 from builder.oci import buildkit, registry
 from builder.oci.secrets import GIT, child_env
@@ -172,7 +173,7 @@ def cache_ref(view: TargetView) -> str:
         >>> cache_ref(project.target("nvidia-cu130").on("linux/arm64"))
         'localhost:5000/ml-runtime:buildcache-nvidia-cu130-arm64'
     """
-    return f"{view.primary_ref.rsplit(':', 1)[0]}:buildcache-{view.name}-{view.arch}"
+    return cache_tag(repository_of(view.primary_ref), view.name, view.arch)
 
 
 def registry_cache_sink(view: TargetView) -> str:
