@@ -22,7 +22,7 @@ from builder.config.ownership import Record, run_token
 from builder.config.project import load_project
 from builder.gc import owned
 from builder.gc import stores as gc
-from builder.wheels import lockfile, wheelhouse
+from builder.wheels import contexts, lockfile, wheelhouse
 from devtools.support import copy_project
 
 DAY = 86400
@@ -58,7 +58,7 @@ def test_select_files_takes_only_the_builder_s_that_nothing_wants_holds_or_used_
     theirs.write_bytes(b"e")
     found = house / "f-1.0-py3-none-any.whl"  # verified against a lock, but found there: not fetched
     found.write_bytes(b"f")
-    records[found.name] = Record({"verified": [*wheelhouse._key(found.stat()), "f" * 64]}, long_ago, {one: long_ago})
+    records[found.name] = Record({"verified": [*wheelhouse.stat_key(found.stat()), "f" * 64]}, long_ago, {one: long_ago})
     (house / "NOTES.txt").write_text("ours, not the builder's")
     current, old = folder("1"), folder("3")
     other_clone = folder("2", **{two: time.time()})  # another clone staged it today
@@ -180,8 +180,8 @@ def test_after_build_removes_only_the_builder_s_unwanted_folders_no_other_clone_
     pin = lockfile.Pin("a", "1.0", hashlib.sha256(b"a").hexdigest(), "a-1.0-py3-none-any.whl")
     fetch_wheels({pin.filename: b"a"})
     this, other = str(project.resolve()), str(tmp_path / "other-clone")
-    mine = wheelhouse.build_context({"torch": [pin]}, this)  # staged by this checkout, no current view's
-    theirs = wheelhouse.build_context({"torch": [pin], "packages": []}, other)  # another clone's, staged now
+    mine = contexts.build_context({"torch": [pin]}, this)  # staged by this checkout, no current view's
+    theirs = contexts.build_context({"torch": [pin], "packages": []}, other)  # another clone's, staged now
     unrecorded = _mk(wheelhouse.location() / ".contexts" / ("8" * 32))
     wheelhouse.release()  # the engine is done with them
     gc.after_build(p)
@@ -263,9 +263,9 @@ def test_wheels_fetched_before_the_ledger_are_the_builder_s_only_where_it_can_pr
 
 HOLDER = """
 import json, sys
-from builder.wheels import wheelhouse
+from builder.wheels import contexts
 from builder.wheels.lockfile import Pin
-folder = wheelhouse.build_context({"torch": [Pin(**p) for p in json.loads(sys.argv[2])]}, sys.argv[1])
+folder = contexts.build_context({"torch": [Pin(**p) for p in json.loads(sys.argv[2])]}, sys.argv[1])
 print(folder, flush=True)
 sys.stdin.readline()  # holds what it staged (its run lease) until told to end
 """

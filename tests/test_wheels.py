@@ -17,7 +17,7 @@ from helpers import fetch_wheels, run_builder
 from builder.config.errors import TargetFailed
 from builder.config.project import load_project
 from builder.oci.registry import Ref
-from builder.wheels import lockfile, locks, resolve, wheelhouse
+from builder.wheels import contexts, lockfile, locks, resolve, wheelhouse
 
 
 @pytest.fixture
@@ -301,7 +301,7 @@ def test_the_build_context_holds_each_layer_s_wheels_and_nothing_else(tmp_path, 
     """One folder per layer, exactly its wheels and the marker (hard links: nothing re-hashed, nothing copied); the
     same wheels give the same folder."""
     house, pins, _layers = _staged_house(tmp_path, monkeypatch)  # verified and stamped at the download time
-    folder = wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []})
+    folder = contexts.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []})
     assert sorted(p.name for p in (folder / "torch").iterdir()) == ["LAYER", "b-1.0-py3-none-any.whl"]
     # a layer without wheels still gets a folder that is not empty (wheelhouse.MARKER says why)
     assert [p.name for p in (folder / "packages").iterdir()] == ["LAYER"]
@@ -310,7 +310,7 @@ def test_the_build_context_holds_each_layer_s_wheels_and_nothing_else(tmp_path, 
         assert (folder / layer / f"{name}-1.0-py3-none-any.whl").samefile(house / f"{name}-1.0-py3-none-any.whl")
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
-    assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}) == folder
+    assert contexts.build_context({"tools": [pins["a"]], "torch": [pins["b"]], "packages": []}) == folder
 
 
 def test_a_layer_s_folder_has_the_same_times_in_every_context_that_holds_it(tmp_path, monkeypatch):
@@ -318,9 +318,9 @@ def test_a_layer_s_folder_has_the_same_times_in_every_context_that_holds_it(tmp_
     gained a package staged a new context whose unchanged layers (tools, torch) had a new folder and marker time,
     and their layers missed the cache (cpu: 5 of 23 steps cached). The same wheels now give the same times."""
     _house, pins, _layers = _staged_house(tmp_path, monkeypatch)
-    first = wheelhouse.build_context({"tools": [pins["a"]], "torch": [], "packages": []})
+    first = contexts.build_context({"tools": [pins["a"]], "torch": [], "packages": []})
     time.sleep(0.02)
-    second = wheelhouse.build_context({"tools": [pins["a"]], "torch": [], "packages": [pins["b"]]})
+    second = contexts.build_context({"tools": [pins["a"]], "torch": [], "packages": [pins["b"]]})
     assert first != second
 
     def times(folder):
@@ -329,15 +329,15 @@ def test_a_layer_s_folder_has_the_same_times_in_every_context_that_holds_it(tmp_
     for layer in ("tools", "torch"):
         assert (first / layer).stat().st_mtime_ns == (second / layer).stat().st_mtime_ns
         assert times(first / layer) == times(second / layer)
-    assert (second / "packages" / "LAYER").stat().st_mtime == wheelhouse.FIXED_MTIME
+    assert (second / "packages" / "LAYER").stat().st_mtime == contexts.FIXED_MTIME
     # a folder staged before the times were fixed gets them when it is used again, its wheels untouched
     os.utime(first / "tools" / "LAYER", (1, 1))
     os.utime(first / "tools", (1, 1))
     wheel = (first / "tools" / pins["a"].filename).stat()
-    assert wheelhouse.build_context({"tools": [pins["a"]], "torch": [], "packages": []},
+    assert contexts.build_context({"tools": [pins["a"]], "torch": [], "packages": []},
                                     say=lambda s: pytest.fail(s)) == first
     assert times(first / "tools") == times(second / "tools")
-    assert (first / "tools").stat().st_mtime == wheelhouse.FIXED_MTIME
+    assert (first / "tools").stat().st_mtime == contexts.FIXED_MTIME
     assert (first / "tools" / pins["a"].filename).stat().st_mtime_ns == wheel.st_mtime_ns
 
 
@@ -383,11 +383,11 @@ def test_a_wheel_altered_in_place_with_its_mtime_reset_is_hashed_again(tmp_path,
 def test_staging_moves_no_stamp_so_nothing_is_hashed_again(tmp_path, monkeypatch):
     """A hard link moves its file's ctime: the stamps follow, or every build would re-hash torch."""
     _, pins, layers = _staged_house(tmp_path, monkeypatch)
-    folder = wheelhouse.build_context(layers, say=lambda s: pytest.fail(s))
-    wheelhouse.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s))  # more links
+    folder = contexts.build_context(layers, say=lambda s: pytest.fail(s))
+    contexts.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s))  # more links
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
-    assert wheelhouse.build_context(layers, say=lambda s: pytest.fail(s)) == folder
+    assert contexts.build_context(layers, say=lambda s: pytest.fail(s)) == folder
 
 
 @pytest.mark.parametrize("how", ["replaced, same size and mtime", "replaced", "extra file", "removed", "marker"])
@@ -395,7 +395,7 @@ def test_a_damaged_staged_folder_is_replaced_never_reused(tmp_path, monkeypatch,
     """A staged folder is used only if every file in it checks out; else a fresh one takes its place
     (the old removed), whose changed files have a size or mtime BuildKit has not synced yet."""
     house, pins, layers = _staged_house(tmp_path, monkeypatch)
-    folder = wheelhouse.build_context(layers)
+    folder = contexts.build_context(layers)
     staged = folder / "torch" / pins["b"].filename
     if how.startswith("replaced"):
         _alter(staged, in_place=False, keep_mtime="mtime" in how)
@@ -409,7 +409,7 @@ def test_a_damaged_staged_folder_is_replaced_never_reused(tmp_path, monkeypatch,
         staged.write_text("tools\n")
     old = staged.stat() if staged.exists() else None
     said: list[str] = []
-    assert wheelhouse.build_context(layers, say=said.append) == folder
+    assert contexts.build_context(layers, say=said.append) == folder
     assert len(said) == 1 and str(staged) in said[0] and "afresh" in said[0], said
     assert sorted(p.name for p in (folder / "torch").iterdir()) == ["LAYER", pins["b"].filename]
     assert (folder / "torch" / pins["b"].filename).samefile(house / pins["b"].filename)
@@ -419,14 +419,14 @@ def test_a_damaged_staged_folder_is_replaced_never_reused(tmp_path, monkeypatch,
         assert old is not None  # it was there before it was replaced
         assert (new.st_size, new.st_mtime_ns) != (old.st_size, old.st_mtime_ns), "BuildKit would keep its copy"
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name], "the old folder is left"
-    assert wheelhouse.build_context(layers, say=said.append) == folder and len(said) == 1  # now it checks out
+    assert contexts.build_context(layers, say=said.append) == folder and len(said) == 1  # now it checks out
 
 
 def test_a_staged_folder_of_a_wheel_fetched_again_is_replaced(tmp_path, monkeypatch):
     """The user's case: a wheel altered in place (its staged hard link with it) is fetched again; the
     staged folder still holds the altered inode, so it is replaced."""
     house, pins, layers = _staged_house(tmp_path, monkeypatch)
-    folder = wheelhouse.build_context(layers)
+    folder = contexts.build_context(layers)
     path = house / pins["a"].filename
     good = path.read_bytes()
     _alter(path, in_place=True, keep_mtime=False)
@@ -434,7 +434,7 @@ def test_a_staged_folder_of_a_wheel_fetched_again_is_replaced(tmp_path, monkeypa
     fetch_wheels({path.name: good})
     assert wheelhouse.missing(list(pins.values())) == []
     said: list[str] = []
-    wheelhouse.build_context(layers, say=said.append)
+    contexts.build_context(layers, say=said.append)
     assert len(said) == 1 and pins["a"].filename in said[0]
     assert (folder / "tools" / path.name).read_bytes() == good
 
@@ -443,7 +443,7 @@ def test_a_wheel_altered_after_its_fetch_fails_the_staging_with_its_name(tmp_pat
     house, pins, layers = _staged_house(tmp_path, monkeypatch)
     _alter(house / pins["b"].filename, in_place=True)
     with pytest.raises(TargetFailed, match=re.escape(pins["b"].filename) + ".*run the build again"):
-        wheelhouse.build_context(layers)
+        contexts.build_context(layers)
     assert not (house / pins["b"].filename).exists()
 
 
@@ -455,14 +455,14 @@ def test_copies_across_file_systems_carry_their_own_stamps(tmp_path, monkeypatch
         raise OSError(18, "Invalid cross-device link")
 
     monkeypatch.setattr(os, "link", no_link)
-    folder = wheelhouse.build_context(layers)
+    folder = contexts.build_context(layers)
     copy = folder / "torch" / pins["b"].filename
     assert not copy.samefile(house / pins["b"].filename)
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
-    assert wheelhouse.build_context(layers, say=lambda s: pytest.fail(s)) == folder
+    assert contexts.build_context(layers, say=lambda s: pytest.fail(s)) == folder
     _alter(copy, in_place=True)
     said: list[str] = []
-    wheelhouse.build_context(layers, say=said.append)
+    contexts.build_context(layers, say=said.append)
     assert len(said) == 1 and str(copy) in said[0]
     assert copy.read_bytes() == (house / pins["b"].filename).read_bytes()
 
@@ -473,7 +473,7 @@ def test_a_killed_run_s_staging_folders_and_temporary_files_are_removed(tmp_path
     (house / ".contexts" / ".staging-x1y2z3" / "torch" / "LAYER").write_text("torch\n")
     (house / f".{wheelhouse.LEDGER}.k2j3h4g5.tmp").write_text('{"half": [')
     (house / ".staging-a-1.0-py3-none-any.whl").write_bytes(b"half a copy")
-    folder = wheelhouse.build_context(layers)
+    folder = contexts.build_context(layers)
     assert sorted(p.name for p in (house / ".contexts").iterdir()) == [folder.name]
     assert sorted(p.name for p in house.glob(".*")) == [".contexts", ".ledger.json", ".lock"]
 
@@ -494,13 +494,13 @@ def test_removing_a_staged_folder_keeps_the_stamps_of_its_wheels(tmp_path, monke
     """``builder gc`` removes a folder no lock references: the unlink moves its wheels' ctimes, the
     stamps follow, so no build hashes them again."""
     _, pins, layers = _staged_house(tmp_path, monkeypatch)
-    kept = wheelhouse.build_context({"torch": [pins["a"], pins["b"]]})
-    gone = wheelhouse.build_context(layers)
-    wheelhouse.remove_context(gone)
+    kept = contexts.build_context({"torch": [pins["a"], pins["b"]]})
+    gone = contexts.build_context(layers)
+    contexts.remove_context(gone)
     assert not gone.exists() and kept.exists()
     monkeypatch.setattr(wheelhouse, "sha256_file", lambda path: pytest.fail(f"{path} hashed again"))
     assert wheelhouse.missing(list(pins.values())) == []
-    assert wheelhouse.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s)) == kept
+    assert contexts.build_context({"torch": [pins["a"], pins["b"]]}, say=lambda s: pytest.fail(s)) == kept
 
 
 @pytest.mark.parametrize("how", ["../ up to /", "absolute"])
@@ -541,7 +541,7 @@ def test_a_file_the_builder_did_not_fetch_is_used_if_it_matches_and_never_remove
     (house / good.filename).write_bytes(b"a" * 100)  # theirs, the same bytes as the lock's
     (house / other.filename).write_bytes(b"their own b")  # theirs, other bytes
     assert wheelhouse.missing([good]) == []
-    assert wheelhouse.build_context({"torch": [good]}).joinpath("torch", good.filename).samefile(house / good.filename)
+    assert contexts.build_context({"torch": [good]}).joinpath("torch", good.filename).samefile(house / good.filename)
     with pytest.raises(TargetFailed, match=re.escape(f"{house / other.filename} is not the locked wheel") +
                        ".*not a file the builder fetched.*BUILDER_WHEELHOUSE"):
         wheelhouse.missing([other])
@@ -557,8 +557,8 @@ def test_a_run_that_ends_holds_nothing_in_the_wheelhouse(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     house, _pins, layers = _staged_house(tmp_path, monkeypatch)
     wheelhouse.release()  # this process's own hold (it verified them)
-    stage = ("import json, sys; from builder.wheels import wheelhouse; from builder.wheels.lockfile import Pin; "
-             "print(wheelhouse.build_context({k: [Pin(**p) for p in v] for k, v in json.loads(sys.argv[1]).items()}))")
+    stage = ("import json, sys; from builder.wheels import contexts; from builder.wheels.lockfile import Pin; "
+             "print(contexts.build_context({k: [Pin(**p) for p in v] for k, v in json.loads(sys.argv[1]).items()}))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     out = subprocess.run([sys.executable, "-c", stage, json.dumps({k: [vars(p) for p in v] for k, v in layers.items()})],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()

@@ -9,7 +9,7 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   stays too. A file the builder did not fetch (a note, another project's wheel) is never touched:
   the report says how many there are, once.
 - **contexts** (``<wheelhouse>/.contexts/<hash>``): a folder the builder staged (recorded) that is
-  no current target view's :func:`~builder.wheels.wheelhouse.context_folder`, that no live build
+  no current target view's :func:`~builder.wheels.contexts.context_folder`, that no live build
   holds (a build holds what it staged until the engine is done with it) and no other clone used
   within ``keep_days``.
 - **build cache**: BuildKit's copies of the wheel contexts (``local source for wheels-<layer>``)
@@ -55,7 +55,7 @@ from builder.config.project import Project, TargetView
 from builder.gc import owned
 from builder.oci import localregistry
 from builder.oci.engine import Engine
-from builder.wheels import layers, lockfile, wheelhouse
+from builder.wheels import contexts, layers, lockfile, wheelhouse
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
@@ -129,9 +129,9 @@ def referenced_wheels(project: Project) -> set[str]:
 
 
 def current_contexts(project: Project, views: Iterable[TargetView] | None = None) -> set[str]:
-    """The names of the staged folders the current locks give (:func:`wheelhouse.context_folder`)."""
+    """The names of the staged folders the current locks give (:func:`builder.wheels.contexts.context_folder`)."""
 
-    return {wheelhouse.context_folder(layers.context_layers(project, v)).name
+    return {contexts.context_folder(layers.context_layers(project, v)).name
             for v in (all_views(project) if views is None else views)}
 
 
@@ -267,10 +267,10 @@ def _collect_files(found: Found, project: Project, keep_days: float, items: bool
     """The wheelhouse and the staged folders: what they hold, and (with *items*) what goes, what a live
     build keeps, and how many files and folders there are not the builder's (said once per store)."""
     house = wheelhouse.location()
-    contexts = house / wheelhouse.CONTEXTS
-    found.where |= {"wheelhouse": str(house), "contexts": str(contexts)}
+    staged = house / wheelhouse.CONTEXTS
+    found.where |= {"wheelhouse": str(house), "contexts": str(staged)}
     found.held["wheelhouse"] = _held(p for p in house.iterdir() if p.is_file() and not p.name.startswith("."))
-    found.held["contexts"] = freed_bytes([contexts]) if contexts.is_dir() else 0  # not linked from the wheelhouse
+    found.held["contexts"] = freed_bytes([staged]) if staged.is_dir() else 0  # not linked from the wheelhouse
     if items:
         chosen = select_files(house, wheelhouse.records(), referenced_wheels(project), current_contexts(project),
                               clone_id(project.root), keep_days)
@@ -282,12 +282,12 @@ def _collect_files(found: Found, project: Project, keep_days: float, items: bool
             found.items.append(Item("wheelhouse", "(wheels linked from the folders above)", shared))
         found.kept += [Item("contexts", str(p), 0, "a live build holds it") for p in chosen.held]
         files = [p for p in chosen.foreign if p.parent == house]
-        folders = [p for p in chosen.foreign if p.parent == contexts]
+        folders = [p for p in chosen.foreign if p.parent == staged]
         if files:
             found.kept.append(Item("wheelhouse", str(house), 0,
                                    f"{len(files)} files the builder did not fetch: never touched"))
         if folders:
-            found.kept.append(Item("contexts", str(contexts), 0,
+            found.kept.append(Item("contexts", str(staged), 0,
                                    f"{len(folders)} folders the builder did not stage: never touched"))
 
 
@@ -347,7 +347,7 @@ def _remove_files(project: Project, found: Found) -> None:
         listed = {i.name for i in found.items if i.store in ("contexts", "wheelhouse")}
         for path in chosen.folders:
             if str(path) in listed:
-                wheelhouse.remove_context(path)  # keeps the stamps of the wheels it linked current
+                contexts.remove_context(path)  # keeps the stamps of the wheels it linked current
         wheelhouse.remove_wheels(p.name for p in chosen.wheels if p.name in listed)
 
 
@@ -422,7 +422,7 @@ def after_build(project: Project, keep_days: float = 1.0) -> None:
             chosen = select_files(house, wheelhouse.records(), set(), current_contexts(project),
                                   clone_id(project.root), keep_days)
             for path in chosen.folders:
-                wheelhouse.remove_context(path)
+                contexts.remove_context(path)
 
 
 def report_lines(found: Found, verbose: bool, dry_run: bool) -> list[str]:

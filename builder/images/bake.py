@@ -29,7 +29,7 @@ from typing import Any
 from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.images.plan import ViewPlan, make_plan
-from builder.wheels import layers, locks, wheelhouse
+from builder.wheels import contexts, layers, locks
 
 #: buildx rejects other characters in target and group names.
 BAKE_NAME = re.compile(r"[a-zA-Z0-9_-]+")
@@ -100,5 +100,5 @@ def stage_contexts(project: Project, targets: Sequence[Target], say: Callable[[s
     failed = locks.lock_all(project, views, say)
     for view in views:
         if view.unit not in failed:
-            wheelhouse.build_context(layers.context_layers(project, view), clone_id(project.root))
+            contexts.build_context(layers.context_layers(project, view), clone_id(project.root))
     return failed

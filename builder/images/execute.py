@@ -48,7 +48,7 @@ from builder.images.outcome import Outcome
 from builder.oci import faults, localregistry, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
 from builder.oci.engine import Engine
-from builder.wheels import wheelhouse
+from builder.wheels import contexts
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0
@@ -225,7 +225,7 @@ def _stage_wheels(project: Project, plan: plans.ViewPlan, say: Callable[[str], N
     those staged before; *say* gets a line for each folder replaced. This run holds them until
     :func:`builder.gc.stores.after_build`: no clean-up removes them while the engine reads them."""
 
-    wheelhouse.build_context(plan.wheels, clone_id(project.root), say=say)
+    contexts.build_context(plan.wheels, clone_id(project.root), say=say)
 
 
 class Executor:

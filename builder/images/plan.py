@@ -41,7 +41,7 @@ from builder.config.tags import cache_tag, repository_of
 from builder.images import content, trust
 from builder.oci import buildkit, registry
 from builder.oci.secrets import GIT, child_env
-from builder.wheels import layers, wheelhouse
+from builder.wheels import contexts, layers
 from builder.wheels.lockfile import Pin
 
 BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
@@ -199,9 +199,9 @@ def image_refs(view: TargetView) -> list[str]:
 
 def wheels_folder(wheels: Mapping[str, Sequence[Pin]]) -> Path:
     """The folder these layers' wheels are staged in, one folder per layer (nothing is written:
-    :func:`builder.wheels.wheelhouse.build_context` stages it)."""
+    :func:`builder.wheels.contexts.build_context` stages it)."""
 
-    return wheelhouse.context_folder(wheels)
+    return contexts.context_folder(wheels)
 
 
 def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:

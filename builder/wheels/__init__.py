@@ -2,8 +2,8 @@
 
 - ``locks.py`` (``builder lock``: reuse or re-resolve each lock), ``lockfile.py`` (the lock format),
   ``resolve.py`` (pip on the host for the image's platform, index probes).
-- ``wheelhouse.py``: where wheels live, its ledger of which the builder fetched and verified, and the
-  per-layer folders a build mounts as its named contexts ``wheels-<layer>``.
+- ``wheelhouse.py``: where wheels live, its ledger of which the builder fetched and verified;
+  ``contexts.py``: the per-layer folders a build mounts as its named contexts ``wheels-<layer>``.
 - ``layers.py``: the layer plan (which locked wheel goes into which layer of the image).
 
 This package never imports the pipeline (:mod:`builder.images`), the base or the clean-up

@@ -1,5 +1,5 @@
-"""The shared wheelhouse: where resolved wheels live, which of them are the builder's and verified by
-hash, and the per-layer folders a build mounts them from.
+"""The shared wheelhouse: where resolved wheels live, and which of them are the builder's and verified by
+hash (the per-layer folders a build mounts them from: :mod:`builder.wheels.contexts`).
 
 One folder for all targets and all clones (``BUILDER_WHEELHOUSE``, else the user's state
 folder). What in it is the builder's own is what its ledger says (:data:`LEDGER`, beside the wheels,
@@ -10,12 +10,12 @@ facts: ``fetched`` and its ``verified`` stamp) and per folder it staged
 A file the builder found there (a note, another project's wheel) is never altered or removed: one
 that a lock pins with its sha256 is used, its record holding only its ``verified`` stamp.
 
-A file is trusted only with its locked sha256. Its verified stamp (inode, size, mtime_ns,
-ctime_ns, sha256) spares a no-op build the re-hashing of gigabytes of wheels, as pip and uv do: any
-write to a file moves its ctime, which no one can set back, so a file altered in place is hashed
-again even when its mtime was reset. A staged folder is checked against those stamps before each
-build (:func:`build_context`). Everything that changes the ledger, removes a wheel or touches
-``.contexts`` holds :func:`lock_path`, the ledger's lock too.
+A file is trusted only with its locked sha256. Its verified stamp (inode, size, mtime_ns, ctime_ns,
+sha256) spares a no-op build the re-hashing of gigabytes of wheels, as pip and uv do: any write to a
+file moves its ctime, which no one can set back, so a file altered in place is hashed again even
+when its mtime was reset. A staged folder is checked against those stamps before each build
+(:func:`builder.wheels.contexts.build_context`). Everything that changes the ledger, removes a wheel
+or touches ``.contexts`` holds :func:`lock_path`, the ledger's lock too.
 """
 
 from __future__ import annotations
@@ -28,13 +28,12 @@ import os
 import shutil
 import stat as stat_mode
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from builder.config.errors import TargetFailed, UserError
-from builder.config.files import atomic_write, locked
+from builder.config.files import locked
 from builder.config.ownership import Ledger, Record, run_token
 from builder.config.state import state_dir
 from builder.wheels.lockfile import Pin, wheel_name_problem
@@ -66,8 +65,19 @@ LEDGER = ".ledger.json"
 BEFORE_LEDGER_STAMPS = ".verified.json"
 #: The clone a record taken in from before the ledger names (last used: the file's mtime).
 BEFORE_LEDGER = "(before the ledger)"
+#: In every layer's folder beside its wheels, holding the layer's name: a context is never empty.
+#: A step mounting an empty named context (cpu's ``packages``) took its cache locally, but a second
+#: engine never matched it in the registry cache written from there, so that step ran again on
+#: every fresh runner (``tests/engine/test_registry_cache.py`` failed in CI, 8 of 9 steps cached).
+#: BuildKit's side is not pinned down: a small Dockerfile mounting an empty context did not miss.
+#: ``--find-links`` reads wheels only: pip and uv pass over this file.
+MARKER = "LAYER"
 #: The folder of the staged folders, and the prefix of their ledger keys.
 CONTEXTS = ".contexts"
+#: The prefix of a folder being staged, or replaced and being removed, under ``.contexts``, and of
+#: a wheel being copied in (:func:`adopt`): only ever there while a process holds the lock, so any
+#: found by the lock's holder is a killed run's.
+STAGING = ".staging-"
 
 
 def ledger(house: Path | None = None) -> Ledger:
@@ -89,7 +99,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _stderr(line: str) -> None:
+def say_stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
@@ -101,14 +111,14 @@ def _wheel(house: Path, name: str) -> Path:
     return house / name
 
 
-def _key(st: os.stat_result) -> list[object]:
+def stat_key(st: os.stat_result) -> list[object]:
     return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 def stamp(path: Path, sha256: str) -> list[object]:
     """The verified stamp of *path*, whose content hashes to *sha256* (the caller checked)."""
-    return [*_key(path.stat()), sha256]
+    return [*stat_key(path.stat()), sha256]
 
-def _stamp(records: Mapping[str, Record], name: str) -> list[object] | None:
+def stamp_of(records: Mapping[str, Record], name: str) -> list[object] | None:
     record = records.get(name)
     value = record.facts.get("verified") if record is not None else None
     return value if isinstance(value, list) and len(value) == 5 else None
@@ -131,7 +141,7 @@ def fetched(record: Record | None, path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _records(house: Path, say: Callable[[str], object]) -> Iterator[dict[str, Record]]:
+def editing(house: Path, say: Callable[[str], object]) -> Iterator[dict[str, Record]]:
     """The ledger's records to change in place, written back when the block ends without an error;
     the caller holds :func:`lock_path`. A wheelhouse without a ledger first takes in what the builder
     can prove it brought there before it kept one (:func:`_before_the_ledger`)."""
@@ -145,12 +155,12 @@ def _records(house: Path, say: Callable[[str], object]) -> Iterator[dict[str, Re
         (house / BEFORE_LEDGER_STAMPS).unlink(missing_ok=True)
 
 
-def records(say: Callable[[str], object] = _stderr) -> dict[str, Record]:
+def records(say: Callable[[str], object] = say_stderr) -> dict[str, Record]:
     """The wheelhouse ledger's records (taking in those from before the ledger first, if it has none)."""
     house = location()
     with locked(lock_path()):
         if not ledger(house).path.exists():
-            with _records(house, say):
+            with editing(house, say):
                 pass
         return ledger(house).records()
 
@@ -191,7 +201,7 @@ def _still_verified(house: Path, name: str, value: object, say: Callable[[str], 
         st = (house / name).lstat()
     except OSError:
         return None
-    current = [*_key(st), str(value[-1])]
+    current = [*stat_key(st), str(value[-1])]
     if not stat_mode.S_ISREG(st.st_mode) or (current != value and _hash(house / name, say) != value[-1]):
         return None
     return current
@@ -208,8 +218,8 @@ def _hash(path: Path, say: Callable[[str], object]) -> str:
     return sha256_file(path)
 
 
-def _verified(house: Path, records: dict[str, Record], name: str, sha256: str,
-              say: Callable[[str], object] = _stderr) -> bool | None:
+def verified(house: Path, records: dict[str, Record], name: str, sha256: str,
+              say: Callable[[str], object] = say_stderr) -> bool | None:
     """Whether wheelhouse file *name* holds *sha256*: by its stamp, else hashed (and its stamp kept in
     *records*); None when it is absent. A file of the builder's that no longer matches is removed and
     its record dropped; one that is not the builder's is left as it is (TargetFailed, naming it)."""
@@ -219,7 +229,7 @@ def _verified(house: Path, records: dict[str, Record], name: str, sha256: str,
     except FileNotFoundError:
         records.pop(name, None)
         return None
-    if _stamp(records, name) == current:
+    if stamp_of(records, name) == current:
         return True
     if not stat_mode.S_ISREG(path.stat().st_mode):
         raise TargetFailed(f"wheelhouse: {path} is not a file (a device, a folder, a link to one): left as it is; "
@@ -235,13 +245,13 @@ def _verified(house: Path, records: dict[str, Record], name: str, sha256: str,
     records.pop(name, None)
     return False
 
-def _waiting(say: Callable[[str], object]) -> Callable[[int], object]:
+def waiting(say: Callable[[str], object]) -> Callable[[int], object]:
     """What a build waiting for the wheelhouse lock says (another build is checking or staging wheels)."""
     return lambda seconds: say(f"wheelhouse: another build holds it (checking or staging wheels); waiting "
                                f"({seconds} s)")
 
 
-def missing(pins: list[Pin], clone: str | None = None, say: Callable[[str], object] = _stderr) -> list[Pin]:
+def missing(pins: list[Pin], clone: str | None = None, say: Callable[[str], object] = say_stderr) -> list[Pin]:
     """The pins whose wheel is not in the wheelhouse with its locked sha256; a wrong file of the
     builder's is removed (and said, in one line: the caller fetches it again). The others are used
     now by *clone* (:func:`builder.config.ownership.clone_id`) and held by this run.
@@ -251,10 +261,10 @@ def missing(pins: list[Pin], clone: str | None = None, say: Callable[[str], obje
     """
     house = location()
     absent: list[Pin] = []
-    with locked(lock_path(), waiting=_waiting(say)), _records(house, say) as book:
-        run, now = _holding(house), time.time()
+    with locked(lock_path(), waiting=waiting(say)), editing(house, say) as book:
+        run, now = holding(house), time.time()
         for pin in pins:
-            found = _verified(house, book, pin.filename, pin.sha256, say)
+            found = verified(house, book, pin.filename, pin.sha256, say)
             if found is False:
                 say(f"wheelhouse: {house / pin.filename} no longer matches its locked sha256 (altered on "
                     f"disk): removed, fetching it again")
@@ -273,8 +283,8 @@ def adopt(downloads: Path, clone: str | None = None) -> None:
     brought it first, or it is not the builder's) stays as it is (the hash check that follows judges
     it); a file that is not a wheel by its name stays in *downloads*."""
     house = location()
-    with locked(lock_path()), _records(house, _stderr) as book:
-        run, now = _holding(house), time.time()
+    with locked(lock_path()), editing(house, say_stderr) as book:
+        run, now = holding(house), time.time()
         for path in sorted(downloads.glob("*")) if downloads.is_dir() else ():
             if wheel_name_problem(path.name) or not path.is_file() or os.path.lexists(house / path.name):
                 continue
@@ -292,11 +302,11 @@ def release() -> None:
     ledger().release()
 
 
-#: The wheelhouses this process holds something in: each is released when it exits (:func:`_holding`).
+#: The wheelhouses this process holds something in: each is released when it exits (:func:`holding`).
 _HOLDING: set[Path] = set()
 
 
-def _holding(house: Path) -> str:
+def holding(house: Path) -> str:
     """This run's token, holding something in *house*: at a clean exit it lets go of it there
     (:func:`_release_at_exit`), so that a run whose lease another user cannot read (``unknown`` to them)
     holds nothing after it ended; a killed run's hold ends with its lease."""
@@ -319,210 +329,12 @@ def _release_at_exit(house: Path) -> None:
         ledger(house).release()
 
 
-#: In every layer's folder beside its wheels, holding the layer's name: a context is never empty.
-#: A step mounting an empty named context (cpu's ``packages``) took its cache locally, but a second
-#: engine never matched it in the registry cache written from there, so that step ran again on
-#: every fresh runner (``tests/engine/test_registry_cache.py`` failed in CI, 8 of 9 steps cached).
-#: BuildKit's side is not pinned down: a small Dockerfile mounting an empty context did not miss.
-#: ``--find-links`` reads wheels only: pip and uv pass over this file.
-MARKER = "LAYER"
-#: The mtime of every layer's folder and its :data:`MARKER` (the wheels keep their wheelhouse file's):
-#: buildah (podman >= 5 builds with its layer cache) keys a RUN that mounts a build context on the
-#: files' and folders' mtimes, not on their bytes alone as BuildKit does, so a context staged for a
-#: changed lock missed the cache of every layer whose wheels had not changed (cpu: 5 of 23 steps cached
-#: after a package was added, with podman 5.4.2).
-FIXED_MTIME = 1735689600
-#: In a staged folder (beside its layers' folders, in none of the contexts): the stamps of the wheels
-#: that are copies, not hard links (another file system): {"<layer>/<file>": stamp}.
-COPIES = ".copies.json"
-#: The prefix of a folder being staged, or replaced and being removed, under ``.contexts``, and of
-#: a wheel being copied in (:func:`adopt`): only ever there while a process holds the lock, so any
-#: found by the lock's holder is a killed run's.
-STAGING = ".staging-"
-
-
-def context_folder(layers: Mapping[str, Sequence[Pin]]) -> Path:
-    """Where :func:`build_context` puts these layers' wheels (nothing is written)."""
-    # What the folder holds, marker included: a folder staged without it is never taken for this one.
-    listing = json.dumps({layer: sorted([MARKER, *(p.filename for p in pins)]) for layer, pins in layers.items()},
-                         sort_keys=True)
-    # Beside the wheels: the same file system, so hard links.
-    return location() / CONTEXTS / hashlib.sha256(listing.encode()).hexdigest()[:32]
-
-
-def build_context(layers: Mapping[str, Sequence[Pin]], clone: str | None = None,
-                  say: Callable[[str], object] = _stderr) -> Path:
-    """The wheels' named build contexts: one folder per layer holding exactly that layer's wheels
-    (and :data:`MARKER`), each the context ``wheels-<layer>`` (:func:`builder.images.plan.wheel_contexts`).
-
-    A ``RUN`` mounts its layer's folder alone, and BuildKit keys its cache on the content of what
-    is mounted (not on file times), so a layer's cache depends on its own wheels only, as on any
-    runner. Content-addressed (``<wheelhouse>/.contexts/<digest>``) and made of hard links into the
-    wheelhouse (copies across file systems): the same wheels give the same folder, ready for
-    ``docker buildx bake`` as well.
-
-    An existing folder is used only when every file in it checks out (:func:`check_context`):
-    each staged wheel is the verified wheelhouse file (a hard link shares its inode and its stat)
-    or a copy with its own stamp. Else it is replaced by a freshly staged one and removed, and
-    *say* gets one line naming the file. Staged files are never altered in place: BuildKit syncs a
-    named context by size and mtime, so a replaced file also gets an mtime the old one did not have.
-    The folder and its wheels are recorded as used now by *clone* and held by this run, until it
-    ends or calls :func:`release`: no clean-up removes them meanwhile.
-    Raises TargetFailed when a wheel is absent or altered in the wheelhouse (the caller fetched it).
-    """
-    folder = context_folder(layers)
-    house = location()
-    failed = problems = None
-    with locked(lock_path(), waiting=_waiting(say)), _records(house, say) as book:
-        remove_leftovers(house)
-        run, now = _holding(house), time.time()
-        for pin in {p.filename: p for pins in layers.values() for p in pins}.values():
-            if not _verified(house, book, pin.filename, pin.sha256, say):
-                failed = TargetFailed(f"wheelhouse: {house / pin.filename} is absent or no longer matches its "
-                                      f"locked sha256 (removed); run the build again to fetch it")
-                break
-            book[pin.filename].use(clone, run, now)
-        if failed is None:
-            problems = check_context(folder, layers, book) if folder.exists() else None
-            if problems == []:
-                _fixed_times(folder, layers)  # one staged before FIXED_MTIME was set has its own times
-            else:
-                _stage(folder, layers, house, book)
-            book.setdefault(context_key(folder), Record(recorded=now)).use(clone, run, now)
-    if failed is not None:
-        raise failed
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        say(f"wheelhouse: {problems[0]}{more}: staged {folder.name} afresh, the old folder removed")
-    return folder
-
-
-def check_context(folder: Path, layers: Mapping[str, Sequence[Pin]], records: Mapping[str, Record]) -> list[str]:
-    """What is wrong with the staged *folder* for *layers*, a phrase per file naming it ([]: nothing).
-
-    A wheel passes when its stat (inode, size, mtime, ctime) is its wheelhouse file's verified stamp
-    (a hard link: the same inode), or its own stamp in :data:`COPIES` (a copy); no stat changes
-    without the bytes' ctime moving, so nothing is hashed. Caller holds :func:`lock_path`.
-    """
-    problems: list[str] = []
-    try:
-        copies = json.loads((folder / COPIES).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        copies = {}
-    except (OSError, ValueError):
-        copies = None
-    if not isinstance(copies, dict):
-        copies, problems = {}, [f"{folder / COPIES} is unreadable"]
-    for layer, pins in layers.items():
-        wanted = {MARKER: None, **{p.filename: p for p in pins}}
-        try:
-            found = {entry.name: entry for entry in os.scandir(folder / layer)}
-        except OSError:
-            problems.append(f"{folder / layer} is missing")
-            continue
-        problems += [f"{folder / layer / name} is not a staged file" for name in sorted(set(found) - set(wanted))]
-        for name, pin in wanted.items():
-            entry, path = found.get(name), folder / layer / name
-            if entry is None or not entry.is_file(follow_symlinks=False):
-                problems.append(f"{path} is missing")
-            elif pin is None:
-                if path.read_text(encoding="utf-8", errors="replace") != layer + "\n":
-                    problems.append(f"{path} was altered")
-            elif [*_key(entry.stat(follow_symlinks=False)), pin.sha256] not in (
-                    _stamp(records, pin.filename), copies.get(f"{layer}/{name}")):
-                problems.append(f"{path} is not the verified wheel (altered or replaced since it was staged)")
-    return problems
-
-
-def _stage(folder: Path, layers: Mapping[str, Sequence[Pin]], house: Path, records: dict[str, Record]) -> None:
-    """Stage *folder* anew beside the old one (if any), swap them, remove the old one; keep the stamps in
-    *records* current (a link moves its file's ctime). Every wheel is verified there; caller holds the lock."""
-    root = folder.parent
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=root))
-    old = root / f"{STAGING}{folder.name}-replaced"
-    copies: dict[str, list[object]] = {}
-    try:
-        for layer, pins in layers.items():
-            (staging / layer).mkdir()
-            (staging / layer / MARKER).write_text(layer + "\n")
-            for pin in pins:
-                source, dest = house / pin.filename, staging / layer / pin.filename
-                try:
-                    os.link(source, dest)
-                except OSError:
-                    shutil.copy2(source, dest)
-                    copies[f"{layer}/{pin.filename}"] = []
-        _fixed_times(staging, layers)
-        if folder.exists():
-            _new_mtimes(staging, folder)
-        for rel in copies:
-            copies[rel] = stamp(staging / rel, str((_stamp(records, rel.split("/", 1)[1]) or [""])[-1]))
-        if copies:
-            atomic_write(staging / COPIES, json.dumps(copies, sort_keys=True, indent=1) + "\n")
-        if folder.exists():
-            folder.rename(old)
-        staging.rename(folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-        _restamp(house, records, {p.filename for pins in layers.values() for p in pins})
-
-
-def _fixed_times(folder: Path, layers: Iterable[str]) -> None:
-    """Each layer's folder and its marker at :data:`FIXED_MTIME` (the folder last: its marker's touch-up does not
-    move it, but a file created in it would)."""
-    for layer in layers:
-        for path in (folder / layer / MARKER, folder / layer):
-            if path.stat().st_mtime != FIXED_MTIME:
-                os.utime(path, (FIXED_MTIME, FIXED_MTIME))
-
-
-def _new_mtimes(staging: Path, old: Path) -> None:
-    """A staged file that replaces another file of the same size and mtime gets a new mtime: BuildKit
-    would take it for the file it has already synced (it compares size and mtime, not the bytes)."""
-    for path in staging.glob("*/*"):
-        try:
-            before = (old / path.relative_to(staging)).stat()
-        except OSError:
-            continue
-        now = path.stat()
-        if now.st_ino != before.st_ino and (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns):
-            os.utime(path, ns=(now.st_atime_ns, max(time.time_ns(), before.st_mtime_ns + 1_000_000_000)))
-
-
-def _restamp(house: Path, records: dict[str, Record], names: Iterable[str]) -> None:
-    """Re-stamp *names*, verified just before under the lock held since: linking, unlinking or setting
-    the mtime of a file moves its ctime, which would otherwise make the next build hash it again."""
-    for name in names:
-        if (old := _stamp(records, name)) is not None:
-            try:
-                records[name].facts["verified"] = stamp(house / name, str(old[-1]))
-            except FileNotFoundError:
-                records.pop(name, None)
-
-
-def remove_context(folder: Path) -> None:
-    """Remove the staged *folder* (a clean-up decided it goes) and its record, keeping the stamps of
-    the wheels it linked current. Takes :func:`lock_path`."""
-    house = location()
-    if folder.parent != house / CONTEXTS or folder.name.startswith("."):
-        raise ValueError(f"{folder} is not a staged folder of {house}")
-    with locked(lock_path()), _records(house, _stderr) as book:
-        names = {p.name for p in folder.glob("*/*")}
-        valid = {n for n in names if (old := _stamp(book, n)) is not None and (house / n).exists()
-                 and _key((house / n).stat()) == old[:4]}
-        shutil.rmtree(folder, ignore_errors=True)
-        _restamp(house, book, valid)
-        book.pop(context_key(folder), None)
-
-
 def remove_wheels(names: Iterable[str]) -> list[str]:
     """Remove the wheels *names* that are the builder's (:func:`fetched`) and their records; forget
     the records of files and folders no longer there. Returns the names removed. Takes :func:`lock_path`."""
     house = location()
     removed = []
-    with locked(lock_path()), _records(house, _stderr) as book:
+    with locked(lock_path()), editing(house, say_stderr) as book:
         for name in names:
             path = _wheel(house, name)
             if fetched(book.get(name), path):

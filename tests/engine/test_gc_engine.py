@@ -29,7 +29,7 @@ from builder.config.ownership import clone_id
 from builder.config.project import load_project
 from builder.gc import owned
 from builder.gc import stores as gc
-from builder.wheels import lockfile, wheelhouse
+from builder.wheels import contexts, lockfile, wheelhouse
 from devtools.support import copy_project, edit_matrix
 
 pytestmark = pytest.mark.engine
@@ -131,7 +131,7 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
     fetch_wheels({young_wheel.name: b"y" * 10}, clone=str(root.parent / "another-clone"))
     staged = lockfile.Pin("zz_staged", "1.0", hashlib.sha256(b"c" * 3000).hexdigest(), "zz_staged-1.0-py3-none-any.whl")
     fetch_wheels({staged.filename: b"c" * 3000}, clone=this)
-    folder = wheelhouse.build_context({"torch": [staged]}, this)
+    folder = contexts.build_context({"torch": [staged]}, this)
     wheelhouse.release()
     note, theirs = house / "NOTES.txt", house / "otherproject-1.0-py3-none-any.whl"
     note.write_text("the team's notes")
