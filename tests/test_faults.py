@@ -129,7 +129,7 @@ def test_a_token_endpoint_that_refuses_is_one_line_naming_the_registry(status, f
 @pytest.mark.parametrize("status", [401, 500])
 def test_a_refused_cache_source_is_its_cause_not_never_published(status):
     from builder.config.errors import TargetFailed
-    from builder.images import execute
+    from builder.images import lookup
 
     handler = type("H", (_Registry,), {"token_status": status})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -137,14 +137,14 @@ def test_a_refused_cache_source_is_its_cause_not_never_published(status):
     host = f"127.0.0.1:{server.server_address[1]}"
     try:
         with pytest.raises(TargetFailed, match=rf"cache source {host}/ml-runtime:cpu failed.*HTTP {status}"):
-            execute.registry_cache_source(f"{host}/ml-runtime:cpu")
+            lookup.registry_cache_source(f"{host}/ml-runtime:cpu")
     finally:
         server.shutdown()
         server.server_close()
 
 
 def test_a_cache_source_never_published_builds_cold(tmp_path, monkeypatch):
-    from builder.images import execute
+    from builder.images import lookup
     from devtools.support import docker_config, docker_login, registry_login, start_registry, stop
 
     user, password, htpasswd = registry_login(tmp_path / "registry")
@@ -153,6 +153,6 @@ def test_a_cache_source_never_published_builds_cold(tmp_path, monkeypatch):
     docker_login(config, host, user, password)  # a loopback registry the builder reads must take a login it holds
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
     try:
-        assert execute.registry_cache_source(f"{host}/ml-runtime:cpu") == []
+        assert lookup.registry_cache_source(f"{host}/ml-runtime:cpu") == []
     finally:
         stop(proc)

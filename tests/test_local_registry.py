@@ -249,13 +249,13 @@ def test_a_build_reads_no_cache_from_a_loopback_registry_anyone_can_push_to(tmp_
     """A registry without a login holds a cache manifest under the name a build reads its cache from: the
     build reads nothing from it and says who holds the port (on main BuildKit was handed it: a cache anyone
     on the host could have written, whose layers end up in the image)."""
-    from builder.images import execute
+    from builder.images import lookup
 
     host, proc = start_registry(tmp_path / "anonymous")
     try:
         _image(host, None)  # anyone can push there
         with pytest.raises(UserError, match=rf"another process holds {host}: the registry there answers without"):
-            execute.registry_cache_source(f"{host}/ml-runtime:keep")
+            lookup.registry_cache_source(f"{host}/ml-runtime:keep")
     finally:
         stop(proc)
 

@@ -6,7 +6,8 @@ clean-up (:mod:`builder.gc`).
 - ``render.py`` (``templates/`` -> ``images/<target>/Dockerfile``), ``lint.py`` (hadolint).
 - ``content.py``: content tags and build arguments.
 - ``plan.py`` (per target view: content tag, references, build request and the ordered
-  stages; the pure reuse decision), ``execute.py`` (the executor: build -> smoke -> tag ->
+  stages; the pure reuse decision), ``lookup.py`` (what is already there: the answers the decision
+  takes), ``execute.py`` (the executor: build -> smoke -> tag ->
   push -> attest -> record per view, on :class:`builder.oci.engine.Engine`; the build itself
   runs through BuildKit, :mod:`builder.oci.buildkit`), ``build.py`` (``builder build`` and
   ``builder push``, one pipeline: pin the base, plan once, look up, decide, fetch, execute, indexes), ``outcome.py`` (a view's result),

@@ -3,7 +3,7 @@
 One run: the base pinned (:func:`builder.base.pin.get`, the one place ``--update-base`` acts),
 the locks and the rendered Dockerfiles (no wheel fetched), the plan, made once
 (:mod:`builder.images.plan`: per view its content tag, references, build request and stages), the
-lookups of what is already there (:func:`builder.images.execute.presence`) and a pure decision per
+lookups of what is already there (:func:`builder.images.lookup.presence`) and a pure decision per
 view (:func:`builder.images.plan.decide`); the reused views run their stages first; the others fetch
 their wheels, get their platform's base and are built, one by one or ``-j N`` side by side, all by
 one executor (:class:`builder.images.execute.Executor`); then, with ``push``, each multi-platform
@@ -24,7 +24,8 @@ from builder.config.project import Project, TargetView
 from builder.gc import stores as gc
 from builder.images import plan as plans
 from builder.images import render, trust
-from builder.images.execute import UI, Attester, Executor, presence, push_decisions
+from builder.images.execute import UI, Attester, Executor
+from builder.images.lookup import presence, push_decisions
 from builder.images.outcome import Outcome
 from builder.oci.engine import Engine
 from builder.wheels import locks

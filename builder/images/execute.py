@@ -42,10 +42,10 @@ from builder.config.ownership import clone_id, run_state, run_token
 from builder.config.project import Project, Target, TargetView
 from builder.config.tags import tag_of
 from builder.gc import owned
+from builder.images import lookup, publish, smoke, trust
 from builder.images import plan as plans
-from builder.images import publish, smoke, trust
 from builder.images.outcome import Outcome
-from builder.oci import faults, localregistry, registry
+from builder.oci import faults, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
 from builder.oci.engine import Engine
 from builder.wheels import contexts
@@ -102,85 +102,6 @@ class _Run:
     record: dict[str, Any] | None = None
     recorded: bool = False
     held: str | None = None  # the image this run holds in the images ledger (builder.gc.owned)
-
-
-def presence(engine: Engine, views: Sequence[plans.ViewPlan],
-             vouch: trust.Vouch | None = None) -> dict[str, plans.Presence]:
-    """The lookups :func:`~builder.images.plan.decide` needs, per view (unit): its content tag in the
-    engine, else in the registry (one manifest request; none when no registry answers: the local
-    default, not started) and whether the registry's digest counts as smoke-tested
-    (:func:`builder.images.trust.tested`, *vouch* for a signature). A lookup that fails is that
-    view's error, not the run's."""
-    found: dict[str, plans.Presence] = {}
-    up: dict[str, bool] = {}
-    for view in views:
-        try:
-            found[view.unit] = _presence(engine, view.content_tag, up, vouch)
-        except (UserError, TargetFailed) as exc:  # e.g. the registry refused the lookup
-            found[view.unit] = plans.Presence(error=str(exc))
-        except faults.KNOWN as exc:
-            found[view.unit] = plans.Presence(error=faults.describe(exc).line)
-    return found
-
-
-def _presence(engine: Engine, ref: str, up: dict[str, bool], vouch: trust.Vouch | None) -> plans.Presence:
-    image = engine.image(ref)
-    if image is not None:
-        return plans.Presence(local_id=image["Id"], local_tags=tuple(image.get("RepoTags") or ()))
-    host = registry.Ref.parse(ref).host
-    if host not in up:
-        up[host] = _up(host)  # once per registry and run
-    if not up[host]:
-        return plans.Presence()
-    digest = registry.manifest_digest(ref, registry.credentials(host))
-    tested = digest is not None and trust.tested(ref, digest, vouch)
-    return plans.Presence(registry_digest=digest, registry_tested=tested)
-
-
-def _up(host: str) -> bool:
-    """Whether a registry answers on *host*; on loopback, one that passes
-    :func:`builder.oci.localregistry.check` (else a UserError: another process holds the port)."""
-    if not registry.ping(host, timeout=2.0):
-        return False
-    if registry.is_local(host):
-        localregistry.check(host)
-    return True
-
-
-def push_decisions(engine: Engine, views: Sequence[plans.ViewPlan],
-                   options: plans.Options) -> list[tuple[plans.ViewPlan, plans.Decision]]:
-    """For ``builder push``: each view with its :func:`~builder.images.plan.decide_push`, from the
-    engine's ID of its image and whether its content tag is on that very image (its smoke test
-    passed on this content). A lookup that fails is that view's error."""
-    work = []
-    for view in views:
-        try:
-            image = engine.image(view.local_refs[0])
-            tested = engine.image(view.content_tag) if image is not None else None
-            decision = plans.decide_push(view, image["Id"] if image else None,
-                                         tested is not None and image is not None and tested["Id"] == image["Id"],
-                                         options)
-        except faults.KNOWN as exc:  # the engine failed: name it
-            decision = plans.Decision(None, (), error=faults.describe(exc).line)
-        work.append((view, decision))
-    return work
-
-
-def registry_cache_source(ref: str) -> list[str]:
-    """[*ref*] when the registry has it, [] when it was never published or no registry answers (a cold build).
-
-    Asked before the build, so that a refusal (auth, a rate limit, a registry down) names its cause
-    instead of passing for "never published": BuildKit itself only warns and builds cold.
-    """
-    host = registry.Ref.parse(ref).host
-    try:
-        if not _up(host):
-            return []  # no registry answers (the local default, not started): nothing to read
-        published = registry.manifest_digest(ref, registry.credentials(host)) is not None
-    except faults.KNOWN as exc:
-        raise TargetFailed(f"reading the cache source {ref} failed, not for want of it: "
-                           f"{faults.describe(exc).line}") from None
-    return [ref] if published else []
 
 
 def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, timeout: float = CLEANUP_S) -> None:
@@ -326,7 +247,7 @@ class Executor:
         if self.engine.image(plan.local_refs[0]) is not None:
             return []
         for ref in plan.cache_sources:
-            if found := registry_cache_source(ref):
+            if found := lookup.registry_cache_source(ref):
                 return found
         return []
 
@@ -391,7 +312,7 @@ class Executor:
         tested = [plan.content_tag] if out.smoke != "skipped" and plan.content_tag else []
         image = out.image_id or ""
         if registry.is_local(plan.registry_host):  # builder push too: never to what holds the port
-            _up(plan.registry_host)
+            lookup.answers(plan.registry_host)
         pushed = publish.push_target(self.engine, plan.view, image, [*tested, *plan.push_refs])
         out.digest = pushed["digest"]
         if tested:  # what a later build may reuse from the registry (builder.images.trust)
@@ -405,7 +326,7 @@ class Executor:
         out, plan = run.out, run.plan
         source = registry.Ref.parse(plan.content_tag)
         if registry.is_local(source.host):
-            _up(source.host)
+            lookup.answers(source.host)
         creds = registry.credentials(source.host)
         for ref in plan.push_refs:  # from the digest found tested, never the tag (it may have moved since)
             registry.copy_tag(f"{source.name}@{out.digest}", tag_of(ref), creds)

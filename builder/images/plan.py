@@ -7,7 +7,7 @@ named contexts, cache export, labels; and the ordered stages of its build) and o
 writes its build requests, and :mod:`builder.images.execute` runs it.
 
 Whether a view is built at all needs two lookups (is its content tag local? does the registry
-have it?): :func:`builder.images.execute.presence` makes them and hands back their answers as
+have it?): :func:`builder.images.lookup.presence` makes them and hands back their answers as
 data, one :class:`Presence` per view, and :func:`decide`, a pure function of the plan, that
 answer and the options, says what happens: built, reused-local (only the tags move),
 reused-registry (skipped, pulled, or its tags moved in the registry itself; only an image whose
