@@ -12,7 +12,7 @@ KEY ?=
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render check lint images push verify test test-classic test-quick test-emulated golden bench gpu-check clean
+.PHONY: help host install render schema check lint images push verify test test-classic test-quick test-emulated golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ host: ## Install the Debian packages builds and tests need (as root) and start d
 
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render
+
+schema: install ## Write docs/print.schema.json, the JSON Schema of `builder print` (its model: builder/images/printed.py)
+	$(BUILDER) print --schema > docs/print.schema.json
 
 check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, no circle of files, mypy is clean
 	$(BUILDER) render --check
