@@ -9,6 +9,8 @@ PUSH ?=
 SIGN_KEY ?=
 REF ?=
 KEY ?=
+#: The rules `make check` runs from tests/: no grade D, no module over its limit, the print schema current.
+RULES := tests/test_complexity.py tests/test_print_schema.py::test_the_committed_schema_is_the_models
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
@@ -35,12 +37,13 @@ render: install ## Render images/<target>/Dockerfile from templates/ and matrix.
 schema: install ## Write docs/print.schema.json, the JSON Schema of `builder print` (its model: builder/images/printed.py)
 	$(BUILDER) print --schema > docs/print.schema.json
 
-check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, no circle of files, mypy is clean
+check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, no circle of files, mypy is clean, the size rules hold, docs/print.schema.json is current
 	$(BUILDER) render --check
 	$(BUILDER) lint
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m devtools.circles
 	$(VENV)/bin/mypy  # pyproject's files: builder, bench, devtools, the runtime, tests
+	$(PY) -m pytest -q -p no:cacheprovider $(RULES)
 
 images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish, SIGN_KEY=cosign.key to sign and attach SBOM + provenance)
 	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push) $(if $(SIGN_KEY),--sign-key $(SIGN_KEY))
