@@ -19,7 +19,7 @@ from devtools.support import REPO
 #: The folders whose functions are graded.
 GRADED = ("builder", "runtime/ml_runtime", "bench")
 #: The most lines a module of each folder may have.
-MODULE_LINES = {"runtime": 400, "bench": 400}
+MODULE_LINES = {"builder": 500, "runtime": 400, "bench": 400}
 
 
 def grade_d(source: str) -> list[str]:
