@@ -9,10 +9,12 @@ PUSH ?=
 SIGN_KEY ?=
 REF ?=
 KEY ?=
+#: The rules `make check` runs from tests/: no grade D, no module over its limit, the print schema current.
+RULES := tests/test_complexity.py tests/test_print_schema.py::test_the_committed_schema_is_the_models
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render check lint images push verify test test-classic test-quick test-emulated golden bench gpu-check clean
+.PHONY: help host install render schema check lint images push verify test test-classic test-quick test-emulated golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -32,12 +34,16 @@ host: ## Install the Debian packages builds and tests need (as root) and start d
 render: install ## Render images/<target>/Dockerfile from templates/ and matrix.yaml
 	$(BUILDER) render
 
-check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, no circle of files, mypy is clean
+schema: install ## Write docs/print.schema.json, the JSON Schema of `builder print` (its model: builder/images/printed.py)
+	$(BUILDER) print --schema > docs/print.schema.json
+
+check: install ## Check images/ is current, every Dockerfile passes hadolint, the layers hold, no circle of files, mypy is clean, the size rules hold, docs/print.schema.json is current
 	$(BUILDER) render --check
 	$(BUILDER) lint
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m devtools.circles
 	$(VENV)/bin/mypy  # pyproject's files: builder, bench, devtools, the runtime, tests
+	$(PY) -m pytest -q -p no:cacheprovider $(RULES)
 
 images: install host ## Base + build + smoke-test the default group (TARGETS="cpu nvidia-cu130", PLATFORMS=linux/amd64 for a subset, PUSH=1 to publish, SIGN_KEY=cosign.key to sign and attach SBOM + provenance)
 	$(BUILDER) build --keep-going --update-base $(TARGET_FLAGS) $(if $(PUSH),--push) $(if $(SIGN_KEY),--sign-key $(SIGN_KEY))

@@ -29,12 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
 
 from bench import registry
-from bench.project import Made, load, lock_and_render, setup_project
+from bench.project import Made, Project, Target, load, lock_and_render, setup_project
 from bench.report import goals, markdown
 from bench.rows.avoidance import avoidance
 from bench.rows.baseline import measure
@@ -48,6 +50,22 @@ ROWS = ("baseline", "avoidance", "emulated", "start", "fresh-node", "disk")
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.only is not None and (unknown := sorted(set(args.only) - set(ROWS))):
+        parser.error(f"--only: unknown rows {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    # A user's builder runs from compiled bytecode after its first start; with this set (some CI images
+    # and sandboxes do) every whole-process row would time Python compiling the builder's sources too.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
+    client = docker.from_env(timeout=3600)
+    started = time.monotonic()
+    results = _measure(client, parser, args.only or list(ROWS), names, args.cycles)
+    _write(Path(args.out), results, names, bool(args.only), client.version()["Version"], started)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default="cpu,nvidia-cu130", help="comma-separated targets (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="cpu only, for trying the bench out")
@@ -60,17 +78,13 @@ def main(argv: list[str] | None = None) -> int:
                         "nvidia-cu130 pulled and started on an empty engine, zstd vs gzip layers; start: what the "
                         "contract check adds to a container start; disk: the builder's stores over 10 cycles of index release, "
                         "one more cpu package, build, then builder gc); the other rows of --out are kept")
-    args = parser.parse_args(argv)
-    if args.only is not None and (unknown := sorted(set(args.only) - set(ROWS))):
-        parser.error(f"--only: unknown rows {', '.join(unknown)}; choose from {', '.join(ROWS)}")
-    rows = args.only or list(ROWS)
-    # A user's builder runs from compiled bytecode after its first start; with this set (some CI images
-    # and sandboxes do) every whole-process row would time Python compiling the builder's sources too.
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
-    client = docker.from_env(timeout=3600)
+    return parser
+
+
+def _measure(client: docker.DockerClient, parser: argparse.ArgumentParser, rows: list[str], names: list[str],
+             cycles: int) -> dict[str, Any]:
+    """The *rows* on a copy of the project with its own registry; every image made is removed after."""
     made = Made(client)
-    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ml-bench-") as tmp_name:
         tmp = Path(tmp_name)
         try:
@@ -83,33 +97,43 @@ def main(argv: list[str] | None = None) -> int:
                 project = lock_and_render(root, [project.target(n).default_view for n in names])
                 targets = [project.target(n) for n in names]
                 made.refs += [ref for t in targets for view in t.views() for ref in view.local_refs]
-                views = [t.default_view for t in targets]  # each on its default platform: what was locked
-                results = measure(client, project, views, tmp, made) if "baseline" in rows else {}
-                if "avoidance" in rows:
-                    results["avoidance"] = avoidance(project, targets, tmp, made)
-                if "emulated" in rows:
-                    results["emulated"] = emulated(client, project, made)
-                if "start" in rows:
-                    results["start"] = start_cost(project, targets, made)
-                if "fresh-node" in rows:
-                    results["fresh_node"] = fresh_node(client, project, host, tmp, made)
-                if "disk" in rows:
-                    results["disk"] = disk(project, tmp, args.cycles)
+                return _rows(client, project, targets, host, tmp, made, rows, cycles)
         finally:
             made.close()
-    out = Path(args.out)
+
+
+def _rows(client: docker.DockerClient, project: Project, targets: list[Target], host: str, tmp: Path, made: Made,
+          rows: list[str], cycles: int) -> dict[str, Any]:
+    """The figures of each of *rows*, in :data:`ROWS`' order (``baseline``'s at the top level)."""
+    views = [t.default_view for t in targets]  # each on its default platform: what was locked
+    results = measure(client, project, views, tmp, made) if "baseline" in rows else {}
+    others: dict[str, Callable[[], Any]] = {
+        "avoidance": lambda: avoidance(project, targets, tmp, made),
+        "emulated": lambda: emulated(client, project, made),
+        "start": lambda: start_cost(project, targets, made),
+        "fresh-node": lambda: fresh_node(client, project, host, tmp, made),
+        "disk": lambda: disk(project, tmp, cycles),
+    }
+    for row in ROWS:
+        if row in others and row in rows:
+            results[row.replace("-", "_")] = others[row]()
+    return results
+
+
+def _write(out: Path, results: dict[str, Any], names: list[str], only: bool, engine: str, started: float) -> None:
+    """results.json and results.md in *out* (with ``--only``, over the rows it did not measure), and the
+    markdown on stdout."""
     previous = out / "results.json"
-    if args.only and previous.exists():  # --only re-measures its rows and keeps the others
+    if only and previous.exists():  # --only re-measures its rows and keeps the others
         results = {**json.loads(previous.read_text()), **results}
         names = [*results["targets"], *(n for n in names if n not in results["targets"])]
-    results = {**results, "targets": names, "engine": client.version()["Version"], "cpus": os.cpu_count(),
+    results = {**results, "targets": names, "engine": engine, "cpus": os.cpu_count(),
                "seconds": round(time.monotonic() - started, 1)}
     results["goals"] = goals(results, names)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results, names))
     print((out / "results.md").read_text())
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The bench's project as a user's script sees it: the ``builder`` CLI (``print``, ``base``, ``lock``,
 ``render``, ``build -q --json``, ``gc --dry-run --json``), the files it writes (base.lock.json, the
-hash locks: devtools/locks.py) and docker. bench imports nothing of builder.
+hash locks: devtools/locks.py) and docker. bench imports nothing of builder: it reads ``builder print``
+through its JSON Schema, docs/print.schema.json (:func:`printed`), and keeps of it only what it uses.
 
 Example:
     >>> load(Path(".")).target("nvidia-cu130").on("linux/arm64").lock
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import jsonschema
 import requests
 
 from bench import baseline_context, baseline_wheels, run, say, timed
@@ -29,6 +31,8 @@ from devtools import locks
 from devtools.support import REPO, base_pin, copy_project, edit_matrix, host_platform, retarget_base_lock
 
 BASELINE_REPO = "ml-bench-baseline"
+#: What ``builder print`` writes (builder/images/printed.py makes it; ``make schema`` writes this file).
+PRINT_SCHEMA = REPO / "docs" / "print.schema.json"
 
 
 @dataclass(frozen=True)
@@ -98,9 +102,29 @@ def builder(root: Path, *args: str, env: dict[str, str] | None = None) -> Any:
     return run([*argv, *args], cwd=root, env=env)
 
 
+def printed(text: str) -> dict[str, Any]:
+    """``builder print``'s output, checked against :data:`PRINT_SCHEMA` (SystemExit naming the first
+    key that differs: the builder and this checkout's schema disagree).
+
+    Example:
+        >>> printed('{"root": "."}')
+        Traceback (most recent call last):
+        ...
+        SystemExit: bench: builder print does not match docs/print.schema.json at (top): 'registry' is a required property; run the builder of this checkout, or make schema if the model changed
+    """
+    data = json.loads(text)
+    validator = jsonschema.Draft202012Validator(json.loads(PRINT_SCHEMA.read_text()))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = "/".join(str(k) for k in error.absolute_path) or "(top)"
+        raise SystemExit(f"bench: builder print does not match docs/print.schema.json at {where}: {error.message}; "
+                         "run the builder of this checkout, or make schema if the model changed")
+    return data
+
+
 def load(root: Path) -> Project:
     """The project at *root*, from ``builder print``."""
-    data = json.loads(builder(root, "print").stdout)
+    data = printed(builder(root, "print").stdout)
     targets = {t["name"]: Target(t["name"], t["backend"], t["dockerfile"], t["platforms"], t["locks"],
                                  {p: plan["local_refs"] for p, plan in t["plan"].items()}, t["platform"])
                for t in data["targets"]}

@@ -10,92 +10,126 @@ COLD_GOAL = {"cpu": 0.45, "nvidia-cu130": 0.3}
 
 def goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
     """Each goal, its figures and whether it was met (None: not measurable in this run)."""
-    out = []
-
-    def goal(name: str, met: bool | None, detail: str, **row: Any) -> None:
-        out.append({"goal": name, "met": met, "detail": detail, **row})  # row: a line of the avoidance table
-
+    out: list[dict[str, Any]] = []
     if (a := results.get("avoidance")) is not None:
-        for key, figure, limit, want in (("noop", "no-op `builder build -t T`", 1.0, "reused-local"),
-                                         ("fresh_runner", "fresh runner: decide and skip", 3.0, "reused-registry")):
-            for t in targets:
-                s, kinds = a[f"{key}_s"][t], sorted(set(a[f"{key}_results"][t]))
-                goal(f"{figure} {t} (smoke on) <= {limit:g} s", s <= limit and kinds == [want],
-                     f"{s} s, result {'/'.join(kinds)}", figure=figure, target=t, seconds=s,
-                     samples=a[f"{key}_samples_s"][t], want=f"<= {limit:g} s, {want}")
-        for t in targets:
-            s, steps = a["runtime_change_s"][t], ", ".join(a["runtime_change_steps"][t])
-            goal(f"runtime/ change {t}: only the last stage rebuilt, smoke once", a["runtime_change_ok"][t],
-                 f"{s} s, cached/total steps {steps} (before the last stage: {a['steps_before_last_stage'][t]})",
-                 figure="runtime/ change: rebuild + smoke", target=t, seconds=f"{s} ({steps} cached/total)",
-                 samples=a["runtime_change_samples_s"][t],
-                 want=f"only the last stage rebuilt (the {a['steps_before_last_stage'][t]} steps before it "
-                      "cached), smoke passed once")
-        names, s = " ".join(a["make_images_targets"]), a["make_images_noop_s"]
-        limit = 1.0 + len(a["make_images_targets"])
-        goal(f"`make images` nothing changed (TARGETS={names}) <= {limit:g} s", s <= limit, f"{s} s",
-             figure="`make images`, nothing changed (whole command)", target=f"TARGETS={names}", seconds=s,
-             samples=a["make_images_noop_samples_s"], want=f"<= {limit:g} s (1 s + 1 s per target)")
+        out += _avoidance_goals(a, targets)
     if (f := results.get("fresh_node")) is not None and "zstd" in f["pull_s"]:
-        pull, start, step = f["pull_s"], f["import_s"], f["first_step_s"]
-        goal(f"fresh-node pull of {f['target']}, zstd <= 0.6 x the gzip layer plan", f["pull_ratio"] <= 0.6,
-             f"{pull['zstd']} s vs {pull['gzip']} s ({f['pull_ratio']} x)")
-        if "pull_import_ratio" in f:
-            both = f["pull_import_s"]
-            goal(f"fresh-node pull + first `import torch` of {f['target']}, ours (zstd) <= 0.6 x the strong "
-                 "baseline's image (gzip)", f["pull_import_ratio"] <= 0.6,
-                 f"{both['zstd']} s vs {both['baseline']} s ({f['pull_import_ratio']} x)")
-        goal("first `import torch, accelerate` in a new container no slower (within 5 %)",
-             start["zstd"] <= 1.05 * start["gzip"], f"{start['zstd']} s vs {start['gzip']} s")
-        goal("example training: new container to its first epoch, no slower (within 5 %)",
-             step["zstd"] <= 1.05 * step["gzip"], f"{step['zstd']} s vs {step['gzip']} s")
-        extra = f["extra_package"]
-        goal("extra package on a CUDA target: only the packages layer pushed",
-             extra["new_layers"] == [extra["layers"] - 1],
-             f"{extra['pushed_bytes']} of {extra['image_bytes']} bytes; new layers at {extra['new_layers']} "
-             f"of {extra['layers']}")
+        out += _fresh_node_goals(f)
     if (d := results.get("disk")) is not None:
-        goal(f"stores' disk after {d['cycles']} cycles (index release, one more cpu package, build) <= 1.2 x "
-             "after the first build", d["ratio"] <= 1.2,
-             f"{d['cycles_bytes'] / 1e9:.3f} GB vs {d['first_bytes'] / 1e9:.3f} GB ({d['ratio']} x)")
-        goal("... and after `builder gc` <= 1.05 x, the next build reused", d["ratio_after_gc"] <= 1.05
-             and d["noop_after_gc"] == "reused-local",
-             f"{d['gc_bytes'] / 1e9:.3f} GB ({d['ratio_after_gc']} x), next build {d['noop_after_gc']}")
+        out += _disk_goals(d)
     if (c := results.get("start")) is not None:
-        for t, added in c["added_s"].items():  # the goal is the cpu image's; the others are reported
-            goal(f"container start: the contract check adds <= 0.3 s ({t})" if t == "cpu" else
-                 f"container start: what the contract check adds ({t}, reported)",
-                 added <= 0.3 if t == "cpu" else None,
-                 f"{c['checked_s'][t]} s vs {c['bare_s'][t]} s without it: +{added} s")
-    if "baseline" not in results:
-        return out
+        out += _start_goals(c)
+    if "baseline" in results:
+        out += _baseline_goals(results, targets)
+    return out
+
+
+def _goal(name: str, met: bool | None, detail: str, **row: Any) -> dict[str, Any]:
+    """One goal; *row*: its line of the avoidance table, when it has one."""
+    return {"goal": name, "met": met, "detail": detail, **row}
+
+
+def _avoidance_goals(a: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
+    """Build avoidance as users run it: a no-op build, a fresh runner, a runtime/ change, `make images`."""
+    out = []
+    for key, figure, limit, want in (("noop", "no-op `builder build -t T`", 1.0, "reused-local"),
+                                     ("fresh_runner", "fresh runner: decide and skip", 3.0, "reused-registry")):
+        for t in targets:
+            s, kinds = a[f"{key}_s"][t], sorted(set(a[f"{key}_results"][t]))
+            out.append(_goal(f"{figure} {t} (smoke on) <= {limit:g} s", s <= limit and kinds == [want],
+                             f"{s} s, result {'/'.join(kinds)}", figure=figure, target=t, seconds=s,
+                             samples=a[f"{key}_samples_s"][t], want=f"<= {limit:g} s, {want}"))
+    for t in targets:
+        s, steps = a["runtime_change_s"][t], ", ".join(a["runtime_change_steps"][t])
+        out.append(_goal(
+            f"runtime/ change {t}: only the last stage rebuilt, smoke once", a["runtime_change_ok"][t],
+            f"{s} s, cached/total steps {steps} (before the last stage: {a['steps_before_last_stage'][t]})",
+            figure="runtime/ change: rebuild + smoke", target=t, seconds=f"{s} ({steps} cached/total)",
+            samples=a["runtime_change_samples_s"][t],
+            want=f"only the last stage rebuilt (the {a['steps_before_last_stage'][t]} steps before it "
+                 "cached), smoke passed once"))
+    names, s = " ".join(a["make_images_targets"]), a["make_images_noop_s"]
+    limit = 1.0 + len(a["make_images_targets"])
+    out.append(_goal(f"`make images` nothing changed (TARGETS={names}) <= {limit:g} s", s <= limit, f"{s} s",
+                     figure="`make images`, nothing changed (whole command)", target=f"TARGETS={names}",
+                     seconds=s, samples=a["make_images_noop_samples_s"],
+                     want=f"<= {limit:g} s (1 s + 1 s per target)"))
+    return out
+
+
+def _fresh_node_goals(f: dict[str, Any]) -> list[dict[str, Any]]:
+    """A fresh node pulling the image: zstd against gzip (and the baseline's image), then its first steps."""
+    pull, start, step = f["pull_s"], f["import_s"], f["first_step_s"]
+    out = [_goal(f"fresh-node pull of {f['target']}, zstd <= 0.6 x the gzip layer plan", f["pull_ratio"] <= 0.6,
+                 f"{pull['zstd']} s vs {pull['gzip']} s ({f['pull_ratio']} x)")]
+    if "pull_import_ratio" in f:
+        both = f["pull_import_s"]
+        out.append(_goal(f"fresh-node pull + first `import torch` of {f['target']}, ours (zstd) <= 0.6 x the "
+                         "strong baseline's image (gzip)", f["pull_import_ratio"] <= 0.6,
+                         f"{both['zstd']} s vs {both['baseline']} s ({f['pull_import_ratio']} x)"))
+    extra = f["extra_package"]
+    return out + [
+        _goal("first `import torch, accelerate` in a new container no slower (within 5 %)",
+              start["zstd"] <= 1.05 * start["gzip"], f"{start['zstd']} s vs {start['gzip']} s"),
+        _goal("example training: new container to its first epoch, no slower (within 5 %)",
+              step["zstd"] <= 1.05 * step["gzip"], f"{step['zstd']} s vs {step['gzip']} s"),
+        _goal("extra package on a CUDA target: only the packages layer pushed",
+              extra["new_layers"] == [extra["layers"] - 1],
+              f"{extra['pushed_bytes']} of {extra['image_bytes']} bytes; new layers at {extra['new_layers']} "
+              f"of {extra['layers']}"),
+    ]
+
+
+def _disk_goals(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stores' disk over build cycles, and after ``builder gc``."""
+    return [
+        _goal(f"stores' disk after {d['cycles']} cycles (index release, one more cpu package, build) <= 1.2 x "
+              "after the first build", d["ratio"] <= 1.2,
+              f"{d['cycles_bytes'] / 1e9:.3f} GB vs {d['first_bytes'] / 1e9:.3f} GB ({d['ratio']} x)"),
+        _goal("... and after `builder gc` <= 1.05 x, the next build reused", d["ratio_after_gc"] <= 1.05
+              and d["noop_after_gc"] == "reused-local",
+              f"{d['gc_bytes'] / 1e9:.3f} GB ({d['ratio_after_gc']} x), next build {d['noop_after_gc']}"),
+    ]
+
+
+def _start_goals(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the contract check adds to a container's start: the goal is the cpu image's; the others are reported."""
+    return [_goal(f"container start: the contract check adds <= 0.3 s ({t})" if t == "cpu" else
+                  f"container start: what the contract check adds ({t}, reported)",
+                  added <= 0.3 if t == "cpu" else None,
+                  f"{c['checked_s'][t]} s vs {c['bare_s'][t]} s without it: +{added} s")
+            for t, added in c["added_s"].items()]
+
+
+def _baseline_goals(results: dict[str, Any], targets: list[str]) -> list[dict[str, Any]]:
+    """Ours against the ARG-switch baseline: cold build, no-op rebuild, shared layers, size, runtime change."""
     base = results["baseline"]
+    out = []
     for t in targets:
         ours_s, their_s = results["cold_build_s"][t], base["cold_build_s"][t]
         limit = COLD_GOAL.get(t, COLD_GOAL["cpu"])
-        goal(f"cold build {t} <= {limit} x the strong baseline", ours_s <= limit * their_s,
-             f"{ours_s} s vs {their_s} s ({ours_s / their_s:.2f} x)")
+        out.append(_goal(f"cold build {t} <= {limit} x the strong baseline", ours_s <= limit * their_s,
+                         f"{ours_s} s vs {their_s} s ({ours_s / their_s:.2f} x)"))
     for t in targets:
         s = results["noop_rebuild_s_per_target"][t]
-        goal(f"no-op rebuild --no-smoke {t} <= 1 s", s <= 1.0 and results["noop_all_cached"][t],
-             f"{s} s, every step from cache: {results['noop_all_cached'][t]}")
+        out.append(_goal(f"no-op rebuild --no-smoke {t} <= 1 s", s <= 1.0 and results["noop_all_cached"][t],
+                         f"{s} s, every step from cache: {results['noop_all_cached'][t]}"))
     fraction = results["shared_fraction_below_torch"]
-    goal("shared fraction below torch = 1.0", None if fraction is None else fraction == 1.0,
-         "needs two targets" if fraction is None else f"{fraction}")
-    for t in targets:
-        r = results["size_ratio_vs_essential"][t]
-        goal(f"size {t} <= 1.10 x essential", r <= 1.10, f"{r} x")
-    for t in targets:
-        s = results["runtime_change_rebuild_s"][t]
-        goal(f"runtime-change rebuild {t} <= 15 s", s <= 15.0, f"{s} s")
-    for key, better in (("cold_build_s", min), ("noop_rebuild_s_per_target", min),
-                        ("runtime_change_rebuild_s", min), ("size_ratio_vs_essential", min)):
-        for t in targets:
+    out.append(_goal("shared fraction below torch = 1.0", None if fraction is None else fraction == 1.0,
+                     "needs two targets" if fraction is None else f"{fraction}"))
+    out += [_goal(f"size {t} <= 1.10 x essential", r <= 1.10, f"{r} x")
+            for t in targets for r in [results["size_ratio_vs_essential"][t]]]
+    out += [_goal(f"runtime-change rebuild {t} <= 15 s", s <= 15.0, f"{s} s")
+            for t in targets for s in [results["runtime_change_rebuild_s"][t]]]
+    for key in ("cold_build_s", "noop_rebuild_s_per_target", "runtime_change_rebuild_s", "size_ratio_vs_essential"):
+        for t in targets:  # smaller is better
             mine, theirs = results[key][t], base[key][t]
-            goal(f"{key} {t} at least as good as baseline", better(mine, theirs) == mine, f"{mine} vs {theirs}")
+            out.append(_goal(f"{key} {t} at least as good as baseline", min(mine, theirs) == mine,
+                             f"{mine} vs {theirs}"))
     for key in ("shared_bytes_fraction", "shared_fraction_below_torch"):
         mine, theirs = results[key], base[key]
-        goal(f"{key} at least as good as baseline", None if mine is None else mine >= theirs, f"{mine} vs {theirs}")
+        out.append(_goal(f"{key} at least as good as baseline", None if mine is None else mine >= theirs,
+                         f"{mine} vs {theirs}"))
     return out
 
 

@@ -1,41 +1,52 @@
-"""No function in builder/ of radon's grade D or worse (cyclomatic complexity above 20) unless the line
-above its ``def`` (its decorators aside) says why it must be one piece: ``# complexity: <why>``.
+"""Size rules, checked by ``make check`` and with the unit tests: no function in builder/, runtime/ or
+bench/ of radon's grade D or worse (cyclomatic complexity above 20; ``radon cc -s -n D builder runtime
+bench`` lists them), and no module over its folder's line limit.
 
-``radon cc -s -n D builder`` lists the same functions, marked or not.
+A function that grows past grade C is split into named pieces; a module past its limit into modules by
+concern (README's "Layout" and runtime/README.md's say where each kind of code goes).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from radon.complexity import add_inner_blocks, cc_rank, cc_visit
 from radon.visitors import Function
 
 from devtools.support import REPO
 
-MARKER = "# complexity:"
+#: The folders whose functions are graded.
+GRADED = ("builder", "runtime/ml_runtime", "bench")
+#: The most lines a module of each folder may have.
+MODULE_LINES = {"builder": 500, "runtime": 400, "bench": 400}
 
 
-def unexplained(source: str) -> list[str]:
-    """``name (line): complexity`` of each function, method or closure of grade D or worse in *source*
-    without a marker that gives a reason."""
-    lines = source.splitlines()
-    found = []
-    for block in add_inner_blocks(cc_visit(source)):
-        if not isinstance(block, Function) or cc_rank(block.complexity) < "D":
-            continue  # a class's grade is its methods' average; they are checked one by one
-        above = block.lineno - 2
-        while above >= 0 and lines[above].lstrip().startswith("@"):
-            above -= 1
-        comment = lines[above].strip() if above >= 0 else ""
-        if not (comment.startswith(MARKER) and comment.removeprefix(MARKER).strip()):
-            found.append(f"{block.fullname} (line {block.lineno}): {block.complexity}")
-    return found
+def grade_d(source: str) -> list[str]:
+    """``name (line): complexity`` of each function, method or closure of grade D or worse in *source*."""
+    return [f"{block.fullname} (line {block.lineno}): {block.complexity}"
+            for block in add_inner_blocks(cc_visit(source))
+            # a class's grade is its methods' average; they are checked one by one
+            if isinstance(block, Function) and cc_rank(block.complexity) >= "D"]
 
 
-def test_no_function_in_builder_is_grade_d_or_worse_without_a_reason():
-    found = {str(path.relative_to(REPO)): problems for path in sorted((REPO / "builder").rglob("*.py"))
-             if (problems := unexplained(path.read_text()))}
-    assert not found, (f"split these into named pieces, or say above the def why one must stay whole "
-                       f"({MARKER} <why>): {found}")
+def _modules(folder: str) -> list[Path]:
+    return sorted((REPO / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("folder", GRADED)
+def test_no_function_is_grade_d_or_worse(folder):
+    found = {str(path.relative_to(REPO)): problems for path in _modules(folder)
+             if (problems := grade_d(path.read_text(encoding="utf-8")))}
+    assert not found, f"split these into named pieces (radon cc -s -n D {folder}): {found}"
+
+
+@pytest.mark.parametrize("folder", MODULE_LINES)
+def test_no_module_is_over_its_folders_limit(folder):
+    limit = MODULE_LINES[folder]
+    over = {str(path.relative_to(REPO)): lines for path in _modules(folder)
+            if (lines := len(path.read_text(encoding="utf-8").splitlines())) > limit}
+    assert not over, f"over {limit} lines: split these by concern: {over}"
 
 
 def _branches(name: str, n: int, indent: str = "") -> str:
@@ -44,19 +55,14 @@ def _branches(name: str, n: int, indent: str = "") -> str:
                                                   for i in range(n)) + f"{indent}    return -1\n"
 
 
-def test_a_planted_complex_function_is_found_and_a_reason_lets_it_pass():
-    assert unexplained(_branches("simple", 19)) == []  # 20: grade C
-    assert unexplained(_branches("planted", 20)) == ["planted (line 1): 21"]
-    reason = "# complexity: one streaming loop, its state shared\n"
-    assert unexplained(reason + _branches("planted", 20)) == []
-    assert unexplained("# complexity:\n" + _branches("planted", 20)) == ["planted (line 2): 21"]  # no reason
-    assert unexplained("# a comment, not the marker\n" + _branches("planted", 20)) == ["planted (line 2): 21"]
-    decorated = "# complexity: why\n@staticmethod\n@other\n" + _branches("planted", 20)
-    assert unexplained(decorated) == []
+def test_a_planted_complex_function_is_found():
+    assert grade_d(_branches("simple", 19)) == []  # 20: grade C
+    assert grade_d(_branches("planted", 20)) == ["planted (line 1): 21"]
+    assert grade_d("# complexity: a comment is no way out\n" + _branches("planted", 20)) == ["planted (line 2): 21"]
 
 
 def test_methods_and_closures_are_checked_too():
     method = "class C:\n" + _branches("planted", 20, "    ")
-    assert unexplained(method) == ["C.planted (line 2): 21"]
+    assert grade_d(method) == ["C.planted (line 2): 21"]
     closure = "def outer():\n" + _branches("inner", 20, "    ") + "    return inner\n"
-    assert unexplained(closure) == ["outer.inner (line 2): 21"]
+    assert grade_d(closure) == ["outer.inner (line 2): 21"]

@@ -179,7 +179,7 @@ def mentions(program: str, pages: list[Path] = PAGES) -> list[tuple[str, int, st
 
     Example:
         >>> [m[2:] for m in mentions("builder") if m[0] == "docs/commands.md"][:2]
-        [('render', ' [--check] [-t T]'), ('print', ' [-t T]')]
+        [('render', ' [--check] [-t T]'), ('print', ' [-t T] [--schema]')]
     """
     # where a shell reads a command: a span's or line's start, after a prompt, a pipe, `&&` or `(`
     head = re.compile(rf"(?:^\s*|(?:^|\s)\$\s+|(?:\||&&|\$?\()\s*){re.escape(program)} +([a-z][a-z0-9-]*)")

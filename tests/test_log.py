@@ -9,6 +9,7 @@ that prints its kind of lines (the real one needs minutes and a Debian mirror: t
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,11 @@ from pathlib import Path
 from builder.base import bootstrap as base
 from builder.config.heartbeat import heartbeat
 from builder.images.outcome import Outcome
-from builder.images.progress import Progress, summary_lines
+from builder.images.progress import Progress, step_summary, summary_lines
 
+#: The name BuildKit gives the cpu target's install of its common wheels (images/cpu/Dockerfile's RUN,
+#: its lines joined and its build argument WHEELS_COMMON expanded, as buildx's progress reports it).
+STEP = (Path(__file__).parent / "fixtures" / "buildkit" / "step-common-install.txt").read_text().strip()
 DIGEST = "sha256:8e83bcc6d3788e4b44b072ffa1eb630698de81ea46319a9e0e" + "0" * 14
 TAGS = [f"registry.example:5443/team/ml-runtime:nvidia-cu130-{'a' * 12}",
         f"registry.example:5443/team/ml-runtime:latest-nvidia-cu130@{DIGEST}"]
@@ -126,14 +130,48 @@ def test_a_silent_build_step_says_it_is_alive(tmp_path: Path) -> None:
     start = time.monotonic()
     with Progress(console=console, heartbeat_s=0.3) as ui:
         ui.start("cpu")
-        ui.step("cpu", 3, 9, "[layer-torch 3/9] RUN --network=none uv pip install torch")
+        ui.step("cpu", 3, 4, STEP)
         subprocess.run(["sleep", "1.6"], check=True)
         end = time.monotonic()
         ui.done("cpu", Outcome("cpu"))
     beats = [text for t, text in said.lines if t <= end]
     assert len(beats) >= 3
-    assert all("cpu | still running: [layer-torch 3/9] RUN --network=none uv pip install torch" in b for b in beats)
+    assert all(re.fullmatch(r"cpu \| still running: \[common 4/4\] pip install \(27 wheels\) [0-9]+s", b)
+               for b in beats), beats
     assert max(said.gaps(start, end)) <= 0.3 + 1.25  # checked every quarter of the interval, at most 1 s
+
+
+def test_the_heartbeat_names_a_step_in_one_short_line_and_the_log_has_it_whole_once() -> None:
+    """The step of the recorded name installs the cpu target's 27 common wheels: 3,268 characters,
+    hash locks included. The build log has it once, whole (its own line when it starts); a heartbeat
+    names it in about 120 characters, however long it runs."""
+    assert len(STEP) > 3000 and STEP.count("--hash=sha256:") == 27
+    assert step_summary(STEP) == "[common 4/4] pip install (27 wheels)"
+    err = _stderr_of(f"""
+        import time
+        from builder.images.progress import Progress
+        with Progress(heartbeat_s=0.2) as ui:
+            ui.start("nvidia-cu130 (linux/arm64)")
+            ui.log("nvidia-cu130 (linux/arm64)", "#4 " + " ".join({STEP!r}.split()))
+            ui.step("nvidia-cu130 (linux/arm64)", 3, 4, {STEP!r})
+            time.sleep(0.9)
+    """)
+    whole = [line for line in err.splitlines() if "--hash=sha256:" in line]
+    beats = [line for line in err.splitlines() if "still running" in line]
+    assert len(whole) == 1 and whole[0].endswith(" ".join(STEP.split()))
+    assert beats and all(len(line) <= 120 for line in beats), beats
+    assert beats[0].startswith("nvidia-cu130 (linux/arm64) | still running: [common 4/4] pip install (27 wheels) ")
+
+
+def test_a_step_summary_says_what_installs_and_cuts_the_rest() -> None:
+    assert step_summary("[torch 2/3] RUN --network=none uv pip install torch") == "[torch 2/3] pip install torch"
+    unexpanded = ("RUN --network=none --mount=type=bind,from=wheels-common,target=/tmp/wheels/common touch /tmp/.layer"
+                  " && printf '%s %s\\n' $WHEELS_COMMON > /tmp/common.lock && uv pip install -r /tmp/common.lock")
+    assert step_summary(unexpanded) == "pip install (the common layer's wheels)"  # podman's step: not expanded
+    long = "[runtime 3/5] RUN --network=none --mount=type=tmpfs,target=/tmp python -m compileall -q " + "x" * 200
+    assert step_summary(long) == "[runtime 3/5] RUN python -m compileall -q " + "x" * 29 + "…"  # 72 characters
+    assert step_summary("[common 3/4] WORKDIR /workspace") == "[common 3/4] WORKDIR /workspace"
+    assert step_summary("exporting to image") == "exporting to image"
 
 
 def test_the_bootstrap_says_packages_and_stage(tmp_path: Path, capsys) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,103 +45,136 @@ from devtools.support import host_platform
 MARKERS = {"ours": 'if [ -n "$WHEELS_', "baseline": "requirements-uv.txt"}
 
 
+@dataclass(frozen=True)
+class _Bench:
+    """What every build of the row needs: the engine, the project copy, the baseline's build contexts
+    (per target), the base both sides build FROM, and the images made (removed at the end)."""
+
+    client: docker.DockerClient
+    root: Path
+    contexts: dict[str, Path]
+    base: str
+    made: Made
+
+    def baseline_build(self, t: Target, tag: str, *flags: str) -> tuple[float, str]:
+        """The baseline's whole ``docker buildx build`` of *t*, tagged *tag*: its seconds and image."""
+        return docker_cli_build(self.contexts[t.name], self.base, t.backend, tag, *flags)
+
+    def change_runtime(self, t: Target) -> None:
+        """A comment in the in-image runtime, in our project and in *t*'s baseline context alike."""
+        touch_runtime(self.root)
+        sync_runtime(self.root, self.contexts[t.name])
+
+
 def measure(client: docker.DockerClient, project: Project, views: list[TargetView], tmp: Path,
             made: Made) -> dict[str, Any]:
     """Cold, no-op and runtime-change builds, sizes and sharing, ours against the baseline (bench/__main__.py)."""
-    root = project.root
-    house = wheelhouse(root)
-    pins = {t.name: locked_wheels(project, t) for t in views}
-    contexts = {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}") for t in views}
-    base = project.base_for(host_platform())
+    run = _Bench(client, project.root, {t.name: baseline_for(project, t, tmp / f"baseline-{t.name}") for t in views},
+                 project.base_for(host_platform()), made)
     ours: dict[str, Any] = {k: {} for k in ("cold_build_s", "noop_rebuild_s_per_target", "noop_samples_s",
                                             "runtime_change_rebuild_s", "runtime_change_samples_s",
                                             "image_bytes", "essential_bytes", "size_ratio_vs_essential")}
     theirs: dict[str, Any] = {k: {} for k in ours}
     ours["noop_all_cached"] = {}
-    stacks: dict[str, dict[str, list[Layer]]] = {"ours": {}, "baseline": {}}
-
-    # Cold: whole processes as users run them, no layer cache, REPEATS rounds interleaved (ours, baseline,
-    # baseline, ours, ...) so both see the same load: ours `builder build -t T --rebuild --no-smoke -q --json`
-    # (zstd, the default), the baseline `docker buildx build --no-cache` of its Dockerfile (gzip, Docker's).
     ours["cold_samples_s"], theirs["cold_samples_s"] = {}, {}
     for t in views:
-        mine: list[float] = []
-        their: list[float] = []
-        mine_phases: list[dict[str, float]] = []
-        their_phases: list[dict[str, float]] = []
-        for i in range(REPEATS):
-            for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
-                if who == "ours":
-                    seconds, outcome = builder_build(root, t.name, "--rebuild", "--platform", t.platform)
-                    if outcome.get("error"):
-                        raise SystemExit(f"bench: cold build of {t.name}: {outcome['error']}")
-                    mine.append(seconds)
-                    made.ids.append(outcome["image_id"])
-                    mine_phases.append(outcome.get("phases") or {})
-                else:
-                    tag = f"{BASELINE_REPO}:{t.name}-cold-{os.getpid()}"
-                    made.refs.append(tag)
-                    seconds, _, where = docker_cli_build_phases(contexts[t.name], base, t.backend, tag, "--no-cache")
-                    their.append(seconds)
-                    their_phases.append(where)
-        ours["cold_samples_s"][t.name], theirs["cold_samples_s"][t.name] = mine, their
-        # where the time went (BuildKit's seconds per phase), per phase the median of the samples
-        for record, phase_samples in ((ours, mine_phases), (theirs, their_phases)):
-            record.setdefault("cold_phases_s", {})[t.name] = {
-                k: median([p.get(k, 0.0) for p in phase_samples]) for k in sorted({k for p in phase_samples for k in p})}
-        ours["cold_build_s"][t.name], theirs["cold_build_s"][t.name] = median(mine), median(their)
-        say(f"{t.name}: cold build {mine} s, baseline {their} s")
-
-    # Settle: one ordinary build each, as users run them (cached, tagged). Sizes and sharing are
-    # measured on these: nocache rebuilt the shared stage per target, so its images share nothing.
-    final: dict[str, dict[str, str]] = {"ours": {}, "baseline": {}}
+        _cold(run, t, ours, theirs)
     tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in views}
-    for t in views:
-        made.refs.append(tags[t.name])
-        final["ours"][t.name] = builder_build(root, t.name)[1]["image_id"]
-        final["baseline"][t.name] = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])[1]
-        made.ids += [final["ours"][t.name], final["baseline"][t.name]]
-        essential = client.api.inspect_image(base)["Size"] + sum(
-            installed_bytes(house / p.filename) for p in pins[t.name])
-        for side, name in ((ours, "ours"), (theirs, "baseline")):
-            stacks[name][t.name] = layers(client, final[name][t.name])
-            side["image_bytes"][t.name] = client.api.inspect_image(final[name][t.name])["Size"]
-            side["essential_bytes"][t.name] = essential
-            side["size_ratio_vs_essential"][t.name] = round(side["image_bytes"][t.name] / essential, 4)
-
-    def paired(t: Target, prepare: Callable[[Target], None]) -> tuple[list[float], list[float], list[bool]]:
-        """REPEATS rebuilds of *t*, ours then the baseline's, each after *prepare*: (ours s, theirs s, all cached)."""
-        samples, theirs_samples, cached = [], [], []
-        for _ in range(REPEATS):
-            prepare(t)
-            seconds, outcome = builder_build(root, t.name)
-            samples.append(seconds)
-            cached.append(outcome["cached_steps"] == outcome["steps"])
-            made.ids.append(outcome["image_id"])
-            seconds, image_id = docker_cli_build(contexts[t.name], base, t.backend, tags[t.name])
-            theirs_samples.append(seconds)
-            made.ids.append(image_id)
-        return samples, theirs_samples, cached
-
+    stacks = _settle(run, project, views, tags, ours, theirs)
     # No-op, then a runtime change (a comment in the in-image runtime): whole processes, ours the CLI,
     # the baseline `docker buildx build`.
-    def changed(t: Target) -> None:  # the same change in both contexts
-        touch_runtime(root)
-        sync_runtime(root, contexts[t.name])
-
-    for key, label, prepare in (("noop", "no-op", lambda t: None), ("runtime_change", "runtime change", changed)):
+    for key, label, prepare in (("noop", "no-op", lambda t: None),
+                                ("runtime_change", "runtime change", run.change_runtime)):
         for t in views:
-            samples, theirs_samples, cached = paired(t, prepare)
+            samples, theirs_samples, cached = _paired(run, t, tags[t.name], prepare)
             say(f"{t.name}: {label} {samples} s, baseline {theirs_samples} s")
             ours[f"{key}_samples_s"][t.name], theirs[f"{key}_samples_s"][t.name] = samples, theirs_samples
             rebuild = "noop_rebuild_s_per_target" if key == "noop" else "runtime_change_rebuild_s"
             ours[rebuild][t.name], theirs[rebuild][t.name] = median(samples), median(theirs_samples)
             if key == "noop":
                 ours["noop_all_cached"][t.name] = all(cached)
-
     for side, name in ((ours, "ours"), (theirs, "baseline")):
         images = [stacks[name][t.name] for t in views]
         side["shared_bytes_fraction"] = shared_fraction(images)
         side["shared_bytes"] = shared_bytes(images)
         side["shared_fraction_below_torch"] = shared_by_all([below(s, MARKERS[name]) for s in images])
     return {**ours, "baseline": theirs}
+
+
+def _cold(run: _Bench, t: TargetView, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+    """Cold builds of *t*: whole processes as users run them, no layer cache, REPEATS rounds interleaved
+    (ours, baseline, baseline, ours, ...) so both see the same load: ours `builder build -t T --rebuild
+    --no-smoke -q --json` (zstd, the default), the baseline `docker buildx build --no-cache` of its
+    Dockerfile (gzip, Docker's). Their seconds, and where the time went, go into *ours* and *theirs*."""
+    samples: dict[str, list[float]] = {"ours": [], "baseline": []}
+    phases: dict[str, list[dict[str, float]]] = {"ours": [], "baseline": []}
+    for i in range(REPEATS):
+        for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
+            seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t)
+            samples[who].append(seconds)
+            phases[who].append(where)
+    mine, their = samples["ours"], samples["baseline"]
+    ours["cold_samples_s"][t.name], theirs["cold_samples_s"][t.name] = mine, their
+    # where the time went (BuildKit's seconds per phase), per phase the median of the samples
+    for record, phase_samples in ((ours, phases["ours"]), (theirs, phases["baseline"])):
+        record.setdefault("cold_phases_s", {})[t.name] = {
+            k: median([p.get(k, 0.0) for p in phase_samples]) for k in sorted({k for p in phase_samples for k in p})}
+    ours["cold_build_s"][t.name], theirs["cold_build_s"][t.name] = median(mine), median(their)
+    say(f"{t.name}: cold build {mine} s, baseline {their} s")
+
+
+def _cold_ours(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
+    """One cold ``builder build``: its seconds and BuildKit's seconds per phase."""
+    seconds, outcome = builder_build(run.root, t.name, "--rebuild", "--platform", t.platform)
+    if outcome.get("error"):
+        raise SystemExit(f"bench: cold build of {t.name}: {outcome['error']}")
+    run.made.ids.append(outcome["image_id"])
+    return seconds, outcome.get("phases") or {}
+
+
+def _cold_baseline(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
+    """One cold build of the baseline: its seconds and BuildKit's seconds per phase."""
+    tag = f"{BASELINE_REPO}:{t.name}-cold-{os.getpid()}"
+    run.made.refs.append(tag)
+    seconds, _, where = docker_cli_build_phases(run.contexts[t.name], run.base, t.backend, tag, "--no-cache")
+    return seconds, where
+
+
+def _settle(run: _Bench, project: Project, views: list[TargetView], tags: dict[str, str], ours: dict[str, Any],
+            theirs: dict[str, Any]) -> dict[str, dict[str, list[Layer]]]:
+    """One ordinary build each, as users run them (cached, tagged *tags* for the baseline): their sizes
+    against the essential bytes (the base and the installed wheels) go into *ours* and *theirs*, and
+    their layers are returned, per side and target, for the sharing figures (the cold builds rebuilt the
+    shared stage per target, so their images share nothing)."""
+    house = wheelhouse(run.root)
+    stacks: dict[str, dict[str, list[Layer]]] = {"ours": {}, "baseline": {}}
+    for t in views:
+        run.made.refs.append(tags[t.name])
+        final = {"ours": builder_build(run.root, t.name)[1]["image_id"],
+                 "baseline": run.baseline_build(t, tags[t.name])[1]}
+        run.made.ids += [final["ours"], final["baseline"]]
+        essential = run.client.api.inspect_image(run.base)["Size"] + sum(
+            installed_bytes(house / p.filename) for p in locked_wheels(project, t))
+        for side, name in ((ours, "ours"), (theirs, "baseline")):
+            stacks[name][t.name] = layers(run.client, final[name])
+            side["image_bytes"][t.name] = run.client.api.inspect_image(final[name])["Size"]
+            side["essential_bytes"][t.name] = essential
+            side["size_ratio_vs_essential"][t.name] = round(side["image_bytes"][t.name] / essential, 4)
+    return stacks
+
+
+def _paired(run: _Bench, t: Target, tag: str,
+            prepare: Callable[[Target], None]) -> tuple[list[float], list[float], list[bool]]:
+    """REPEATS rebuilds of *t*, ours then the baseline's (tagged *tag*), each after *prepare*: (ours s,
+    theirs s, all cached)."""
+    samples, theirs_samples, cached = [], [], []
+    for _ in range(REPEATS):
+        prepare(t)
+        seconds, outcome = builder_build(run.root, t.name)
+        samples.append(seconds)
+        cached.append(outcome["cached_steps"] == outcome["steps"])
+        run.made.ids.append(outcome["image_id"])
+        seconds, image_id = run.baseline_build(t, tag)
+        theirs_samples.append(seconds)
+        run.made.ids.append(image_id)
+    return samples, theirs_samples, cached

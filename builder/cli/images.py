@@ -62,7 +62,8 @@ def render_cmd(project: Project, targets: tuple[str, ...], check: bool) -> None:
 @click.command("print")
 @project_options
 @target_option
-def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
+@click.option("--schema", is_flag=True, help="Print the JSON Schema of this output instead (docs/print.schema.json).")
+def print_cmd(project: Project, targets: tuple[str, ...], schema: bool) -> None:
     """Print the fully resolved configuration as JSON, without building (like bake --print).
 
     Each target's content_tags give, per platform, the tag its image gets once built and
@@ -70,23 +71,15 @@ def print_cmd(project: Project, targets: tuple[str, ...]) -> None:
     layers, per platform, the layer plan: each layer's locked wheels, in install order (an empty
     list until the platform is locked; see builder/wheels/layers.py); its plan, per platform, the
     build's plan (builder/images/plan.py): references, build arguments, contexts, cache, and the
-    stages a plain build runs.
+    stages a plain build runs. The model is builder/images/printed.py; its schema, docs/print.schema.json.
     """
-    from builder.images.plan import make_plan
-    from builder.wheels import layers
+    from builder.images import printed
 
-    data = project.resolved()
-    if targets:
-        names = {t.name for t in project.select(targets)}
-        data["targets"] = [t for t in data["targets"] if t["name"] in names]
-    views = {t["name"]: project.target(t["name"]).views() for t in data["targets"]}
-    planned = {p.unit: p for p in make_plan(project, [v for vs in views.values() for v in vs]).views}
-    for t in data["targets"]:
-        t["content_tags"] = {v.platform: planned[v.unit].content_tag for v in views[t["name"]]}
-        t["layers"] = {v.platform: [{"name": layer.name, "wheels": [f"{p.name}=={p.version}" for p in layer.pins]}
-                                    for layer in layers.layer_plan(project, v)] for v in views[t["name"]]}
-        t["plan"] = {v.platform: planned[v.unit].as_dict() for v in views[t["name"]]}
-    click.echo(json.dumps(data, indent=2))
+    if schema:
+        click.echo(json.dumps(printed.schema(), indent=2))
+        return
+    selected = project.select(targets) if targets else project.targets
+    click.echo(printed.show(project, selected).model_dump_json(indent=2))
 
 
 @click.command("matrix")

@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -242,31 +242,6 @@ class Project:
                                 f"{', '.join(only)}; add the platform to its platforms in matrix.yaml")
             out += picked
         return out
-
-    def resolved(self) -> dict[str, Any]:
-        """The whole resolved config as plain data (for ``builder print``)."""
-        return {
-            "root": str(self.root),
-            "registry": self.matrix.registry,
-            "base": dict(self.base_refs),
-            "python": self.matrix.python,
-            "installer": self.matrix.installer,
-            "common_packages": list(self.matrix.common_packages),
-            "groups": {name: self.matrix.group(name) for name in dict.fromkeys(["default", "all", *self.matrix.groups])},
-            "targets": [_plain(t) for t in self.targets],
-        }
-
-
-def _plain(target: Target) -> dict[str, Any]:
-    """A target as ``builder print`` shows it: its fields (its index credential-free: an index given with
-    its login is used as given, never shown), its default view's ``platform`` after ``platforms`` (the
-    plan's shape since views came in), and the lock of each platform."""
-    out: dict[str, Any] = {}
-    for key, value in asdict(target).items():
-        out[key] = public(value) if key == "index_url" and value else value
-        if key == "platforms":
-            out["platform"] = target.default_view.platform
-    return {**out, "locks": {p: target.on(p).lock for p in target.platforms}}
 
 
 def _alias_owner(matrix: Matrix) -> dict[str, str]:

@@ -34,7 +34,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from builder.config.project import Project, Target, TargetView
 from builder.config.tags import cache_tag, repository_of
@@ -98,21 +97,6 @@ class ViewPlan:
     @property
     def platform(self) -> str:
         return self.view.platform
-
-    def as_dict(self) -> dict[str, Any]:
-        """What ``builder print`` shows of it (per platform)."""
-        request = self.request
-        return {
-            "content_tag": self.content_tag,
-            "local_refs": list(self.local_refs),
-            "push_refs": list(self.push_refs),
-            "cache_sources": list(self.cache_sources),
-            "build_args": dict(request.build_args),
-            "contexts": dict(request.contexts),
-            "labels": dict(request.labels),
-            "cache_to": list(request.cache_to),
-            "stages": list(self.stages),
-        }
 
 
 @dataclass(frozen=True)

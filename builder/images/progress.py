@@ -2,11 +2,14 @@
 
 In a terminal, rich's live view; in a log (CI, a pipe, a file) plain lines that are never wrapped
 or cut, the closing table one line per row, and a line at least every ``HEARTBEAT_S`` seconds
-while a long step is silent (a ``RUN`` installing torch, the export of the layers: :mod:`builder.config.heartbeat`).
+while a long step is silent (a ``RUN`` installing torch, the export of the layers:
+:mod:`builder.config.heartbeat`). The build log prints each step whole once, where it starts;
+the heartbeat names it in one short line (:func:`step_summary`).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -18,6 +21,64 @@ from rich.table import Table
 
 from builder.config.heartbeat import HEARTBEAT_S
 from builder.images.outcome import Outcome
+
+#: A step as BuildKit names it (``[stage n/m] INSTRUCTION ...``; podman's steps have no prefix).
+_STEP = re.compile(r"^(?:\[(?P<where>[^\]]+)\]\s+)?(?P<instruction>[A-Z]+)\b\s*(?P<rest>.*)$")
+#: A locked wheel in a step's command: ``name==version`` (its hashes follow it).
+_PIN = re.compile(r"(?<![\w.=-])([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\"']+)")
+#: The most characters of a step in a heartbeat line (the line: about 120 with the target and the time).
+SUMMARY_CHARS = 72
+
+
+def step_summary(text: str, width: int = SUMMARY_CHARS) -> str:
+    """A build step in one short line of at most *width* characters: where it is, and for a ``RUN``
+    that installs wheels, how many (or which, for one or two); other steps without their flags, cut.
+    The step's whole text is in the build log once, where it starts.
+
+    Example:
+        >>> step_summary("[common 4/4] RUN --network=none --mount=type=bind,from=wheels-common,target=/w "
+        ...              "printf '%s %s\\n' a==1 --hash=sha256:aa b==2 --hash=sha256:bb c==3 --hash=sha256:cc "
+        ...              "> /tmp/l && uv pip install --require-hashes -r /tmp/l")
+        '[common 4/4] pip install (3 wheels)'
+        >>> step_summary('[torch 2/2] RUN if [ -n "torch==2.13.0+cpu --hash=sha256:ab" ]; then printf "%s %s" '
+        ...              'torch==2.13.0+cpu --hash=sha256:ab > /tmp/l && uv pip install -r /tmp/l; fi')
+        '[torch 2/2] pip install torch==2.13.0+cpu'
+        >>> step_summary("exporting to image")
+        'exporting to image'
+    """
+    text = " ".join(text.split())
+    match = _STEP.match(text)
+    if match is None:
+        return _cut(text, width)
+    where = f"[{match['where']}] " if match["where"] else ""
+    words = match["rest"].split(" ")
+    if match["instruction"] == "RUN":
+        words = words[next((i for i, w in enumerate(words) if not w.startswith("--")), len(words)):]  # its flags
+    command = " ".join(words)
+    if match["instruction"] == "RUN" and "pip install" in command:
+        return _cut(f"{where}pip install {_installs(match['rest'], command)}".rstrip(), width)
+    return _cut(f"{where}{match['instruction']} {command}".rstrip(), width)
+
+
+def _installs(step: str, command: str) -> str:
+    """What a ``pip install`` step installs: its wheels, named when one or two, else counted; with
+    its ``WHEELS_<LAYER>`` not expanded in the step's text (podman's), the layer its wheels come from."""
+    pins = list(dict.fromkeys(f"{name}=={version}" for name, version in _PIN.findall(command)))
+    if pins:
+        return ", ".join(pins) if len(pins) <= 2 else f"({len(pins)} wheels)"
+    if layer := re.search(r"/wheels/([\w.-]+)", step):
+        return f"(the {layer[1]} layer's wheels)"
+    return " ".join(w for w in command.split("pip install", 1)[1].split() if not w.startswith("-"))
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _elapsed(seconds: float) -> str:
+    """``45s``, ``1m20s``."""
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{rest}s"
 
 
 def stderr_console() -> Console:
@@ -83,7 +144,8 @@ class Progress:
             if not running:
                 self._last = now  # nothing running (the build's own steps say what they do)
             for target, (since, doing) in running:
-                self._print(f"[dim]{escape(target)} |[/] still running: {escape(doing)} ({now - since:.0f} s)")
+                self._print(f"[dim]{escape(target)} |[/] still running: {escape(step_summary(doing))} "
+                            f"{_elapsed(now - since)}")
 
     def say(self, text: str) -> None:
         self._print(escape(text))

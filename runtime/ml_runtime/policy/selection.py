@@ -215,65 +215,78 @@ def _select(config: AcceleratorConfig, probe: ProbeResult, env: Mapping[str, str
     host_backend = probe.backend if probe.has_accelerator else "cpu"
     wanted = host_backend if config.backend == "auto" else config.backend
     selection = Selection(backend=wanted, vendor=VENDOR_OF_BACKEND[wanted])
-    variable = VISIBILITY_VARIABLE.get(probe.vendor)
-
     if wanted == "cpu":
-        if config.backend == "cpu":
-            if config.policy:
-                selection.notes.append(
-                    "backend cpu selects no devices; device_selection_policy and count are ignored"
-                )
-            elif config.criteria or config.count:
-                selection.notes.append("backend cpu selects no devices; criteria and count are ignored")
-        elif config.policy:  # auto on a host without an accelerator: nothing to rank
-            selection.notes.append(
-                "no device matched any priority; this host has no accelerator: running on CPU"
-            )
-        elif config.criteria or config.count:  # auto on a host without an accelerator
-            selection.problems.append(
-                f"criteria ({_describe(config.criteria)}) ask for devices but this host has no accelerator"
-            )
-        if probe.has_accelerator and variable:
-            if probe.vendor == "intel":
-                selection.notes.append(
-                    "Intel devices cannot be hidden with ZE_AFFINITY_MASK; they stay visible"
-                )
-            else:
-                selection.variable = variable
-                selection.env[variable] = ""
-        return selection
-
-    if wanted != host_backend:
+        _select_cpu(config, probe, selection)
+    elif wanted != host_backend:
         have = f"{VENDOR_LABEL[probe.vendor]} ({host_backend})" if probe.has_accelerator else "none, CPU only"
         selection.problems.append(
             f"backend {wanted} requested but this host has no {VENDOR_LABEL[VENDOR_OF_BACKEND[wanted]]} "
             f"accelerator (found: {have})"
         )
-        return selection
+    else:
+        _select_on_host(config, probe, selection, env)
+    return selection
 
+
+def _select_cpu(config: AcceleratorConfig, probe: ProbeResult, selection: Selection) -> None:
+    """Backend cpu (asked for, or ``auto`` on a host without an accelerator): no devices; the host's
+    accelerators, if any, hidden from the command where their variable can hide them."""
+    if config.backend == "cpu":
+        if config.policy:
+            selection.notes.append(
+                "backend cpu selects no devices; device_selection_policy and count are ignored"
+            )
+        elif config.criteria or config.count:
+            selection.notes.append("backend cpu selects no devices; criteria and count are ignored")
+    elif config.policy:  # auto on a host without an accelerator: nothing to rank
+        selection.notes.append("no device matched any priority; this host has no accelerator: running on CPU")
+    elif config.criteria or config.count:  # auto on a host without an accelerator
+        selection.problems.append(
+            f"criteria ({_describe(config.criteria)}) ask for devices but this host has no accelerator"
+        )
+    variable = VISIBILITY_VARIABLE.get(probe.vendor)
+    if probe.has_accelerator and variable:
+        if probe.vendor == "intel":
+            selection.notes.append("Intel devices cannot be hidden with ZE_AFFINITY_MASK; they stay visible")
+        else:
+            selection.variable = variable
+            selection.env[variable] = ""
+
+
+def _select_on_host(config: AcceleratorConfig, probe: ProbeResult, selection: Selection,
+                    env: Mapping[str, str]) -> None:
+    """The host's backend: its devices by the policy or the criteria, ``count`` of them, and the
+    visibility variable naming them."""
     if config.policy:
         candidates, describe = _select_by_policy(config, probe, selection)
         if not candidates:
-            return selection
+            return
     else:
-        candidates = [d for d in probe.devices if all(_matches(d, k, v) for k, v in config.criteria)]
-        candidates.sort(key=lambda d: _sort_key(d, config.criteria))
-        describe = f"the criteria ({_describe(config.criteria)})"
-        if not candidates:
-            selection.problems.append(
-                f"no device satisfies the criteria ({_describe(config.criteria)}) among "
-                f"{', '.join(d.label() for d in probe.devices)}"
-            )
+        candidates, describe = _select_by_criteria(config, probe, selection)
     wanted_count = config.count if config.count is not None else len(candidates)
     if candidates and len(candidates) < wanted_count:
         selection.problems.append(
             f"only {len(candidates)} of the requested {wanted_count} devices satisfy {describe}"
         )
     selection.devices = candidates[:wanted_count]
+    variable = VISIBILITY_VARIABLE.get(probe.vendor)
     selection.variable = variable
     if variable and selection.devices:
         selection.env[variable] = visible_tokens(variable, [d.index for d in selection.devices], env)
-    return selection
+
+
+def _select_by_criteria(
+    config: AcceleratorConfig, probe: ProbeResult, selection: Selection
+) -> tuple[list[DeviceInfo], str]:
+    """Devices meeting every criterion, best first (a problem in ``selection`` when none does)."""
+    candidates = [d for d in probe.devices if all(_matches(d, k, v) for k, v in config.criteria)]
+    candidates.sort(key=lambda d: _sort_key(d, config.criteria))
+    if not candidates:
+        selection.problems.append(
+            f"no device satisfies the criteria ({_describe(config.criteria)}) among "
+            f"{', '.join(d.label() for d in probe.devices)}"
+        )
+    return candidates, f"the criteria ({_describe(config.criteria)})"
 
 
 def _select_by_policy(
