@@ -217,7 +217,7 @@ def test_docker_and_buildx_get_the_engine_and_no_secret(recorders, tmp_path):
     """``docker buildx version``/``inspect``, ``docker context inspect``, ``buildx build`` (with the
     registry's login: a private DOCKER_CONFIG, never the password itself) and ``buildx prune``."""
     from builder.oci import buildkit
-    from builder.oci.engine import DockerEngine
+    from builder.oci.docker import DockerEngine
 
     recorders.add("docker", 'echo "Driver: docker"; exit 0')
     assert buildkit.builder_problem("planted-builder", "unix:///elsewhere.sock") is not None
@@ -237,7 +237,7 @@ def test_docker_and_buildx_get_the_engine_and_no_secret(recorders, tmp_path):
 
 def test_podman_gets_its_configuration_and_no_secret(recorders, tmp_path, monkeypatch):
     """``podman system service`` (a daemon for the run), the podman CLI and ``podman build``."""
-    from builder.oci import buildah, engine
+    from builder.oci import buildah, docker as engine
 
     recorders.add("podman")
     monkeypatch.setattr(engine, "podman_socket", lambda: None)
@@ -258,7 +258,7 @@ def test_podman_gets_its_configuration_and_no_secret(recorders, tmp_path, monkey
 
 def test_zstd_gets_no_setting_that_changes_the_bytes(recorders):
     """ZSTD_NBTHREADS would make zstd write multi-threaded frames: other bytes, another layer digest."""
-    from builder.oci import engine
+    from builder.oci import docker as engine
 
     recorders.add("zstd", recorders.real("zstd"))
     data = b"a layer " * 1000

@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from builder.oci import buildah, engine
+from builder.oci import buildah, docker as engine
 from builder.oci.buildkit import BuildRequest, BuildResult
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from builder.images import smoke
-from builder.oci.engine import DockerEngine
+from builder.oci.docker import DockerEngine
 
 STDOUT = '[CHECK] pytorch: 2.13.0+cpu -> OK\n{\n  "vendor": "none",\n  "torch": {"version": "2.13.0"}\n}\n'
 STDERR = "UserWarning: NumPy is not available\n"

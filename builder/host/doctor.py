@@ -29,8 +29,8 @@ from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import cdi, devices, hardware
-from builder.oci import buildkit, engine, localregistry, registry
-from builder.oci.engine import DockerEngine, Engine, engine_address
+from builder.oci import buildkit, docker as engine, localregistry, registry
+from builder.oci.docker import DockerEngine, Engine, engine_address
 from builder.oci.secrets import PLAIN, child_env
 
 Status = Literal["ok", "warn", "fail"]

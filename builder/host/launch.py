@@ -24,14 +24,14 @@ from docker.errors import DockerException
 from builder.config.errors import UserError
 from builder.host.runspec import RunSpec
 from builder.oci import registry
-from builder.oci.engine import Engine, EngineError, connect
+from builder.oci.docker import Engine, EngineError, connect
 
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
 STOP_TIMEOUT_S = 10
 
 
 def engine_info(kind: str | None = None) -> dict[str, Any] | None:
-    """``docker info`` of the engine *kind* (default: :func:`builder.oci.engine.connect`'s), or None when it does
+    """``docker info`` of the engine *kind* (default: :func:`builder.oci.docker.connect`'s), or None when it does
     not answer (``builder run`` asks Docker about CDI).
 
     Example:
@@ -167,7 +167,7 @@ def launch(
 ) -> int:
     """Refuse on plan problems, make sure the image is here, run; return the command's exit status.
 
-    *engine* defaults to the engine the plan was made for (:func:`builder.oci.engine.connect`, after the plan
+    *engine* defaults to the engine the plan was made for (:func:`builder.oci.docker.connect`, after the plan
     checks, so a bad plan is reported even without an engine); *say* gets progress lines, default stderr.
 
     Example:

@@ -17,7 +17,7 @@ Example:
     docker run --rm --label io.ml-image-builder.run=1 ... --gpus all --shm-size 8g ... python train.py
 
 The dry run's line is the engine's own (``docker run`` or ``podman run``), from the same options the real run
-gives the engine (:func:`builder.oci.engine.run_argv`): on podman, NVIDIA's GPUs by CDI name
+gives the engine (:func:`builder.oci.docker.run_argv`): on podman, NVIDIA's GPUs by CDI name
 (``--device nvidia.com/gpu=all``), and ``--userns keep-id`` where a rootless podman runs the user's UID.
 """
 
@@ -37,7 +37,7 @@ from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host import hardware
 from builder.host.devices import device_flags, device_kwargs, host_cdi
 from builder.host.targets import choose_target
-from builder.oci.engine import run_argv
+from builder.oci.docker import run_argv
 
 WORKSPACE = "/workspace"
 #: One process on one machine; a launcher on the host (torchrun, Slurm) may set its own.

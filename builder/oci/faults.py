@@ -21,7 +21,7 @@ import docker.errors
 import requests.exceptions
 
 from builder.config.urls import public
-from builder.oci.engine import EngineError, engine_label
+from builder.oci.docker import EngineError, engine_label
 from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.

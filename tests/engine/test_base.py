@@ -104,7 +104,7 @@ def test_the_base_pin_follows_the_content_not_what_the_engine_holds(tmp_path, en
     gzipped it anew, each into another manifest), into a fresh registry (the registry data is gone):
     the same manifest digest as the session's first pin. Both pins are made here (the Debian mirror
     moves: no committed digest is compared); the same image ID shows the mirror held still."""
-    from builder.oci.engine import image_store
+    from builder.oci.docker import image_store
     from devtools.dockerd import DockerdUnavailable, extra_dockerd
     from devtools.support import docker_login, fail_or_skip, registry_login, start_registry, stop
 

@@ -291,7 +291,7 @@ def test_an_untagged_image_a_live_build_holds_stays_until_its_run_ends(engine, o
     b = copy_project(tmp_path / "clone-b")
     image = _import(engine, None, uuid.uuid4().bytes, changes=[f"LABEL {TARGET_LABEL}=cpu"])
     code = ("import sys, time; from builder.config.project import load_project; from builder.images import owned; "
-            "from builder.oci.engine import DockerEngine; "
+            "from builder.oci.docker import DockerEngine; "
             f"owned.record_image(DockerEngine.from_env(), load_project({str(b / 'matrix.yaml')!r}), {image!r}, 'cpu', "
             "hold=True); print('held', flush=True); time.sleep(600)")
     run_b = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=b)

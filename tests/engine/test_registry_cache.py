@@ -19,7 +19,7 @@ import docker
 import pytest
 from helpers import publish_base_to, run_builder
 
-from builder.oci.engine import image_store
+from builder.oci.docker import image_store
 from devtools.dockerd import DockerdUnavailable, _stop, extra_dockerd
 from devtools.support import edit_matrix, fail_or_skip
 

@@ -36,7 +36,7 @@ from builder.config.project import Project
 from builder.host import cdi, devices, doctor, hardware
 from builder.host.launch import run_streamed
 from builder.host.runspec import RunSpec, format_dry_run, run_spec
-from builder.oci.engine import DockerEngine, PodmanEngine
+from builder.oci.docker import DockerEngine, PodmanEngine
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import fail_or_skip
 
@@ -457,7 +457,7 @@ def build_busybox(client: docker.DockerClient, tmp_path: Path, ref: str) -> None
 RUN_WITH_PODMAN = """
 import pickle, sys
 from builder.host.launch import run_streamed
-from builder.oci.engine import connect_podman
+from builder.oci.docker import connect_podman
 with open(sys.argv[1], "rb") as handle:
     plan = pickle.load(handle)
 engine = connect_podman()
