@@ -2,7 +2,7 @@
 
 A stand-in extends one of these and overrides what its test uses: it is a complete implementation
 of the Protocol, and mypy checks each override's signature against it (a stand-in that drifts from
-:class:`builder.oci.docker.Engine` or :class:`builder.images.execute.UI` fails ``make check``).
+:class:`builder.oci.engine.Engine` or :class:`builder.images.execute.UI` fails ``make check``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from builder.images.execute import UI
 from builder.images.outcome import Outcome
 from builder.oci import buildkit
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 
 
 def _unused(request: str) -> AssertionError:

@@ -1,5 +1,5 @@
 """The build without an engine: the plan (pure), the reuse decision (pure), the executor's stages
-on a recording stand-in of :class:`builder.oci.docker.Engine` (tests/doubles.py: mypy checks it against
+on a recording stand-in of :class:`builder.oci.engine.Engine` (tests/doubles.py: mypy checks it against
 the Protocol), and publish.record's locking."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
 from builder.oci.buildkit import BuildRequest, BuildResult
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 from devtools.support import REPO
 
 

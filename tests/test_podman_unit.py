@@ -5,13 +5,15 @@ tests/engine/test_podman.py, docs/building.md)."""
 from __future__ import annotations
 
 import subprocess
+import typing
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 
-from builder.oci import buildah, docker as engine
+from builder.oci import buildah, connect
+from builder.oci import podman as engine
 from builder.oci.buildkit import BuildRequest, BuildResult
 
 
@@ -91,9 +93,9 @@ def test_a_gpu_request_podman_cannot_honour_is_refused_not_dropped() -> None:
             "device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
     with pytest.raises(engine.EngineError, match="nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"):
         found.create(gpus)
-    assert not found.client.mock_calls, "the engine was asked"
+    assert not typing.cast(mock.MagicMock, found.api).mock_calls, "the engine was asked"
     with pytest.raises(engine.EngineError, match="podman names GPUs by CDI only"):
-        engine.run_argv("podman", gpus)
+        connect.run_argv("podman", gpus)
     cdi = {**gpus, "device_requests": [docker.types.DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=all"])]}
-    assert engine.run_argv("podman", cdi)[-4:] == ["--device", "nvidia.com/gpu=all", "i", "true"]
-    assert engine.run_argv("docker", gpus) == ["docker", "run", "--rm", "--gpus", "all", "i", "true"]
+    assert connect.run_argv("podman", cdi)[-4:] == ["--device", "nvidia.com/gpu=all", "i", "true"]
+    assert connect.run_argv("docker", gpus) == ["docker", "run", "--rm", "--gpus", "all", "i", "true"]

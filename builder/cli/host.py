@@ -101,7 +101,7 @@ def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, 
     try:
         from builder.config.project import load_project
         from builder.images import gc
-        from builder.oci.docker import connect
+        from builder.oci.connect import connect
 
         project = load_project(matrix_path, mapping_path, allow_unpinned=True)
         try:
@@ -176,7 +176,7 @@ def run_cmd(
     """
     from builder.host import hardware, launch
     from builder.host.runspec import format_dry_run, run_spec
-    from builder.oci.docker import engine_kind
+    from builder.oci.connect import engine_kind
 
     cdi_dirs = cdi_dirs or hardware.CDI_DIRS
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(hardware.cdi_specs(cdi_dirs)))

@@ -186,7 +186,7 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
             click.echo("run 'builder base --update' to re-pin, then commit base.lock.json and images/")
             sys.exit(1)
         return
-    from builder.oci.docker import connect
+    from builder.oci.connect import connect
 
     engine = connect()
     for platform in wanted:
@@ -259,7 +259,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     """
     from builder.images.build import build_all
     from builder.images.progress import Progress
-    from builder.oci.docker import connect
+    from builder.oci.connect import connect
 
     signer = _signer(sign_key, push)
     if buildx_builder:
@@ -341,7 +341,7 @@ def _vouch(signer: Any) -> Any:
 def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], no_train: bool) -> None:
     """Smoke-test the tagged images of targets, per platform (build them first)."""
     from builder.images.smoke import smoke_test
-    from builder.oci.docker import connect
+    from builder.oci.connect import connect
 
     engine = connect()
     failed = False
@@ -371,7 +371,7 @@ def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, .
     With a signing key, each pushed image gets its signature, SBOM and provenance attached."""
     from builder.config.files import published_path
     from builder.images.build import push_all
-    from builder.oci.docker import connect
+    from builder.oci.connect import connect
 
     signer = _signer(sign_key, True)
     engine = connect()
@@ -464,7 +464,7 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
     Exits 1 when something listed could not be removed (a line says why).
     """
     from builder.images import gc
-    from builder.oci.docker import connect
+    from builder.oci.connect import connect
 
     engine = connect()
     found = gc.collect(engine, project, keep_days=keep_days)

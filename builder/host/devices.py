@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker.types
-
 from builder.config.project import Target
 from builder.host import cdi, hardware
+from builder.oci.docker import DeviceRequest
 
 #: The CDI device kind of each vendor's GPUs, as its container toolkit writes the spec.
 CDI_KINDS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "intel.com/gpu"}
@@ -158,9 +157,9 @@ def device_kwargs(
         >>> device_kwargs(False, (), (), None, None, ["nvidia.com/gpu=all"])["device_requests"][0]["Driver"]
         'cdi'
     """
-    requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
+    requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
     if cdi_devices:
-        requests.append(docker.types.DeviceRequest(driver="cdi", device_ids=list(cdi_devices)))
+        requests.append(DeviceRequest(driver="cdi", device_ids=list(cdi_devices)))
     return {
         "device_requests": requests or None,
         "devices": [f"{d}:{d}:rwm" for d in devices] or None,

@@ -22,15 +22,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from docker.errors import DockerException
 from requests.exceptions import RequestException
 
 from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import cdi, devices, hardware
-from builder.oci import buildkit, docker as engine, localregistry, registry
-from builder.oci.docker import DockerEngine, Engine, engine_address
+from builder.oci import buildkit, docker, localregistry, podman, registry
+from builder.oci.docker import DockerEngine, engine_address
+from builder.oci.engine import Engine, chosen_engine, engine_version
 from builder.oci.secrets import PLAIN, child_env
 
 Status = Literal["ok", "warn", "fail"]
@@ -89,22 +89,22 @@ def check_daemon(ctx: Context) -> list[Check]:
     """The engine (``--engine``/BUILDER_ENGINE, else Docker, then podman when Docker does not answer):
     reachable, its version and API version, its image store (podman: rootful or rootless, what it lacks)."""
     try:
-        kind = engine.chosen_engine()
+        kind = chosen_engine()
     except UserError as exc:
         return [Check("fail", "engine", str(exc), "BUILDER_ENGINE=docker or BUILDER_ENGINE=podman")]
     if kind != "podman":
-        docker = _check_docker(ctx)
-        if kind == "docker" or docker[0].status != "fail" or shutil.which("podman") is None:
-            return docker
+        found = _check_docker(ctx)
+        if kind == "docker" or found[0].status != "fail" or shutil.which("podman") is None:
+            return found
     return _check_podman(ctx)
 
 
 def _check_podman(ctx: Context) -> list[Check]:
     try:
-        found_engine = engine.connect_podman(timeout=15)
+        found_engine = podman.connect_podman(timeout=15)
         version = found_engine.version()
         ctx.info = found_engine.info()
-    except (UserError, DockerException, RequestException, OSError) as exc:
+    except (UserError, docker.ClientError, RequestException, OSError) as exc:
         return [Check("fail", "podman", str(exc).splitlines()[0][:300],
                       "apt-get install podman buildah (make host ENGINE=podman)")]
     ctx.engine = found_engine
@@ -112,7 +112,7 @@ def _check_podman(ctx: Context) -> list[Check]:
     found = (f"podman {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}), {mode}, at "
              f"{found_engine.address()}, {ctx.info.get('Driver', '?')} storage (layers kept uncompressed; "
              "compression chosen at push)")
-    lacks = engine.podman_lacks(str(version.get("Version", "")))
+    lacks = podman.podman_lacks(str(version.get("Version", "")))
     checks = [Check("ok", "podman", found), Check("warn", "podman lacks", "; ".join(lacks), _podman_fix(len(lacks)))]
     if mode == "rootless":
         checks.append(_rootless_network(TUN))
@@ -133,7 +133,7 @@ def _rootless_network(tun: Path) -> Check:
 
 
 def _podman_fix(lacking: int) -> str:
-    """What would remove *lacking* items of :func:`engine.podman_lacks`: the registry cache (always last) no podman has.
+    """What would remove *lacking* items of :func:`podman.podman_lacks`: the registry cache (always last) no podman has.
 
     Example:
         >>> _podman_fix(1)
@@ -149,18 +149,18 @@ def _check_docker(ctx: Context) -> list[Check]:
         found_engine = DockerEngine.from_env(timeout=15)
         version = found_engine.version()
         ctx.info = found_engine.info()
-    except (DockerException, RequestException, OSError) as exc:
+    except (docker.ClientError, RequestException, OSError) as exc:
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         return [
             Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)
         ]
     ctx.engine = found_engine
     api = version.get("ApiVersion", "?")
-    store = engine.image_store(ctx.info)
+    store = docker.image_store(ctx.info)
     found = (f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}, "
              f"{store} image store{STORE_NOTE[store]}")
-    if engine.engine_version(str(version.get("Version", ""))) < engine.MIN_ENGINE:
-        need = ".".join(map(str, engine.MIN_ENGINE))
+    if engine_version(str(version.get("Version", ""))) < docker.MIN_ENGINE:
+        need = ".".join(map(str, docker.MIN_ENGINE))
         return [Check("fail", "docker daemon", f"{found}; builder needs Docker >= {need}",
                       "upgrade the engine: scripts/setup-host.sh prints the command (Debian 12: docker.io from "
                       "Debian 13, pinned)")]
@@ -190,7 +190,7 @@ def _enroot_version() -> tuple[int, int] | None:
         return None
     proc = subprocess.run(["enroot", "version"], capture_output=True, text=True, check=False, timeout=10,
                           env=child_env(PLAIN))
-    return engine.engine_version(proc.stdout)
+    return engine_version(proc.stdout)
 
 
 def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None] = _enroot_version) -> list[Check]:
@@ -208,7 +208,7 @@ def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None]
         # builder takes (>= 4.3), and podman keeps no image store that decides the compression: its push does
         checks = [Check("ok", "compression", f"{names} publish zstd layers (OCI media types): podman pulls them and "
                         "compresses at push; older consumers: docs/building.md#compression")]
-    elif engine.engine_version(version) < ZSTD_DOCKER:
+    elif engine_version(version) < ZSTD_DOCKER:
         checks = [Check("warn", "compression", f"{names} publish zstd layers: this engine (Docker {version}) cannot "
                         "pull them (Docker >= 23.0 can)", f"upgrade the engine, or {fix}")]
     else:
@@ -219,7 +219,7 @@ def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None]
         checks.append(Check("warn", "compression", f"{names} publish zstd layers: this host's enroot "
                             f"{'.'.join(map(str, found))} (Slurm's pyxis) cannot import them (enroot >= 4.0.0 can)",
                             f"upgrade enroot, or set ENROOT_GZIP_PROGRAM=zstd for its imports, or {fix}"))
-    if not podman and engine.image_store(ctx.info) == "classic":
+    if not podman and docker.image_store(ctx.info) == "classic":
         checks.append(Check("warn", "compression", "this engine's classic image store keeps gzip whatever BuildKit "
                             "writes, so these targets are published gzip from here",
                             'enable the containerd image store: {"features": {"containerd-snapshotter": true}} '

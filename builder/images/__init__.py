@@ -8,7 +8,7 @@
 - ``base.py``: the reproducible, pinned base (mmdebstrap).
 - ``plan.py`` (per target view: content tag, references, build request and the ordered
   stages; the pure reuse decision), ``execute.py`` (the executor: build -> smoke -> tag ->
-  push -> attest -> record per view, on :class:`builder.oci.docker.Engine`; the build itself
+  push -> attest -> record per view, on :class:`builder.oci.engine.Engine`; the build itself
   runs through BuildKit, :mod:`builder.oci.buildkit`), ``build.py`` (``builder build`` and
   ``builder push``, one pipeline: pin the base, plan once, look up, decide, fetch, execute, indexes), ``outcome.py`` (a view's result),
   ``progress.py`` (the progress view), ``smoke.py`` (checks in the built image),

@@ -41,7 +41,7 @@ from builder.config.project import Project, pinned_base_refs, spec_hash
 from builder.config.urls import public
 from builder.images.progress import HEARTBEAT_S, heartbeat
 from builder.oci.artifacts import OCI_MANIFEST, get_blob, get_manifest, push_blob, put_manifest
-from builder.oci.docker import Engine, EngineError
+from builder.oci.engine import Engine, EngineError
 from builder.oci.localregistry import ensure_local
 from builder.oci.registry import RegistryFault, credentials, manifest_digest
 from builder.oci.registry import ping as registry_answers

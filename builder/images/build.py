@@ -9,7 +9,7 @@ their wheels, get their platform's base and are built, one by one or ``-j N`` si
 one executor (:class:`builder.images.execute.Executor`); then, with ``push``, each multi-platform
 target's index, whose errors become its views' errors. ``builder push`` is the same pipeline with
 the build stages skipped (:func:`builder.images.plan.decide_push`). Every engine request goes
-through :class:`builder.oci.docker.Engine`; the CLI only parses options and prints.
+through :class:`builder.oci.engine.Engine`; the CLI only parses options and prints.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from builder.images import base, gc, locks, render, trust
 from builder.images import plan as plans
 from builder.images.execute import UI, Attester, Executor, presence, push_decisions
 from builder.images.outcome import Outcome
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 
 __all__ = ["build_all", "ensure_base_present", "push_all", "registry_cache_supported", "run"]
 

@@ -24,10 +24,9 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from docker.utils.build import exclude_paths
-
 from builder.config.project import Project, TargetView
 from builder.images import layers, render
+from builder.oci.docker import exclude_paths
 
 #: Hex digits of the digest in the tag (48 bits: collisions among one target's versions are not a concern).
 TAG_HEX = 12

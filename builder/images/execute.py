@@ -1,4 +1,4 @@
-"""The executor: runs each planned view's stages, in order, on an :class:`~builder.oci.docker.Engine`.
+"""The executor: runs each planned view's stages, in order, on an :class:`~builder.oci.engine.Engine`.
 
 A view's stages (:mod:`builder.images.plan`) are ``build`` -> ``smoke`` -> ``tag`` -> ``push``
 -> ``attest`` -> ``record``, or the part of them its :class:`~builder.images.plan.Decision`
@@ -12,7 +12,7 @@ target gets its index (``index`` -> ``attest`` -> ``record``).
 stages, so both publish the same things: the content tag when smoke-tested, the platform tags,
 the index, the attachments.
 
-The engine is a parameter (a fake of :class:`~builder.oci.docker.Engine` in the unit tests).
+The engine is a parameter (a fake of :class:`~builder.oci.engine.Engine` in the unit tests).
 So are the two stages whose code lives elsewhere: the smoke test (:mod:`builder.images.smoke`)
 and ``attest``, an
 :class:`Attester` that the cli layer makes from :mod:`builder.supply.attach`: the supply chain
@@ -45,7 +45,7 @@ from builder.images import plan as plans
 from builder.images.outcome import Outcome
 from builder.oci import faults, localregistry, registry
 from builder.oci.buildkit import BuildRequest, BuildResult
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0

@@ -57,7 +57,7 @@ from builder.config.project import Project, TargetView
 from builder.images import layers, lockfile, owned, wheelhouse
 from builder.images.content import content_tags
 from builder.oci import localregistry, loopback, registry
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 from builder.oci.secrets import PLAIN, child_env
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")

@@ -40,7 +40,7 @@ from builder.config.files import published_path
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project
 from builder.config.state import state_dir
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 
 #: BuildKit's description of a wheel context's copy (:func:`builder.images.layers.context_name`).
 WHEEL_SOURCE = "local source for wheels-"

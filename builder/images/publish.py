@@ -24,7 +24,7 @@ from builder.config.project import Project, Target, TargetView
 from builder.images.content import content_tags
 from builder.images.plan import push_order
 from builder.oci import registry
-from builder.oci.docker import Engine
+from builder.oci.engine import Engine
 
 
 def push_target(engine: Engine, view: TargetView, image_id: str, refs: Sequence[str]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from builder.config.errors import TargetFailed
 from builder.config.ownership import run_token
 from builder.config.project import Project, Target, TargetView
 from builder.host.devices import device_options
-from builder.oci.docker import ContainerTimeout, Engine
+from builder.oci.engine import ContainerTimeout, Engine
 
 #: On every smoke container: its run, this process's lease (:func:`builder.config.ownership.run_token`).
 SMOKE_LABEL = "io.ml-image-builder.images.smoke"

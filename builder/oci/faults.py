@@ -17,11 +17,12 @@ import urllib.error
 import urllib.parse
 from dataclasses import dataclass
 
-import docker.errors
 import requests.exceptions
 
 from builder.config.urls import public
-from builder.oci.docker import EngineError, engine_label
+from builder.oci.connect import engine_label
+from builder.oci.docker import ClientError, explanation
+from builder.oci.engine import EngineError
 from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.
@@ -33,7 +34,7 @@ EXIT_FAULT = 70
 
 #: What :func:`describe` knows by name (callers that must not stop catch these).
 KNOWN: tuple[type[BaseException], ...] = (
-    docker.errors.DockerException, EngineError, RegistryFault, requests.exceptions.RequestException, urllib.error.URLError,
+    ClientError, EngineError, RegistryFault, requests.exceptions.RequestException, urllib.error.URLError,
 )
 
 
@@ -75,8 +76,8 @@ def describe(exc: BaseException) -> Fault:
     if isinstance(exc, EngineError):
         return Fault(f"{engine} refused a request ({_first_line(exc)}); "
                      f"check that it runs (`{check}`) and retry", EXIT_ENGINE)
-    if isinstance(exc, requests.exceptions.RequestException | docker.errors.DockerException):
-        what = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else _first_line(exc)
+    if isinstance(exc, requests.exceptions.RequestException | ClientError):
+        what = explanation(exc) if isinstance(exc, ClientError) else _first_line(exc)
         return Fault(f"{engine} failed ({exc.__class__.__name__}: {str(what)[:200]}); "
                      f"check that it runs (`{check}`) and retry", EXIT_ENGINE)
     return Fault(f"internal error ({exc.__class__.__name__}: {_first_line(exc)}); "

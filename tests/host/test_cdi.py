@@ -36,7 +36,8 @@ from builder.config.project import Project
 from builder.host import cdi, devices, doctor, hardware
 from builder.host.launch import run_streamed
 from builder.host.runspec import RunSpec, format_dry_run, run_spec
-from builder.oci.docker import DockerEngine, PodmanEngine
+from builder.oci.docker import DockerAPI, DockerEngine
+from builder.oci.podman import PodmanEngine
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import fail_or_skip
 
@@ -343,7 +344,8 @@ def test_podman_turns_labelling_off_where_selinux_enforces(project: Project, tmp
 def test_doctor_on_podman_without_a_spec_fails_with_the_fix(tmp_path: Path) -> None:
     """``builder doctor`` on podman: no "builder run uses --gpus all" (podman has none); one FAIL with the fix."""
     dirs = cdi_tree(tmp_path)
-    engine = PodmanEngine(docker.DockerClient(base_url="unix:///nonexistent", version="1.41"), "unix:///nonexistent")
+    engine = PodmanEngine(DockerAPI(docker.DockerClient(base_url="unix:///nonexistent", version="1.41")),
+                          "unix:///nonexistent")
     ctx = doctor.Context(nvidia_host(tmp_path), engine=engine, info={"ServerVersion": "4.3.1",
                                                                      "BuildahVersion": "1.28.2"}, cdi_dirs=dirs)
     checks = [c for c in doctor.check_nvidia(ctx) + doctor.check_cdi(ctx) if c.item != "nvidia driver"]
@@ -420,7 +422,7 @@ def test_docker_injects_the_device_builder_run_names(project: Project, tmp_path:
     engine turns into the node; without the name, the same image has no such node."""
     try:
         with extra_dockerd(tmp_path / "engine", "cd", cdi_spec_dirs=[test_spec]) as host:
-            engine = DockerEngine(docker.DockerClient(base_url=host, timeout=300))
+            engine = DockerEngine(DockerAPI(docker.DockerClient(base_url=host, timeout=300)))
             try:
                 assert engine.info()["CDISpecDirs"] == [str(test_spec)]
                 plan = cdi_plan(project, tmp_path, test_spec, engine.info())
@@ -457,7 +459,7 @@ def build_busybox(client: docker.DockerClient, tmp_path: Path, ref: str) -> None
 RUN_WITH_PODMAN = """
 import pickle, sys
 from builder.host.launch import run_streamed
-from builder.oci.docker import connect_podman
+from builder.oci.podman import connect_podman
 with open(sys.argv[1], "rb") as handle:
     plan = pickle.load(handle)
 engine = connect_podman()

@@ -195,11 +195,11 @@ def test_compression_warns_only_where_this_host_could_not_pull_zstd(project_dir:
 ])
 def test_podman_lacks_what_its_release_has_not_and_builds_follow_the_same_bounds(version, lacking):
     """doctor's list and the build's switches read the same bounds: what it says is missing is what builds avoid."""
-    from builder.oci.docker import (
+    from builder.oci.engine import engine_version
+    from builder.oci.podman import (
         PODMAN_FORCE_COMPRESSION,
         PODMAN_LAYER_CACHE,
         PODMAN_PER_RUN_NETWORK,
-        engine_version,
         podman_lacks,
     )
 
@@ -250,6 +250,6 @@ def test_compression_on_podman_says_it_pulls_zstd_and_warns_of_no_store(project_
 def test_what_podman_lacks_names_the_fix_its_release_has(version: str, fix: str) -> None:
     """From 5 only BuildKit's registry cache is lacking, which no podman has: 5.4.2's doctor said "podman >= 4.7
     has the first two" of a list of one."""
-    from builder.oci import docker as engine
+    from builder.oci import podman as engine
 
     assert fix in doctor._podman_fix(len(engine.podman_lacks(version)))

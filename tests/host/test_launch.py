@@ -25,7 +25,7 @@ from builder.host import hardware, launch
 from builder.host.devices import device_flags
 from builder.host.runspec import RUN_LABEL, format_dry_run, parse_env, run_spec
 from builder.host.targets import choose_target
-from builder.oci.docker import run_argv
+from builder.oci.connect import run_argv
 from devtools.support import fail_or_skip
 
 NVIDIA_NODES = ("nvidia0", "nvidiactl")

@@ -1,0 +1,216 @@
+"""The container engine behind one interface: :class:`Engine` (a Protocol: every request the builder
+makes of an engine), the errors it raises, and the choice of engine by name. The engines implement it
+side by side: :mod:`builder.oci.docker` (Docker, through docker-py and ``docker buildx``) and
+:mod:`builder.oci.podman` (podman, through its Docker-compatible API and the podman CLI);
+:mod:`builder.oci.connect` finds one.
+
+Example:
+    >>> engine_version("26.1.5+dfsg1")
+    (26, 1)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from builder.config.errors import UserError
+from builder.oci import buildkit
+
+#: Builds stream for minutes; the default 60 s read timeout would cut them off.
+TIMEOUT_S = 3600
+
+#: The engines builder drives, in the order it tries them when none is chosen (RamaLama's order, reversed:
+#: docker first, as the existing hosts and CI have it).
+ENGINES = ("docker", "podman")
+#: The environment variable that chooses one (``--engine`` beats it).
+ENGINE_VAR = "BUILDER_ENGINE"
+
+
+def chosen_engine(value: str | None = None) -> str | None:
+    """``docker`` or ``podman`` when *value* (``--engine``), else BUILDER_ENGINE, names one; None: whichever
+    answers.
+
+    Example:
+        >>> chosen_engine("podman")
+        'podman'
+    """
+    value = (value or os.environ.get(ENGINE_VAR, "")).strip().lower()
+    if value and value not in ENGINES:
+        raise UserError(f"{ENGINE_VAR}={value!r} names no engine; use one of: {', '.join(ENGINES)}")
+    return value or None
+
+
+def engine_version(version: str) -> tuple[int, int]:
+    """``26.1.5+dfsg1`` -> (26, 1); unparsable -> (0, 0).
+
+    Example:
+        >>> engine_version("26.1.5+dfsg1")
+        (26, 1)
+    """
+    parts = re.findall(r"\d+", version)[:2]
+    return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0) if parts else (0, 0)
+
+
+class EngineError(Exception):
+    """The engine refused a request; the text is the engine's own explanation (one line)."""
+
+
+class ContainerTimeout(EngineError):
+    """A container still ran when its time was up (it was removed)."""
+
+
+class Engine(Protocol):
+    """Every request the builder makes of a container engine, in one place (repo2docker's
+    ``ContainerEngine``, RamaLama's engine: the model). :class:`~builder.oci.docker.DockerEngine` and
+    :class:`~builder.oci.podman.PodmanEngine` implement it, side by side. Callers take an ``Engine`` and
+    never a client of one engine; the unit tests' stand-ins are checked against this Protocol by mypy.
+
+    Images are named as the engine names them (``repo:tag``, ``repo@sha256:...`` or an ID);
+    requests the engine refuses raise :class:`EngineError` with its words, and an engine that does
+    not answer raises what its client raises (:mod:`builder.oci.faults` says it in one line).
+    """
+
+    def name(self) -> str:
+        """Which engine: ``docker`` or ``podman`` (:data:`ENGINES`), for messages and ``builder doctor``."""
+        ...
+
+    def address(self) -> str:
+        """Where the engine listens (``unix:///var/run/docker.sock``), for messages."""
+        ...
+
+    def version(self) -> dict[str, Any]:
+        """The engine's ``version`` (``Version``, ``ApiVersion``, ...)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """The engine's ``info`` (runtimes, CDI spec folders, the storage driver, ...)."""
+        ...
+
+    def store(self) -> str:
+        """``containerd`` or ``classic``: the image store (:func:`builder.oci.docker.image_store` on Docker)."""
+        ...
+
+    def image(self, ref: str) -> dict[str, Any] | None:
+        """The engine's ``inspect`` of an image, or None when it has no image of that name."""
+        ...
+
+    def resolve(self, names: Sequence[str]) -> str:
+        """The engine's ID of an image a build named by several digests: the containerd store names an image
+        by its manifest digest, the classic store by its config digest; the first one the engine knows."""
+        ...
+
+    def tag(self, image: str, ref: str) -> None:
+        """Point *ref* (``repo:tag``) at *image*, moving it from whatever it named."""
+        ...
+
+    def size(self, image: str) -> int:
+        """The image's unpacked size in bytes ."""
+        ...
+
+    def labels(self, image: str) -> dict[str, str]:
+        """The labels of the image's config."""
+        ...
+
+    def repo_digests(self, ref: str) -> list[str]:
+        """``repo@sha256:...`` of every registry the engine pushed the image to or pulled it from."""
+        ...
+
+    def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
+        """Pull *ref* (``repo:tag`` or ``repo@sha256:...``), of *platform* when given."""
+        ...
+
+    def push(self, ref: str, compression: str = "gzip") -> str:
+        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's.
+        *compression* is the target's: an engine that compresses at push (podman) uses it; one whose build
+        compressed the layers already (BuildKit's exporter) pushes them as they are."""
+        ...
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        """The image as a docker-archive (``docker save``), in chunks."""
+        ...
+
+    def load(self, archive: Path) -> None:
+        """Load a docker-archive; a load the engine refuses raises :class:`EngineError`."""
+        ...
+
+    def remove_image(self, ref: str) -> str | None:
+        """Remove an image (or this one of its tags); None when it is gone, else why it was kept."""
+        ...
+
+    def disk_usage(self) -> dict[str, Any]:
+        """The engine's ``system df``: ``Images`` and ``BuildCache`` records with their sizes."""
+        ...
+
+    def build_cache(self) -> list[dict[str, Any]]:
+        """The build-cache records of :meth:`disk_usage` alone (``ID``, ``Type``, ``Description``,
+        ``LastUsedAt``, ``UsageCount``, ``InUse``...), without measuring images: what a build reads
+        before and after itself."""
+        ...
+
+    def prune_build_cache(self, record: str) -> str | None:
+        """Remove one build-cache record by ID; None when done, else why not."""
+        ...
+
+    def build(
+        self,
+        request: buildkit.BuildRequest,
+        *,
+        on_step: Callable[[int, int, str], None] = ...,
+        on_log: Callable[[str], None] = ...,
+        cancel: threading.Event | None = None,
+        registry_host: str | None = None,
+        cwd: Path | None = None,
+    ) -> tuple[str, buildkit.BuildResult]:
+        """Run one build; return the engine's ID of the image it made, and the result."""
+        ...
+
+    def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
+            **options: Any) -> tuple[int, str, str]:
+        """Run a container to completion; return (exit status, stdout and stderr merged, stdout). Always
+        removes it; still running after *timeout* seconds raises :class:`ContainerTimeout`. *options* are
+        the container's settings (``network_mode``, ``devices``, ``device_requests``, ``environment``,
+        ``tmpfs``, ``shm_size``: the engine API's names)."""
+        ...
+
+    def create(self, options: Mapping[str, Any]) -> str:
+        """Create a container (the engine API's settings, ``image`` and ``command`` among them); return its ID."""
+        ...
+
+    def attach(self, container: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+        """(stdout, stderr) chunks of a created container, from its first byte (attach before start)."""
+        ...
+
+    def start(self, container: str) -> None:
+        """Start a created container."""
+        ...
+
+    def wait(self, container: str) -> int:
+        """Wait for the container to exit; its exit status."""
+        ...
+
+    def stop(self, container: str, timeout: int) -> None:
+        """Stop it (TERM, then KILL after *timeout* seconds); one gone already is no error."""
+        ...
+
+    def containers(self, label: str) -> list[str]:
+        """The IDs of every container, running or not, carrying *label* (``key=value``)."""
+        ...
+
+    def container_labels(self, label: str) -> dict[str, dict[str, str]]:
+        """{ID: its labels} of every container, running or not, carrying *label* (``key`` or ``key=value``)."""
+        ...
+
+    def remove_container(self, container: str) -> None:
+        """Force-remove a container; one gone already, or being removed, is no error."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
