@@ -31,6 +31,9 @@ class NoEngine(Engine):
     def address(self) -> str:
         raise _unused("address")
 
+    def label(self) -> tuple[str, str]:
+        raise _unused("label")
+
     def version(self) -> dict[str, Any]:
         raise _unused("version")
 

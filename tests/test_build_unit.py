@@ -231,6 +231,9 @@ class FakeEngine(NoEngine):
     def address(self) -> str:
         return "fake://engine"
 
+    def label(self) -> tuple[str, str]:
+        return f"Docker engine at {self.address()}", "docker info"
+
     def build_cache(self) -> list[dict[str, Any]]:
         return []
 

@@ -60,6 +60,7 @@ def doctor_cmd(
     sysfs_root: str,
     dev_root: str,
     cdi_dirs: tuple[str, ...],
+    engine_choice: str | None,
 ) -> None:
     """Check this host: engine, GPUs and their runtime/devices, disk, registry, tools.
 
@@ -69,8 +70,8 @@ def doctor_cmd(
     from builder.host import doctor, hardware
 
     checks = doctor.run_checks(matrix_path, mapping_path, sysfs_root=sysfs_root, dev_root=dev_root,
-                               cdi_dirs=cdi_dirs or hardware.CDI_DIRS)
-    checks += doctor.store_checks(*_store_sizes(matrix_path, mapping_path))
+                               cdi_dirs=cdi_dirs or hardware.CDI_DIRS, engine=engine_choice)
+    checks += doctor.store_checks(*_store_sizes(matrix_path, mapping_path, engine_choice))
     if as_json:
         click.echo(json.dumps(doctor.as_json(checks), indent=2))
     else:
@@ -96,7 +97,8 @@ def doctor_cmd(
     sys.exit(status)
 
 
-def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, tuple[int, str]] | None, str]:
+def _store_sizes(matrix_path: str, mapping_path: str | None,
+                 engine_choice: str | None) -> tuple[dict[str, tuple[int, str]] | None, str]:
     """What each of the builder's stores holds (``builder gc``'s measure), or None and why not."""
     try:
         from builder.config.project import load_project
@@ -105,7 +107,7 @@ def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, 
 
         project = load_project(matrix_path, mapping_path, allow_unpinned=True)
         try:
-            engine = connect()
+            engine = connect(kind=engine_choice)
         except Exception:  # noqa: BLE001 - no engine: the files' stores alone (the daemon check says why)
             engine = None
         found = gc.collect(engine, project, items=False)
@@ -168,6 +170,7 @@ def run_cmd(
     dev_root: str,
     cdi_dirs: tuple[str, ...],
     command: tuple[str, ...],
+    engine_choice: str | None,
 ) -> None:
     """Run COMMAND in the image for this host's GPUs, with the current directory at /workspace.
 
@@ -180,7 +183,7 @@ def run_cmd(
 
     cdi_dirs = cdi_dirs or hardware.CDI_DIRS
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(hardware.cdi_specs(cdi_dirs)))
-    kind = engine_kind()
+    kind = engine_kind(kind=engine_choice)
     plan = run_spec(project, command, target=target, user=user, gpus=gpus, env=env, host=host,
                     engine_info=lambda: launch.engine_info(kind), cdi_dirs=cdi_dirs, engine=kind)
     if dry_run:

@@ -76,6 +76,8 @@ class Context:
     project: Project | None = None
     cdi: tuple[str, ...] = ()
     cdi_dirs: tuple[str, ...] = hardware.CDI_DIRS
+    #: the engine ``--engine`` names (None: BUILDER_ENGINE, else Docker, then podman)
+    choice: str | None = None
 
 
 #: What each image store means for the user.
@@ -89,7 +91,7 @@ def check_daemon(ctx: Context) -> list[Check]:
     """The engine (``--engine``/BUILDER_ENGINE, else Docker, then podman when Docker does not answer):
     reachable, its version and API version, its image store (podman: rootful or rootless, what it lacks)."""
     try:
-        kind = chosen_engine()
+        kind = chosen_engine(ctx.choice)
     except UserError as exc:
         return [Check("fail", "engine", str(exc), "BUILDER_ENGINE=docker or BUILDER_ENGINE=podman")]
     if kind != "podman":
@@ -516,6 +518,7 @@ def run_checks(
     sysfs_root: Path | str = "/sys",
     dev_root: Path | str = "/dev",
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
+    engine: str | None = None,
 ) -> list[Check]:
     """All checks, in order; never raises for a host or config problem.
 
@@ -526,7 +529,7 @@ def run_checks(
     dirs = tuple(str(d) for d in cdi_dirs)
     cdi = tuple(hardware.cdi_specs(dirs))
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(cdi))
-    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=dirs)
+    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=dirs, choice=engine)
     checks: list[Check] = []
     for check in CHECKS:
         try:

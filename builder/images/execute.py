@@ -116,7 +116,7 @@ def presence(engine: Engine, views: Sequence[plans.ViewPlan],
         except (UserError, TargetFailed) as exc:  # e.g. the registry refused the lookup
             found[view.unit] = plans.Presence(error=str(exc))
         except faults.KNOWN as exc:
-            found[view.unit] = plans.Presence(error=faults.describe(exc).line)
+            found[view.unit] = plans.Presence(error=faults.describe(exc, engine).line)
     return found
 
 
@@ -158,7 +158,7 @@ def push_decisions(engine: Engine, views: Sequence[plans.ViewPlan],
                                          tested is not None and image is not None and tested["Id"] == image["Id"],
                                          options)
         except faults.KNOWN as exc:  # the engine failed: name it
-            decision = plans.Decision(None, (), error=faults.describe(exc).line)
+            decision = plans.Decision(None, (), error=faults.describe(exc, engine).line)
         work.append((view, decision))
     return work
 
@@ -260,7 +260,7 @@ class Executor:
         except (TargetFailed, UserError) as exc:
             out.error = str(exc)
         except faults.KNOWN as exc:
-            out.error = faults.describe(exc).line
+            out.error = faults.describe(exc, self.engine).line
         finally:
             if plans.RECORD in decision.stages and run.record is not None and not run.recorded:
                 self._record(run)  # what was pushed before a later stage failed
@@ -441,7 +441,7 @@ class Executor:
                 outcome = self.run_view(plan, decision)
             except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
                 outcome = Outcome(plan.name, plan.platform, content_tag=plan.content_tag,
-                                  error=faults.describe(exc).line)
+                                  error=faults.describe(exc, self.engine).line)
             if outcome.error and not keep_going:
                 halt.set()
             return outcome

@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -60,6 +59,8 @@ class Options:
     pull: bool = False
     sign: bool = False
     registry_cache: bool = False
+    #: the buildx builder builds run on (``--builder``, else BUILDX_BUILDER); None: the engine's own
+    builder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -219,13 +220,13 @@ def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
 def request(
     project: Project, view: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
     cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
-    wheels: Mapping[str, Sequence[Pin]] | None = None,
+    wheels: Mapping[str, Sequence[Pin]] | None = None, builder: str | None = None,
 ) -> buildkit.BuildRequest:
     """The build of one target view (or one stage of it), as data: what the executor builds and ``builder bake`` writes.
 
     *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time. *wheels*
     (the view's :func:`builder.images.layers.context_layers`, when the caller has them) name the
-    wheel contexts.
+    wheel contexts. *builder* is the buildx builder (None: the engine's own).
     """
 
     epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
@@ -241,7 +242,7 @@ def request(
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
         cache_to=("type=inline", *([registry_cache_sink(view)] if registry_cache else [])),
         no_cache=nocache,
-        builder=os.environ.get("BUILDX_BUILDER") or None,
+        builder=builder,
         compression=view.compression,
     )
 
@@ -281,7 +282,7 @@ def plan_view(project: Project, view: TargetView, content_tag: str, options: Opt
         registry_host=registry.Ref.parse(view.primary_ref).host,
         wheels=wheels,
         request=request(project, view, labels, nocache=options.rebuild, registry_cache=options.registry_cache,
-                        wheels=wheels),
+                        wheels=wheels, builder=options.builder),
         stages=build_stages(options),
     )
 

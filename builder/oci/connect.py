@@ -15,21 +15,6 @@ from builder.config.errors import UserError
 from builder.oci import docker, podman
 from builder.oci.engine import TIMEOUT_S, Engine, chosen_engine
 
-#: The engine :func:`connect` found last, for messages (:func:`engine_label`); Docker's until then.
-_connected: dict[str, str] = {}
-
-
-def engine_label() -> tuple[str, str]:
-    """How a message names the engine in use, and the command that checks it.
-
-    Example:
-        >>> engine_label()[1]
-        'docker info'
-    """
-    if _connected.get("name") == "podman":
-        return f"podman at {_connected['address']}", "podman info"
-    return f"Docker engine at {docker.engine_address()}", "docker info"
-
 
 def connect(timeout: int = TIMEOUT_S, kind: str | None = None) -> Engine:
     """The engine *kind* (default: the chosen one, BUILDER_ENGINE), else Docker if it answers (only Docker when
@@ -41,21 +26,17 @@ def connect(timeout: int = TIMEOUT_S, kind: str | None = None) -> Engine:
         '26.1.5+dfsg1'
     """
     kind = chosen_engine(kind)
-    found: Engine
     if kind == "podman":
-        found = podman.connect_podman(timeout)
-    elif kind == "docker" or _docker_only():
-        found = docker.connect_docker(timeout)
-    else:
+        return podman.connect_podman(timeout)
+    if kind == "docker" or _docker_only():
+        return docker.connect_docker(timeout)
+    try:
+        return docker.connect_docker(timeout)
+    except UserError as no_docker:
         try:
-            found = docker.connect_docker(timeout)
-        except UserError as no_docker:
-            try:
-                found = podman.connect_podman(timeout)
-            except UserError as no_podman:
-                raise UserError(f"{no_docker}; and podman: {no_podman}") from None
-    _connected.update(name=found.name(), address=found.address())
-    return found
+            return podman.connect_podman(timeout)
+        except UserError as no_podman:
+            raise UserError(f"{no_docker}; and podman: {no_podman}") from None
 
 
 def _docker_only() -> bool:

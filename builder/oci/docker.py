@@ -262,6 +262,9 @@ class DockerEngine:
     def address(self) -> str:
         return engine_address()
 
+    def label(self) -> tuple[str, str]:
+        return f"Docker engine at {self.address()}", "docker info"
+
     def version(self) -> dict[str, Any]:
         return self.api.version()
 

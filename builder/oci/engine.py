@@ -83,6 +83,11 @@ class Engine(Protocol):
         """Where the engine listens (``unix:///var/run/docker.sock``), for messages."""
         ...
 
+    def label(self) -> tuple[str, str]:
+        """How a message names this engine (``Docker engine at unix:///var/run/docker.sock``), and the command
+        that checks it (``docker info``)."""
+        ...
+
     def version(self) -> dict[str, Any]:
         """The engine's ``version`` (``Version``, ``ApiVersion``, ...)."""
         ...

@@ -146,6 +146,9 @@ class PodmanEngine:
     def address(self) -> str:
         return self.url
 
+    def label(self) -> tuple[str, str]:
+        return f"podman at {self.url}", "podman info"
+
     def version(self) -> dict[str, Any]:
         return self.api.version()
 
