@@ -19,7 +19,7 @@ from builder.oci.buildkit import BuildRequest, BuildResult
 
 def podman(version: str) -> engine.PodmanEngine:
     found = engine.PodmanEngine(mock.MagicMock(), "unix:///nonexistent")
-    found.version = lambda: {"Version": version}  # type: ignore[method-assign]
+    found.version = lambda: version  # type: ignore[method-assign]
     return found
 
 
@@ -76,7 +76,7 @@ def test_push_forces_the_compression_from_podman_4_7(version: str, forced: bool)
 
 def test_podman_release_is_asked_once() -> None:
     found = podman("5.4.2")
-    asked = mock.Mock(return_value={"Version": "5.4.2"})
+    asked = mock.Mock(return_value="5.4.2")
     found.version = asked  # type: ignore[method-assign]
     assert found.release() == (5, 4) and found.release() == (5, 4) and found.forces_compression()
     assert asked.call_count == 1

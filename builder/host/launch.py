@@ -17,24 +17,24 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from builder.config.errors import UserError
 from builder.host.runspec import RunSpec
 from builder.oci import docker, registry
 from builder.oci.connect import connect
-from builder.oci.engine import Engine, EngineError
+from builder.oci.engine import Engine, EngineError, EngineFacts
 
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
 STOP_TIMEOUT_S = 10
 
 
-def engine_info(kind: str | None = None) -> dict[str, Any] | None:
-    """``docker info`` of the engine *kind* (default: :func:`builder.oci.connect.connect`'s), or None when it does
+def engine_info(kind: str | None = None) -> EngineFacts | None:
+    """The facts of the engine *kind* (default: :func:`builder.oci.connect.connect`'s), or None when it does
     not answer (``builder run`` asks Docker about CDI).
 
     Example:
-        >>> engine_info("docker")["ServerVersion"]  # doctest: +SKIP
+        >>> engine_info("docker").version  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
     try:

@@ -37,6 +37,7 @@ from builder.host.devices import device_flags, device_kwargs, host_cdi
 from builder.host.targets import choose_target
 from builder.oci.connect import run_argv
 from builder.oci.docker import Mount
+from builder.oci.engine import EngineFacts
 
 WORKSPACE = "/workspace"
 #: One process on one machine; a launcher on the host (torchrun, Slurm) may set its own.
@@ -157,13 +158,13 @@ def run_spec(
     host: hardware.HostGpus | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
-    engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
+    engine_info: Callable[[], EngineFacts | None] | None = None,
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
     engine: str = "docker",
 ) -> RunSpec:
     """Work out the whole run for *engine* (``docker`` or ``podman``) without touching it.
 
-    *engine_info* (``docker info``, called only when the host has a CDI spec for the target's
+    *engine_info* (the engine's facts, called only when the host has a CDI spec for the target's
     vendor and the engine is Docker) decides whether the GPUs go by CDI name
     (:func:`builder.host.devices.host_cdi`; podman always reads the specs).
 

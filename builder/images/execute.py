@@ -123,7 +123,7 @@ def presence(engine: Engine, views: Sequence[plans.ViewPlan],
 def _presence(engine: Engine, ref: str, up: dict[str, bool], vouch: trust.Vouch | None) -> plans.Presence:
     image = engine.image(ref)
     if image is not None:
-        return plans.Presence(local_id=image["Id"], local_tags=tuple(image.get("RepoTags") or ()))
+        return plans.Presence(local_id=image.id, local_tags=image.tags)
     host = registry.Ref.parse(ref).host
     if host not in up:
         up[host] = _up(host)  # once per registry and run
@@ -154,8 +154,8 @@ def push_decisions(engine: Engine, views: Sequence[plans.ViewPlan],
         try:
             image = engine.image(view.local_refs[0])
             tested = engine.image(view.content_tag) if image is not None else None
-            decision = plans.decide_push(view, image["Id"] if image else None,
-                                         tested is not None and image is not None and tested["Id"] == image["Id"],
+            decision = plans.decide_push(view, image.id if image else None,
+                                         tested is not None and image is not None and tested.id == image.id,
                                          options)
         except faults.KNOWN as exc:  # the engine failed: name it
             decision = plans.Decision(None, (), error=faults.describe(exc, engine).line)
@@ -348,9 +348,9 @@ class Executor:
         image = self.engine.image(pinned)
         if image is None:
             raise TargetFailed(f"pulled {pinned}, yet the engine has no image of that name")
-        if ref not in (image.get("RepoTags") or ()):
-            self._tag_ref(image["Id"], ref)
-        run.out.image_id, run.present = image["Id"], (*(image.get("RepoTags") or ()), ref)
+        if ref not in image.tags:
+            self._tag_ref(image.id, ref)
+        run.out.image_id, run.present = image.id, (*image.tags, ref)
 
     def _tag(self, run: _Run) -> None:
         """The local tags; the content tag too after a passed smoke test (its presence is the proof)."""
@@ -378,7 +378,7 @@ class Executor:
                 if "already exists" not in str(exc) or attempt == 2:
                     raise
                 found = self.engine.image(ref)
-                if found is not None and found["Id"] == image:
+                if found is not None and found.id == image:
                     return
                 time.sleep(0.2)
 

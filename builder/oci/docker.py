@@ -25,9 +25,21 @@ import requests
 from docker.errors import DockerException
 from urllib3.exceptions import ReadTimeoutError
 
-from builder.config.errors import TargetFailed, UserError
+from builder.config.errors import UserError
 from builder.oci import buildkit, registry
-from builder.oci.engine import TIMEOUT_S, ContainerTimeout, EngineError, engine_version
+from builder.oci.engine import (
+    TIMEOUT_S,
+    CacheRecord,
+    ContainerTimeout,
+    DiskUsage,
+    EngineError,
+    EngineFacts,
+    ImageFacts,
+    ImageUnknown,
+    Lacks,
+    PushFailed,
+    engine_version,
+)
 from builder.oci.secrets import ENGINE, child_env
 
 #: What docker-py raises when the engine refuses or cannot be reached (beside ``requests``' transport errors).
@@ -52,7 +64,7 @@ def connect_docker(timeout: int = TIMEOUT_S) -> DockerEngine:
     """Docker at DOCKER_HOST, answering and 26 or newer; else one UserError that says how to get one."""
     try:
         engine = DockerEngine.from_env(timeout)
-        version = str(engine.version().get("Version", ""))
+        version = engine.version()
     except DockerException as exc:
         reason = str(exc).splitlines()[0][:160]
         raise UserError(
@@ -71,6 +83,31 @@ def image_store(info: Mapping[str, Any]) -> str:
     status = info.get("DriverStatus") or []
     return "containerd" if any(pair[:2] == ["driver-type", "io.containerd.snapshotter.v1"] for pair in status) \
         else "classic"
+
+
+def image_facts(found: Mapping[str, Any]) -> ImageFacts:
+    """An image's facts from the API's ``inspect`` of it, or from a row of its images list or ``df``.
+
+    Example:
+        >>> image_facts({"Id": "sha256:1", "RepoTags": ["r:cpu"], "Config": {"Labels": {"a": "b"}}}).labels
+        {'a': 'b'}
+    """
+    labels = found.get("Labels") if "Labels" in found else (found.get("Config") or {}).get("Labels")
+    return ImageFacts(
+        id=str(found.get("Id") or ""), tags=tuple(found.get("RepoTags") or ()),
+        digests=tuple(found.get("RepoDigests") or ()), labels=dict(labels or {}),
+        layers=tuple((found.get("RootFS") or {}).get("Layers") or ()), architecture=str(found.get("Architecture") or ""),
+        size=int(found.get("Size") or 0), shared_size=max(int(found.get("SharedSize") or 0), 0),
+        containers=max(int(found.get("Containers") or 0), 0))
+
+
+def cache_record(found: Mapping[str, Any]) -> CacheRecord:
+    """A build-cache record from a row of the API's ``df``."""
+    return CacheRecord(
+        id=str(found.get("ID") or ""), type=str(found.get("Type") or ""),
+        description=str(found.get("Description") or ""), size=int(found.get("Size") or 0),
+        shared=bool(found.get("Shared")), in_use=bool(found.get("InUse")),
+        last_used=found.get("LastUsedAt") or None, usage_count=int(found.get("UsageCount") or 0))
 
 
 def explanation(exc: DockerException) -> str:
@@ -94,10 +131,22 @@ class DockerAPI:
         return cls(docker.DockerClient(base_url=url, timeout=timeout))
 
     def version(self) -> dict[str, Any]:
+        """The API's ``version`` as it answers (``Version``, ``ApiVersion``, ...)."""
         return dict(self.client.version())
 
     def info(self) -> dict[str, Any]:
+        """The API's ``info`` as it answers (``Driver``, ``DockerRootDir``, ``Runtimes``, ...)."""
         return dict(self.client.info())
+
+    def facts(self, **engine: Any) -> EngineFacts:
+        """:class:`EngineFacts` from the API's ``version`` and ``info``, with what the *engine* says of itself
+        (its product, store, ...; podman's CDI folders, which its API does not list)."""
+        version, info = self.version(), self.info()
+        return EngineFacts(**{
+            "version": str(version.get("Version") or "?"), "api_version": str(version.get("ApiVersion") or "?"),
+            "store": image_store(info), "driver": str(info.get("Driver") or "?"),
+            "root": str(info.get("DockerRootDir") or ""), "runtimes": tuple(sorted(info.get("Runtimes") or {})),
+            "cdi_spec_dirs": tuple(info.get("CDISpecDirs") or ()), **engine})
 
     def get(self, path: str) -> Any:
         """The JSON answer to GET *path* (an endpoint docker-py has no method for: podman's ``/libpod/...``)."""
@@ -105,15 +154,15 @@ class DockerAPI:
         answer.raise_for_status()
         return answer.json()
 
-    def image(self, ref: str) -> dict[str, Any] | None:
+    def image(self, ref: str) -> ImageFacts | None:
         try:
-            return dict(self.client.api.inspect_image(ref))
+            return image_facts(self.client.api.inspect_image(ref))
         except docker.errors.ImageNotFound:
             return None
 
-    def images(self) -> list[dict[str, Any]]:
-        """Every image as the images list names it (its tags, labels, created time)."""
-        return list(self.client.api.images(all=True))
+    def images(self) -> list[ImageFacts]:
+        """Every image as the images list names it (its tags, digests, labels)."""
+        return [image_facts(row) for row in self.client.api.images(all=True)]
 
     def tag(self, image: str, ref: str) -> None:
         repo, tag = ref.rsplit(":", 1)
@@ -132,7 +181,7 @@ class DockerAPI:
 
     def repo_digests(self, ref: str) -> list[str]:
         found = self.image(ref)
-        return list((found or {}).get("RepoDigests") or [])
+        return list(found.digests) if found is not None else []
 
     def pull(self, ref: str, creds: dict[str, str] | None = None, *, platform: str | None = None) -> None:
         try:  # docker-py splits the tag or digest off the reference itself
@@ -163,8 +212,10 @@ class DockerAPI:
             return explanation(exc)[:200]
         return None
 
-    def disk_usage(self) -> dict[str, Any]:
-        return dict(self.client.api.df())
+    def disk_usage(self) -> DiskUsage:
+        usage = self.client.api.df()
+        return DiskUsage(tuple(image_facts(row) for row in usage.get("Images") or ()),
+                         tuple(cache_record(row) for row in usage.get("BuildCache") or ()))
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,
             **options: Any) -> tuple[int, str, str]:
@@ -265,25 +316,29 @@ class DockerEngine:
     def label(self) -> tuple[str, str]:
         return f"Docker engine at {self.address()}", "docker info"
 
-    def version(self) -> dict[str, Any]:
-        return self.api.version()
+    def version(self) -> str:
+        return str(self.api.version().get("Version") or "")
 
-    def info(self) -> dict[str, Any]:
-        return self.api.info()
+    def info(self) -> EngineFacts:
+        return self.api.facts(product="Docker", disk_fix="docker system prune (or docker builder prune), or move "
+                              "data-root to a larger disk")
+
+    def lacks(self) -> Lacks:
+        return Lacks()  # what builds need of Docker (its release, buildx, the image store) doctor checks as such
 
     def store(self) -> str:
-        return image_store(self.info())
+        return image_store(self.api.info())
 
-    def image(self, ref: str) -> dict[str, Any] | None:
+    def image(self, ref: str) -> ImageFacts | None:
         return self.api.image(ref)
 
     def resolve(self, names: Sequence[str]) -> str:
         for name in names:
             found = self.image(name)
             if found is not None:
-                return str(found["Id"])
-        raise UserError(f"the engine knows none of {', '.join(names)}, which the build just made; "
-                        "is DOCKER_HOST the engine buildx builds on? (select the builder with --builder)")
+                return found.id
+        raise ImageUnknown(f"the engine knows none of {', '.join(names)}, which the build just made; "
+                           "is DOCKER_HOST the engine buildx builds on? (select the builder with --builder)")
 
     def tag(self, image: str, ref: str) -> None:
         self.api.tag(image, ref)
@@ -307,20 +362,20 @@ class DockerEngine:
         try:
             for event in self.api.client.api.push(r.name, tag=r.tag, auth_config=creds, stream=True, decode=True):
                 if "error" in event:
-                    raise TargetFailed(registry.push_refused(r.host, event["error"]))
+                    raise PushFailed(registry.push_refused(r.host, event["error"]))
                 digest = (event.get("aux") or {}).get("Digest", digest)
         except docker.errors.APIError as exc:
-            raise TargetFailed(registry.push_refused(r.host, exc.explanation or str(exc))) from None
+            raise PushFailed(registry.push_refused(r.host, exc.explanation or str(exc))) from None
         except docker.errors.DockerException as exc:
-            raise TargetFailed(f"push of {ref} failed: {exc}") from None
+            raise PushFailed(f"push of {ref} failed: {exc}") from None
         reported = registry.manifest_digest(ref, creds)
         if digest is None:  # the containerd image store reports none: the local image's names say it
             digest = reported if reported and f"{r.name}@{reported}" in self.repo_digests(ref) else None
             if digest is None:
-                raise TargetFailed(f"push of {ref}: the registry has {reported}, which the engine does not know "
-                                   "as this image (another push to the same tag?); push again")
+                raise PushFailed(f"push of {ref}: the registry has {reported}, which the engine does not know "
+                                 "as this image (another push to the same tag?); push again")
         if reported != digest:
-            raise TargetFailed(f"push of {ref}: registry reports {reported}, the engine pushed {digest}")
+            raise PushFailed(f"push of {ref}: registry reports {reported}, the engine pushed {digest}")
         return digest
 
     def save(self, ref: str) -> Iterator[bytes]:
@@ -332,13 +387,13 @@ class DockerEngine:
     def remove_image(self, ref: str) -> str | None:
         return self.api.remove_image(ref)
 
-    def disk_usage(self) -> dict[str, Any]:
+    def disk_usage(self) -> DiskUsage:
         return self.api.disk_usage()
 
-    def build_cache(self) -> list[dict[str, Any]]:
+    def build_cache(self) -> list[CacheRecord]:
         api = self.api.client.api  # API 1.42+: ?type= measures that kind alone (docker-py's df() takes no type)
         answer = api._result(api._get(api._url("/system/df"), params={"type": "build-cache"}), json=True)
-        return list(answer.get("BuildCache") or [])
+        return [cache_record(row) for row in answer.get("BuildCache") or ()]
 
     def prune_build_cache(self, record: str) -> str | None:
         # buildx 0.13's filters are ANDed and know no regular expression (~=): one record a call.

@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,12 +57,109 @@ def engine_version(version: str) -> tuple[int, int]:
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0) if parts else (0, 0)
 
 
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine says of itself (its ``version`` and ``info``): what ``builder doctor`` and ``builder run``
+    ask of it."""
+
+    #: how a message names it: ``Docker``, ``podman``
+    product: str
+    #: its release (``26.1.5+dfsg1``, ``4.3.1``)
+    version: str
+    api_version: str = "?"
+    #: ``containerd`` or ``classic``: whether it keeps an image's layers compressed as built (the containerd
+    #: image store keeps zstd; the classic store, and podman's storage, keep them uncompressed)
+    store: str = "classic"
+    #: its storage driver (``overlayfs``, ``overlay2``, ``overlay``)
+    driver: str = "?"
+    #: the folder it keeps images in (Docker's data-root, podman's graphroot)
+    root: str = ""
+    #: the container runtimes it knows (``runc``, ``nvidia``)
+    runtimes: tuple[str, ...] = ()
+    #: where it reads CDI specs; empty where it reads none (CDI off, or a release before CDI)
+    cdi_spec_dirs: tuple[str, ...] = ()
+    #: what its builds run on: ``docker buildx`` (BuildKit) or ``podman build`` (buildah)
+    builds_with: str = "docker buildx"
+    #: whether it compresses layers at push (podman: its storage keeps them uncompressed), not at build
+    compresses_at_push: bool = False
+    #: whether it gives GPUs by CDI name only (podman: its ``--gpus`` is a no-op before 5, a CDI name from 5.0)
+    gpus_by_cdi_only: bool = False
+    #: how to free its disk, or move what it keeps to a larger one
+    disk_fix: str = ""
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """An image as the engine knows it (its ``inspect``, or a row of its disk usage)."""
+
+    #: the engine's ID (``sha256:...``: the manifest digest on the containerd store, the config digest on others)
+    id: str
+    #: its ``repo:tag`` names
+    tags: tuple[str, ...] = ()
+    #: its ``repo@sha256:...`` names: every registry the engine pushed it to or pulled it from
+    digests: tuple[str, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    #: its layers' diff IDs, base first
+    layers: tuple[str, ...] = ()
+    architecture: str = ""
+    #: bytes: the engine's own figure (in a disk-usage row, with what it shares with other images)
+    size: int = 0
+    #: bytes it shares with other images (a disk-usage row's; 0 from ``inspect``)
+    shared_size: int = 0
+    #: the containers that use it (a disk-usage row's; 0 from ``inspect``)
+    containers: int = 0
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """One record of the engine's build cache (BuildKit's; podman keeps none apart from its images)."""
+
+    id: str
+    #: ``source.local`` (a local context's copy), ``regular``, ``exec.cachemount``, ...
+    type: str = ""
+    #: ``local source for wheels-torch``, ``mount / from exec ...``
+    description: str = ""
+    size: int = 0
+    shared: bool = False
+    in_use: bool = False
+    #: when a build last used it (the engine's timestamp), None when never
+    last_used: str | None = None
+    usage_count: int = 0
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """What the engine's stores hold (its ``system df``): the images, and the build cache."""
+
+    images: tuple[ImageFacts, ...] = ()
+    build_cache: tuple[CacheRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class Lacks:
+    """What an engine does not do that builds on the others do (``builder doctor`` lists it), and what would."""
+
+    items: tuple[str, ...] = ()
+    fix: str = ""
+
+
 class EngineError(Exception):
-    """The engine refused a request; the text is the engine's own explanation (one line)."""
+    """The engine refused a request; the text is the engine's own explanation (one line). Its subclasses say
+    which kind of refusal: :class:`ContainerTimeout`, :class:`PushFailed`, :class:`ImageUnknown`."""
 
 
 class ContainerTimeout(EngineError):
     """A container still ran when its time was up (it was removed)."""
+
+
+class PushFailed(EngineError):
+    """A push failed, or the registry holds another digest than the engine pushed; the text says which, and the
+    fix (the target fails; the run goes on with the others)."""
+
+
+class ImageUnknown(EngineError):
+    """The engine knows none of the names a build just made: the build ran on another engine than the one asked
+    (a buildx builder on another daemon, podman storage of another user)."""
 
 
 class Engine(Protocol):
@@ -88,25 +186,30 @@ class Engine(Protocol):
         that checks it (``docker info``)."""
         ...
 
-    def version(self) -> dict[str, Any]:
-        """The engine's ``version`` (``Version``, ``ApiVersion``, ...)."""
+    def version(self) -> str:
+        """The engine's release (``26.1.5+dfsg1``, ``4.3.1``): one request, what :func:`engine_version` reads."""
         ...
 
-    def info(self) -> dict[str, Any]:
-        """The engine's ``info`` (runtimes, CDI spec folders, the storage driver, ...)."""
+    def info(self) -> EngineFacts:
+        """What the engine says of itself: its release and API, image store, storage, runtimes, CDI folders."""
+        ...
+
+    def lacks(self) -> Lacks:
+        """What this engine (this release of it) does not do that builds on the others do, and what would."""
         ...
 
     def store(self) -> str:
-        """``containerd`` or ``classic``: the image store (:func:`builder.oci.docker.image_store` on Docker)."""
+        """``containerd`` or ``classic``: :attr:`EngineFacts.store`."""
         ...
 
-    def image(self, ref: str) -> dict[str, Any] | None:
-        """The engine's ``inspect`` of an image, or None when it has no image of that name."""
+    def image(self, ref: str) -> ImageFacts | None:
+        """The engine's facts of an image, or None when it has no image of that name."""
         ...
 
     def resolve(self, names: Sequence[str]) -> str:
         """The engine's ID of an image a build named by several digests: the containerd store names an image
-        by its manifest digest, the classic store by its config digest; the first one the engine knows."""
+        by its manifest digest, the classic store by its config digest; the first one the engine knows, else
+        :class:`ImageUnknown`."""
         ...
 
     def tag(self, image: str, ref: str) -> None:
@@ -114,7 +217,7 @@ class Engine(Protocol):
         ...
 
     def size(self, image: str) -> int:
-        """The image's unpacked size in bytes ."""
+        """The image's unpacked size in bytes."""
         ...
 
     def labels(self, image: str) -> dict[str, str]:
@@ -130,9 +233,9 @@ class Engine(Protocol):
         ...
 
     def push(self, ref: str, compression: str = "gzip") -> str:
-        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's.
-        *compression* is the target's: an engine that compresses at push (podman) uses it; one whose build
-        compressed the layers already (BuildKit's exporter) pushes them as they are."""
+        """Push one tag; return the manifest digest the registry reports for it, checked against the engine's
+        (else :class:`PushFailed`). *compression* is the target's: an engine that compresses at push (podman)
+        uses it; one whose build compressed the layers already (BuildKit's exporter) pushes them as they are."""
         ...
 
     def save(self, ref: str) -> Iterator[bytes]:
@@ -147,13 +250,12 @@ class Engine(Protocol):
         """Remove an image (or this one of its tags); None when it is gone, else why it was kept."""
         ...
 
-    def disk_usage(self) -> dict[str, Any]:
-        """The engine's ``system df``: ``Images`` and ``BuildCache`` records with their sizes."""
+    def disk_usage(self) -> DiskUsage:
+        """What the engine's stores hold (``system df``): every image and build-cache record, with their sizes."""
         ...
 
-    def build_cache(self) -> list[dict[str, Any]]:
-        """The build-cache records of :meth:`disk_usage` alone (``ID``, ``Type``, ``Description``,
-        ``LastUsedAt``, ``UsageCount``, ``InUse``...), without measuring images: what a build reads
+    def build_cache(self) -> list[CacheRecord]:
+        """The build-cache records of :meth:`disk_usage` alone, without measuring images: what a build reads
         before and after itself."""
         ...
 

@@ -21,7 +21,7 @@ import requests.exceptions
 
 from builder.config.urls import public
 from builder.oci.docker import ClientError, engine_address, explanation
-from builder.oci.engine import Engine, EngineError
+from builder.oci.engine import Engine, EngineError, ImageUnknown, PushFailed
 from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.
@@ -73,6 +73,8 @@ def describe(exc: BaseException, engine: Engine | None = None) -> Fault:
     if isinstance(exc, requests.exceptions.Timeout):
         return Fault(f"{name} timed out ({exc.__class__.__name__}: "
                      f"{_first_line(exc)}); check `{check}` and retry", EXIT_ENGINE)
+    if isinstance(exc, PushFailed | ImageUnknown):  # their own line names the registry or engine, and the fix
+        return Fault(str(exc), EXIT_ENGINE)
     if isinstance(exc, EngineError):
         return Fault(f"{name} refused a request ({_first_line(exc)}); "
                      f"check that it runs (`{check}`) and retry", EXIT_ENGINE)

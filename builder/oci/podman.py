@@ -4,7 +4,7 @@ it does not (builds with buildah, pushes, pulls from plain-http loopback registr
 create otherwise); :data:`CREATE_FLAGS` is the table of its CLI's container options.
 
 Example:
-    >>> podman_lacks("4.3.1")[0]
+    >>> podman_lacks("4.3.1").items[0]
     'per-RUN --network (podman 4.5): the whole build runs with --network=none'
 """
 
@@ -26,10 +26,21 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from builder.config.errors import TargetFailed, UserError
+from builder.config.errors import UserError
 from builder.oci import buildah, buildkit, registry
 from builder.oci.docker import RUN_FLAGS, ClientError, DockerAPI, cli_args
-from builder.oci.engine import TIMEOUT_S, EngineError, engine_version
+from builder.oci.engine import (
+    TIMEOUT_S,
+    CacheRecord,
+    DiskUsage,
+    EngineError,
+    EngineFacts,
+    ImageFacts,
+    ImageUnknown,
+    Lacks,
+    PushFailed,
+    engine_version,
+)
 from builder.oci.recompress import recompress
 from builder.oci.secrets import PODMAN, child_env
 
@@ -43,7 +54,7 @@ def connect_podman(timeout: int = TIMEOUT_S) -> PodmanEngine:
         raise UserError("podman is not installed: apt-get install podman buildah (or: make host ENGINE=podman)")
     try:
         engine = PodmanEngine.from_env(timeout)
-        version = str(engine.version().get("Version", ""))
+        version = engine.version()
     except (ClientError, OSError, subprocess.SubprocessError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise UserError(f"podman's API does not answer ({reason}); check 'podman info', or start it: "
@@ -78,12 +89,19 @@ def podman_socket() -> str | None:
 PODMAN_PER_RUN_NETWORK, PODMAN_FORCE_COMPRESSION, PODMAN_LAYER_CACHE = (4, 5), (4, 7), (5, 0)
 
 
-def podman_lacks(version: str) -> list[str]:
-    """What this podman does not do that builds with docker do (``builder doctor`` lists it).
+#: Where podman reads CDI specs (its containers.conf default): it always does, no setting turns it on.
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+def podman_lacks(version: str) -> Lacks:
+    """What podman *version* does not do that builds with docker do (``builder doctor`` lists it), and what would:
+    BuildKit's registry cache (always last) no podman has.
 
     Example:
-        >>> podman_lacks("4.3.1")[0]
+        >>> podman_lacks("4.3.1").items[0]
         'per-RUN --network (podman 4.5): the whole build runs with --network=none'
+        >>> podman_lacks("5.4.2").fix
+        'none in podman: a fresh runner builds what a BuildKit runner would take from its registry cache'
     """
     found = engine_version(version)
     lacks = []
@@ -95,7 +113,10 @@ def podman_lacks(version: str) -> list[str]:
     if found < PODMAN_LAYER_CACHE:
         lacks.append("a layer cache that mounts cached stages (podman 5): a changed target builds whole (--no-cache)")
     lacks.append("BuildKit's registry cache (--cache-from/--cache-to type=registry): content tags still reuse images")
-    return lacks
+    if len(lacks) > 1:
+        return Lacks(tuple(lacks), "podman >= 5 (Debian 13 has 5.4) has all but BuildKit's registry cache")
+    return Lacks(tuple(lacks), "none in podman: a fresh runner builds what a BuildKit runner would take from its "
+                 "registry cache")
 
 
 class PodmanEngine:
@@ -149,26 +170,32 @@ class PodmanEngine:
     def label(self) -> tuple[str, str]:
         return f"podman at {self.url}", "podman info"
 
-    def version(self) -> dict[str, Any]:
-        return self.api.version()
+    def version(self) -> str:
+        return str(self.api.version().get("Version") or "")
 
-    def info(self) -> dict[str, Any]:
-        return self.api.info()
+    def info(self) -> EngineFacts:
+        return self.api.facts(
+            product="podman", store=self.store(), cdi_spec_dirs=CDI_DIRS, builds_with="podman build (buildah)",
+            compresses_at_push=True, gpus_by_cdi_only=True,
+            disk_fix="podman system prune, or move graphroot (storage.conf) to a larger disk")
+
+    def lacks(self) -> Lacks:
+        return podman_lacks(self.version())
 
     def store(self) -> str:
         # podman keeps layers uncompressed and compresses at push: no containerd image store that keeps
         # BuildKit's compression (its info names no containerd snapshotter)
         return "classic"
 
-    def image(self, ref: str) -> dict[str, Any] | None:
+    def image(self, ref: str) -> ImageFacts | None:
         return self.api.image(ref)
 
     def resolve(self, names: Sequence[str]) -> str:
         for name in names:
             found = self.image(name)
             if found is not None:
-                return str(found["Id"])
-        raise UserError(f"podman at {self.url} knows none of {', '.join(names)}, which buildah just built; "
+                return found.id
+        raise ImageUnknown(f"podman at {self.url} knows none of {', '.join(names)}, which buildah just built; "
                         "is its API the same user's storage as the podman CLI (CONTAINER_HOST)?")
 
     def tag(self, image: str, ref: str) -> None:
@@ -243,7 +270,7 @@ class PodmanEngine:
     @functools.cache  # noqa: B019 - one engine a run, and its release does not change under it
     def release(self) -> tuple[int, int]:
         """This podman's (major, minor), asked once: builds and pushes branch on it."""
-        return engine_version(str(self.version().get("Version", "")))
+        return engine_version(self.version())
 
     def forces_compression(self) -> bool:
         """Whether this podman's push takes ``--force-compression`` (4.7): every layer in the asked one."""
@@ -279,38 +306,39 @@ class PodmanEngine:
                  *(["--force-compression"] if self.forces_compression() else []), "--digestfile", str(digestfile), *(["--authfile", authfile] if authfile else []), *_tls(r.host), ref],
                 capture_output=True, text=True, check=False, env=child_env(PODMAN))
             if proc.returncode != 0:
-                raise TargetFailed(registry.push_refused(r.host, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
-                                            else f"podman push exited {proc.returncode}", "podman login"))
+                raise PushFailed(registry.push_refused(r.host, proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
+                                          else f"podman push exited {proc.returncode}", "podman login"))
             digest = digestfile.read_text().strip() if digestfile.exists() else None
         reported = registry.manifest_digest(ref, creds)
         if digest is None or reported != digest:
-            raise TargetFailed(f"push of {ref}: registry reports {reported}, podman pushed {digest}")
+            raise PushFailed(f"push of {ref}: registry reports {reported}, podman pushed {digest}")
         # podman < 4.7 has no --force-compression: a layer the registry holds already (the base's, pushed as
         # gzip) is reused in its compression. A mixed image breaks enroot 4.0-4.1.2 (the first layer's type
         # applies to all) and a zstd layer every puller before Docker 23: recompress those layers here.
         digest = recompress(ref, compression, creds) or digest
         if (found := self.image(ref)) is not None:
-            self.pushed.setdefault(str(found["Id"]), set()).add(f"{r.name}@{digest}")
+            self.pushed.setdefault(found.id, set()).add(f"{r.name}@{digest}")
         return digest
 
     def repo_digests(self, ref: str) -> list[str]:
         found = self.image(ref)
         if found is None:
             return []
-        return sorted({*(found.get("RepoDigests") or []), *self.pushed.get(str(found["Id"]), ())})
+        return sorted({*found.digests, *self.pushed.get(found.id, ())})
 
-    def disk_usage(self) -> dict[str, Any]:
+    def disk_usage(self) -> DiskUsage:
         usage = self.api.disk_usage()
         # podman 4.3's compatible df lists an image once per tag, by the tag alone and without labels; its
         # images list names them as Docker's df does: that, with df's sizes and container counts
-        found = {str(i.get("Id", "")).removeprefix("sha256:"): i for i in usage.get("Images") or []}
+        found = {i.id.removeprefix("sha256:"): i for i in usage.images}
         images = []
         for image in self.api.images():
-            sizes = found.get(str(image["Id"]).removeprefix("sha256:"), {})
-            images.append({**image, **{key: int(sizes.get(key) or 0) for key in ("Containers", "Size", "SharedSize")}})
-        return {**usage, "Images": images}
+            sizes = found.get(image.id.removeprefix("sha256:"), ImageFacts(image.id))
+            images.append(dataclasses.replace(image, size=sizes.size, shared_size=sizes.shared_size,
+                                              containers=sizes.containers))
+        return DiskUsage(tuple(images), usage.build_cache)
 
-    def build_cache(self) -> list[dict[str, Any]]:
+    def build_cache(self) -> list[CacheRecord]:
         return []  # buildah's cache is its images (see prune_build_cache)
 
     def prune_build_cache(self, record: str) -> str | None:

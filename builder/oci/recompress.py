@@ -10,8 +10,8 @@ import gzip
 import json
 import subprocess
 
-from builder.config.errors import TargetFailed
 from builder.oci import artifacts, registry
+from builder.oci.engine import PushFailed
 from builder.oci.secrets import PLAIN, child_env
 
 #: A layer's media type by (the manifest's kind, its compression).
@@ -52,7 +52,7 @@ def recompress(ref: str, compression: str, creds: dict[str, str] | None) -> str 
     kind = "oci" if "oci" in media else "docker"
     want = _LAYER_TYPES.get((kind, compression))
     if want is None:
-        raise TargetFailed(f"push of {ref}: a {kind} manifest cannot carry {compression} layers")
+        raise PushFailed(f"push of {ref}: a {kind} manifest cannot carry {compression} layers")
     r = registry.Ref.parse(ref)
     changed = False
     for layer in doc.get("layers", []):
@@ -60,7 +60,7 @@ def recompress(ref: str, compression: str, creds: dict[str, str] | None) -> str 
             continue
         data = artifacts.get_blob(r.name, layer["digest"], creds)
         if data is None:
-            raise TargetFailed(f"push of {ref}: the registry lost layer {layer['digest']} just pushed")
+            raise PushFailed(f"push of {ref}: the registry lost layer {layer['digest']} just pushed")
         blob = _compressed(data, compression)
         layer.update(mediaType=want, digest=artifacts.push_blob(r.name, blob, creds), size=len(blob))
         changed = True
