@@ -13,9 +13,12 @@ run by tests/test_architecture.py).
 from __future__ import annotations
 
 import ast
+import typing
+from typing import Any
 
 import pytest
 
+from builder.oci.engine import Engine
 from devtools.support import REPO
 
 #: The calls that change the process environment: os.putenv/unsetenv, and os.environ's mutating methods.
@@ -71,3 +74,31 @@ def test_nothing_in_builder_writes_the_process_environment() -> None:
     found = [f"{path.relative_to(REPO)}:{line}" for path in sorted((REPO / "builder").rglob("*.py"))
              for line in environment_writes(path.read_text())]
     assert not found, f"these write the process environment; pass the value as an argument: {found}"
+
+
+def _raw(annotation: Any) -> bool:
+    """Whether a return annotation is, or holds, one engine's raw answer: ``Any``, or a bare ``dict``.
+
+    Example:
+        >>> _raw(dict[str, Any]), _raw(list[dict[str, Any]]), _raw(dict), _raw(dict[str, str]), _raw(str | None)
+        (True, True, True, False, False)
+    """
+    if annotation is Any or annotation is dict:
+        return True
+    return any(_raw(arg) for arg in typing.get_args(annotation))
+
+
+@pytest.mark.parametrize("annotation", [Any, dict, dict[str, Any], dict[str, Any] | None, list[dict[str, Any]],
+                                        tuple[int, Any]])
+def test_the_raw_answer_check_finds_each_form(annotation: Any) -> None:
+    assert _raw(annotation)
+
+
+def test_no_engine_method_returns_a_raw_answer() -> None:
+    """``image()``, ``info()``, ``version()``, ``disk_usage()`` returned Docker's ``dict[str, Any]``: podman rebuilt
+    Docker's ``df`` and gc and doctor indexed Docker's keys. Each answer is a type of :mod:`builder.oci.engine`."""
+    methods = [name for name, value in vars(Engine).items() if callable(value) and not name.startswith("_")]
+    assert "image" in methods and "disk_usage" in methods
+    raw = {name: hints["return"] for name in methods
+           if _raw((hints := typing.get_type_hints(getattr(Engine, name))).get("return"))}
+    assert not raw, f"these Engine methods answer in a raw dict or Any; give them a type: {raw}"
