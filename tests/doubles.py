@@ -14,8 +14,16 @@ from typing import Any
 
 from builder.images.execute import UI
 from builder.images.outcome import Outcome
-from builder.oci import buildkit
-from builder.oci.engine import CacheRecord, DiskUsage, Engine, EngineFacts, ImageFacts, Lacks
+from builder.oci.engine import (
+    BuildRequest,
+    BuildResult,
+    CacheRecord,
+    DiskUsage,
+    Engine,
+    EngineFacts,
+    ImageFacts,
+    Lacks,
+)
 
 
 def _unused(request: str) -> AssertionError:
@@ -90,14 +98,14 @@ class NoEngine(Engine):
 
     def build(
         self,
-        request: buildkit.BuildRequest,
+        request: BuildRequest,
         *,
         on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
         on_log: Callable[[str], None] = lambda line: None,
         cancel: threading.Event | None = None,
         registry_host: str | None = None,
         cwd: Path | None = None,
-    ) -> tuple[str, buildkit.BuildResult]:
+    ) -> tuple[str, BuildResult]:
         raise _unused("build")
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,

@@ -27,8 +27,7 @@ from builder.images import build, owned, publish
 from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
-from builder.oci.buildkit import BuildRequest, BuildResult
-from builder.oci.engine import CacheRecord, Engine, ImageFacts
+from builder.oci.engine import BuildRequest, BuildResult, CacheRecord, Engine, ImageFacts
 from devtools.support import REPO
 
 

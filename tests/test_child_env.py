@@ -32,6 +32,7 @@ from builder.config.errors import TargetFailed, UserError
 from builder.config.project import load_project
 from builder.images.lockfile import Pin
 from builder.oci import secrets
+from builder.oci.engine import BuildRequest
 from devtools.support import copy_project, free_port, host_platform
 
 TOKEN = "tok3n-planted-40"
@@ -221,7 +222,7 @@ def test_docker_and_buildx_get_the_engine_and_no_secret(recorders, tmp_path):
 
     recorders.add("docker", 'echo "Driver: docker"; exit 0')
     assert buildkit.builder_problem("planted-builder", "unix:///elsewhere.sock") is not None
-    request = buildkit.BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
+    request = BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
     with pytest.raises(TargetFailed):
         buildkit.run(request, registry_host="registry.example", creds={"username": "ci", "password": TOKEN},
                      cwd=tmp_path)
@@ -250,7 +251,7 @@ def test_podman_gets_its_configuration_and_no_secret(recorders, tmp_path, monkey
     with pytest.raises(engine.EngineError):
         found._cli(["version"], "podman version")
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
-    request = buildah.BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
+    request = BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
     with pytest.raises(TargetFailed):
         buildah.run(request, per_run_network=True, cwd=tmp_path)
     records = recorders.records("podman")

@@ -14,7 +14,7 @@ import pytest
 
 from builder.oci import buildah, connect
 from builder.oci import podman as engine
-from builder.oci.buildkit import BuildRequest, BuildResult
+from builder.oci.engine import BuildRequest, BuildResult
 
 
 def podman(version: str) -> engine.PodmanEngine:

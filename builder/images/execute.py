@@ -44,8 +44,7 @@ from builder.images import owned, publish, smoke, trust, wheelhouse
 from builder.images import plan as plans
 from builder.images.outcome import Outcome
 from builder.oci import faults, localregistry, registry
-from builder.oci.buildkit import BuildRequest, BuildResult
-from builder.oci.engine import Engine
+from builder.oci.engine import BuildRequest, BuildResult, Engine
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0

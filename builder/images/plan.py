@@ -39,6 +39,7 @@ from builder.config.project import Project, Target, TargetView
 from builder.images import content, layers, trust, wheelhouse
 from builder.images.lockfile import Pin
 from builder.oci import buildkit, registry
+from builder.oci.engine import BuildRequest
 from builder.oci.secrets import GIT, child_env
 
 BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
@@ -82,7 +83,7 @@ class ViewPlan:
     #: the wheels of the named contexts ``wheels-<layer>``, layer by layer (the build stages their folders)
     wheels: Mapping[str, Sequence[Pin]] = field(repr=False)
     #: the build (cache sources are chosen when it runs: they depend on what is there)
-    request: buildkit.BuildRequest
+    request: BuildRequest
     #: the stages of building it
     stages: tuple[str, ...]
 
@@ -221,7 +222,7 @@ def request(
     project: Project, view: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
     cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
     wheels: Mapping[str, Sequence[Pin]] | None = None, builder: str | None = None,
-) -> buildkit.BuildRequest:
+) -> BuildRequest:
     """The build of one target view (or one stage of it), as data: what the executor builds and ``builder bake`` writes.
 
     *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time. *wheels*
@@ -230,7 +231,7 @@ def request(
     """
 
     epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
-    return buildkit.BuildRequest(
+    return BuildRequest(
         dockerfile=view.dockerfile,
         context=".",
         platform=view.platform,
@@ -247,7 +248,7 @@ def request(
     )
 
 
-def shared_stage(plan: ViewPlan) -> buildkit.BuildRequest:
+def shared_stage(plan: ViewPlan) -> BuildRequest:
     """The build of the shared stage (``common``) that ``-j N`` runs once before the targets."""
     return replace(plan.request, stage="common", labels={}, cache_from=(), cache_to=("type=inline",),
                    no_cache=False)

@@ -29,6 +29,8 @@ from builder.config.errors import UserError
 from builder.oci import buildkit, registry
 from builder.oci.engine import (
     TIMEOUT_S,
+    BuildRequest,
+    BuildResult,
     CacheRecord,
     ContainerTimeout,
     DiskUsage,
@@ -403,14 +405,14 @@ class DockerEngine:
 
     def build(
         self,
-        request: buildkit.BuildRequest,
+        request: BuildRequest,
         *,
         on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
         on_log: Callable[[str], None] = lambda line: None,
         cancel: threading.Event | None = None,
         registry_host: str | None = None,
         cwd: Path | None = None,
-    ) -> tuple[str, buildkit.BuildResult]:
+    ) -> tuple[str, BuildResult]:
         """BuildKit reads the base and the cache from *registry_host* itself, with the same credentials."""
         creds = registry.credentials(registry_host) if registry_host else None
         result = buildkit.run(request, on_step=on_step, on_log=on_log, cancel=cancel, registry_host=registry_host,

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from builder.config.errors import UserError
-from builder.oci import buildkit
 
 #: Builds stream for minutes; the default 60 s read timeout would cut them off.
 TIMEOUT_S = 3600
@@ -55,6 +54,48 @@ def engine_version(version: str) -> tuple[int, int]:
     """
     parts = re.findall(r"\d+", version)[:2]
     return (int(parts[0]), int(parts[1]) if len(parts) > 1 else 0) if parts else (0, 0)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One image build, as data: what ``builder print`` and the bake file show, and what each engine's builder
+    runs (:func:`builder.oci.buildkit.argv`, :func:`builder.oci.buildah.argv`: every value its own argument,
+    no shell)."""
+
+    dockerfile: str
+    context: str
+    platform: str
+    build_args: dict[str, str] = field(default_factory=dict)
+    #: named contexts (``RUN --mount=from=NAME``): name -> a folder
+    contexts: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    stage: str | None = None
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+    no_cache: bool = False
+    #: the buildx builder (None: BUILDX_BUILDER, else the engine's own)
+    builder: str | None = None
+    #: the image store's output; compression is honoured by BuildKit's image exporter (the
+    #: containerd store, a remote builder), not by the classic store's
+    compression: str = "gzip"
+    tags: tuple[str, ...] = ()
+
+
+@dataclass
+class BuildResult:
+    """What a finished build made: the image's names, its steps and how many were cached.
+
+    The engine's ID for an image differs by store: the manifest digest in the containerd store,
+    the config digest in the classic one; *ids* holds both, in that order (see :meth:`Engine.resolve`).
+    """
+
+    ids: tuple[str, ...]
+    steps: int
+    cached: int
+    #: the registry caches BuildKit read (its "importing cache manifest from REF" steps)
+    cache_read: tuple[str, ...] = ()
+    #: where the build's time went: BuildKit's own seconds per phase (:class:`builder.oci.buildkit.Phases`)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -265,15 +306,17 @@ class Engine(Protocol):
 
     def build(
         self,
-        request: buildkit.BuildRequest,
+        request: BuildRequest,
         *,
         on_step: Callable[[int, int, str], None] = ...,
         on_log: Callable[[str], None] = ...,
         cancel: threading.Event | None = None,
         registry_host: str | None = None,
         cwd: Path | None = None,
-    ) -> tuple[str, buildkit.BuildResult]:
-        """Run one build; return the engine's ID of the image it made, and the result."""
+    ) -> tuple[str, BuildResult]:
+        """Run one build; return the engine's ID of the image it made, and the result. A build that fails (a
+        step of its Dockerfile) raises ``TargetFailed`` with the builder's error: the target's failure, not the
+        engine's; an image the engine then does not know, :class:`ImageUnknown`."""
         ...
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,

@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from builder.config.errors import UserError
-from builder.oci import buildah, buildkit, registry
+from builder.oci import buildah, registry
 from builder.oci.docker import RUN_FLAGS, ClientError, DockerAPI, cli_args
 from builder.oci.engine import (
     TIMEOUT_S,
+    BuildRequest,
+    BuildResult,
     CacheRecord,
     DiskUsage,
     EngineError,
@@ -346,14 +348,14 @@ class PodmanEngine:
 
     def build(
         self,
-        request: buildkit.BuildRequest,
+        request: BuildRequest,
         *,
         on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
         on_log: Callable[[str], None] = lambda line: None,
         cancel: threading.Event | None = None,
         registry_host: str | None = None,
         cwd: Path | None = None,
-    ) -> tuple[str, buildkit.BuildResult]:
+    ) -> tuple[str, BuildResult]:
         """buildah pulls the base from *registry_host* itself (when it is not local), with the same credentials."""
         creds = registry.credentials(registry_host) if registry_host else None
         per_run_network = self.release() >= PODMAN_PER_RUN_NETWORK
