@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from builder.cli.options import engine_option, project_options
+from builder.cli.options import connect_engine, engine_option, project_options
 from builder.config.project import Project
 
 # Where builder.host.hardware looks; other roots are for tests and for running builder inside a container.
@@ -189,5 +189,7 @@ def run_cmd(
     if dry_run:
         click.echo(format_dry_run(plan))
         return
-    status = launch.launch(plan, say=lambda line: click.echo(line, err=True))
+    # connected here (a bad plan is refused first, without one), so a fault of the engine names it
+    engine = connect_engine(kind) if not plan.problems else None
+    status = launch.launch(plan, engine=engine, say=lambda line: click.echo(line, err=True))
     sys.exit(status)
