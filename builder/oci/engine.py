@@ -1,5 +1,7 @@
 """The container engine behind one interface: :class:`Engine` (a Protocol: every request the builder
-makes of an engine), the errors it raises, and the choice of engine by name. The engines implement it
+makes of an engine), the types it answers in (:class:`ImageFacts`, :class:`EngineFacts`, :class:`DiskUsage`,
+:class:`CacheRecord`, :class:`Lacks`) and is asked in (:class:`BuildRequest`), the errors it raises
+(:class:`EngineError` and its subclasses), and the choice of engine by name. The engines implement it
 side by side: :mod:`builder.oci.docker` (Docker, through docker-py and ``docker buildx``) and
 :mod:`builder.oci.podman` (podman, through its Docker-compatible API and the podman CLI);
 :mod:`builder.oci.connect` finds one.
@@ -209,9 +211,10 @@ class Engine(Protocol):
     :class:`~builder.oci.podman.PodmanEngine` implement it, side by side. Callers take an ``Engine`` and
     never a client of one engine; the unit tests' stand-ins are checked against this Protocol by mypy.
 
-    Images are named as the engine names them (``repo:tag``, ``repo@sha256:...`` or an ID);
-    requests the engine refuses raise :class:`EngineError` with its words, and an engine that does
-    not answer raises what its client raises (:mod:`builder.oci.faults` says it in one line).
+    Images are named as the engine names them (``repo:tag``, ``repo@sha256:...`` or an ID); answers are
+    this module's types, never one engine's raw ones. Requests the engine refuses raise :class:`EngineError`
+    with its words (or the subclass a method names), and an engine that does not answer raises what its
+    client raises (:mod:`builder.oci.faults` says either in one line).
     """
 
     def name(self) -> str:

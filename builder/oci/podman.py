@@ -122,11 +122,11 @@ def podman_lacks(version: str) -> Lacks:
 
 
 class PodmanEngine:
-    """:class:`Engine` over podman: docker-py on podman's Docker-compatible API (``podman system service``)
-    for what that API answers as Docker does (inspect, tag, containers, save/load, df: the Protocol speaks
-    the Docker API's names, so those requests are the same), and the podman CLI for what it does not:
-    builds (buildah, :mod:`builder.oci.buildah`), pushes (compression is chosen at push) and pulls from
-    plain-http loopback registries (``--tls-verify=false``).
+    """:class:`~builder.oci.engine.Engine` over podman: a :class:`~builder.oci.docker.DockerAPI` on podman's
+    Docker-compatible API (``podman system service``) for what that API answers as Docker does (inspect, tag,
+    containers, save/load, df: those requests are written once, there), and the podman CLI for what it does
+    not: builds (buildah, :mod:`builder.oci.buildah`), pushes (compression is chosen at push), pulls from
+    plain-http loopback registries (``--tls-verify=false``) and the containers :meth:`create` says.
 
     Where no API listens (no systemd socket, no CONTAINER_HOST), it starts ``podman system service`` on
     a private socket for its own lifetime: stopped by :meth:`close`, at exit, or with this process.
