@@ -99,3 +99,22 @@ def test_a_gpu_request_podman_cannot_honour_is_refused_not_dropped() -> None:
     cdi = {**gpus, "device_requests": [docker.types.DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=all"])]}
     assert connect.run_argv("podman", cdi)[-4:] == ["--device", "nvidia.com/gpu=all", "i", "true"]
     assert connect.run_argv("docker", gpus) == ["docker", "run", "--rm", "--gpus", "all", "i", "true"]
+
+
+def test_podman_speaks_in_its_own_words() -> None:
+    """podman's refusals name podman's commands and variables, never Docker's (podman users were asked "is
+    DOCKER_HOST the engine buildx builds on?")."""
+    from builder.oci.engine import ImageUnknown, PushFailed
+
+    found = podman("5.4.2")
+    with mock.patch.object(found, "image", lambda ref: None), pytest.raises(ImageUnknown) as unknown:
+        found.resolve(["sha256:" + "a" * 64])
+    assert "podman at unix:///nonexistent" in str(unknown.value) and "DOCKER" not in str(unknown.value)
+
+    def refused(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 125, "", "Error: unauthorized: authentication required\n")
+
+    with mock.patch.object(engine.subprocess, "run", refused), \
+            mock.patch.object(engine.registry, "credentials", lambda host: None), pytest.raises(PushFailed) as push:
+        found.push("registry.example/ml-runtime:cpu", "zstd")
+    assert "log in with 'podman login registry.example'" in str(push.value) and "docker" not in str(push.value)
