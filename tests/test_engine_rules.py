@@ -6,8 +6,8 @@
 - the :class:`~builder.oci.engine.Engine` Protocol answers in its own types, never in one engine's
   raw ``dict``.
 
-The third, that only :mod:`builder.oci.docker` imports docker-py, is an import-linter contract (pyproject.toml,
-run by tests/test_architecture.py).
+The third, that only :mod:`builder.oci.docker` imports docker-py (and :mod:`builder.oci.dockerconfig`, for
+``docker login``'s credentials), is an import-linter contract (pyproject.toml, run by tests/test_architecture.py).
 """
 
 from __future__ import annotations

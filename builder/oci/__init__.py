@@ -1,8 +1,9 @@
 """Talking to the container world: the engines (Docker, podman) and OCI registries. Imports only :mod:`builder.config`.
 
 - ``engine.py``: the ``Engine`` interface (a Protocol), its errors and the choice of engine by name.
-- ``docker.py``, ``podman.py``: the two engines, side by side; ``docker.py`` alone imports docker-py (its
-  ``DockerAPI`` also serves podman's Docker-compatible API).
+- ``docker.py``, ``podman.py``: the two engines, side by side; ``docker.py`` imports docker-py (its
+  ``DockerAPI`` also serves podman's Docker-compatible API), and beside it only ``dockerconfig.py``
+  (``docker login``'s credentials, for the registry client).
 - ``connect.py``: the engine that answers, connected, or one line saying how to get one.
 - ``buildkit.py``, ``buildah.py``: a build request run by ``docker buildx build``, or by ``podman build``.
 - ``registry.py``: the registry HTTP client (references, ping, credentials and auth files, manifest digests).

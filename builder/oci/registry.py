@@ -33,13 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker.auth
 import requests
 
 from builder.config.errors import UserError
 from builder.config.urls import public
-from builder.oci import loopback
-from builder.oci.secrets import PASSWORD_ENV, SECRET_ENV, USER_ENV
+from builder.oci import dockerconfig, loopback
+from builder.oci.secrets import PASSWORD_ENV, USER_ENV
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -111,13 +110,7 @@ def credentials(host: str) -> dict[str, str] | None:
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user and password and host == _matrix_host:
         return {"username": user, "password": password}
-    # docker-py runs a credential helper (credsStore) with the whole environment and takes only additions:
-    # the secrets are blanked for it
-    blank = {name: "" for name in SECRET_ENV if name in os.environ}
-    found = docker.auth.load_config(credstore_env=blank).resolve_authconfig(host) or {}
-    # a config's own entry says username/password, a credential helper's Username/Password
-    name, secret = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
-    return {"username": name, "password": secret} if name and secret else None
+    return dockerconfig.login(host)
 
 
 @contextlib.contextmanager
