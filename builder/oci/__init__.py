@@ -5,6 +5,7 @@
   ``DockerAPI`` also serves podman's Docker-compatible API), and beside it only ``dockerconfig.py``
   (``docker login``'s credentials, for the registry client).
 - ``connect.py``: the engine that answers, connected, or one line saying how to get one.
+- ``runflags.py``: container settings as ``docker run``'s arguments (podman's table derives from it).
 - ``buildkit.py``, ``buildah.py``: a build request run by ``docker buildx build``, or by ``podman build``.
 - ``registry.py``: the registry HTTP client (references, ping, credentials and auth files, manifest digests).
 - ``artifacts.py``, ``recompress.py``: what the builder writes to a registry itself (manifests, blobs,

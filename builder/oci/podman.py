@@ -28,7 +28,7 @@ from typing import Any
 
 from builder.config.errors import UserError
 from builder.oci import buildah, registry
-from builder.oci.docker import RUN_FLAGS, ClientError, DockerAPI, cli_args
+from builder.oci.docker import ClientError, DockerAPI
 from builder.oci.engine import (
     TIMEOUT_S,
     BuildRequest,
@@ -44,6 +44,7 @@ from builder.oci.engine import (
     engine_version,
 )
 from builder.oci.recompress import recompress
+from builder.oci.runflags import RUN_FLAGS, cli_args
 from builder.oci.secrets import PODMAN, child_env
 
 #: The oldest podman builds are tested on (Debian 12's): ``--build-context``, ``RUN --mount=from=``.
@@ -438,7 +439,7 @@ def _podman_gpus(requests: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 #: docker-py ``containers.create`` options (those builder gives) as ``podman create``/``podman run`` arguments:
-#: Docker's (:data:`builder.oci.docker.RUN_FLAGS`) but a variable to unset, a tmpfs empty as Docker mounts one
+#: Docker's (:data:`builder.oci.runflags.RUN_FLAGS`) but a variable to unset, a tmpfs empty as Docker mounts one
 #: (podman copies what is at the path), and GPUs by CDI name only.
 CREATE_FLAGS: dict[str, Callable[[Any], list[str]]] = {
     **RUN_FLAGS,
