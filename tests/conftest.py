@@ -54,10 +54,10 @@ def project(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def engine():
-    """The engine the builder uses (:class:`builder.oci.engine.DockerEngine`; its docker-py client is
+    """The engine the builder uses (:class:`builder.oci.docker.DockerEngine`; its docker-py client is
     ``engine.client``, for what a test inspects beside the builder); fails (never skips) when CI is set
     and none answers."""
-    from builder.oci.engine import DockerEngine
+    from builder.oci.docker import DockerEngine
 
     try:
         found = DockerEngine.from_env(timeout=3600)

@@ -14,8 +14,16 @@ from typing import Any
 
 from builder.images.execute import UI
 from builder.images.outcome import Outcome
-from builder.oci import buildkit
-from builder.oci.engine import Engine
+from builder.oci.engine import (
+    BuildRequest,
+    BuildResult,
+    CacheRecord,
+    DiskUsage,
+    Engine,
+    EngineFacts,
+    ImageFacts,
+    Lacks,
+)
 
 
 def _unused(request: str) -> AssertionError:
@@ -31,16 +39,22 @@ class NoEngine(Engine):
     def address(self) -> str:
         raise _unused("address")
 
-    def version(self) -> dict[str, Any]:
+    def label(self) -> tuple[str, str]:
+        raise _unused("label")
+
+    def version(self) -> str:
         raise _unused("version")
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineFacts:
         raise _unused("info")
+
+    def lacks(self) -> Lacks:
+        raise _unused("lacks")
 
     def store(self) -> str:
         raise _unused("store")
 
-    def image(self, ref: str) -> dict[str, Any] | None:
+    def image(self, ref: str) -> ImageFacts | None:
         raise _unused("image")
 
     def resolve(self, names: Sequence[str]) -> str:
@@ -73,10 +87,10 @@ class NoEngine(Engine):
     def remove_image(self, ref: str) -> str | None:
         raise _unused("remove_image")
 
-    def disk_usage(self) -> dict[str, Any]:
+    def disk_usage(self) -> DiskUsage:
         raise _unused("disk_usage")
 
-    def build_cache(self) -> list[dict[str, Any]]:
+    def build_cache(self) -> list[CacheRecord]:
         raise _unused("build_cache")
 
     def prune_build_cache(self, record: str) -> str | None:
@@ -84,14 +98,14 @@ class NoEngine(Engine):
 
     def build(
         self,
-        request: buildkit.BuildRequest,
+        request: BuildRequest,
         *,
         on_step: Callable[[int, int, str], None] = lambda n, total, text: None,
         on_log: Callable[[str], None] = lambda line: None,
         cancel: threading.Event | None = None,
         registry_host: str | None = None,
         cwd: Path | None = None,
-    ) -> tuple[str, buildkit.BuildResult]:
+    ) -> tuple[str, BuildResult]:
         raise _unused("build")
 
     def run(self, image: str, command: Sequence[str], *, labels: Mapping[str, str], timeout: int,

@@ -28,8 +28,7 @@ from builder.images import build, publish
 from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
-from builder.oci.buildkit import BuildRequest, BuildResult
-from builder.oci.engine import Engine
+from builder.oci.engine import BuildRequest, BuildResult, CacheRecord, Engine, ImageFacts
 from devtools.support import REPO
 
 
@@ -177,7 +176,7 @@ class FakeEngine(NoEngine):
     fails with TargetFailed("boom") for the names in *fails*, or raises *raises* for t0."""
 
     def __init__(self, *, seconds: dict[str, float] | None = None, fails: tuple[str, ...] = (),
-                 raises: BaseException | None = None, images: dict[str, dict[str, Any]] | None = None) -> None:
+                 raises: BaseException | None = None, images: dict[str, ImageFacts] | None = None) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.seconds, self.fails, self.raises = seconds or {}, fails, raises
         self.images = dict(images or {})
@@ -188,7 +187,7 @@ class FakeEngine(NoEngine):
         with self._lock:
             self.calls.append(call)
 
-    def image(self, ref: str) -> dict[str, Any] | None:
+    def image(self, ref: str) -> ImageFacts | None:
         self._call("image", ref)
         return self.images.get(ref)
 
@@ -204,7 +203,7 @@ class FakeEngine(NoEngine):
 
     def tag(self, image: str, ref: str) -> None:
         self._call("tag", ref)
-        self.images[ref] = {"Id": image, "RepoTags": [ref]}
+        self.images[ref] = ImageFacts(image, tags=(ref,))
 
     def size(self, image: str) -> int:
         return 1000
@@ -232,7 +231,10 @@ class FakeEngine(NoEngine):
     def address(self) -> str:
         return "fake://engine"
 
-    def build_cache(self) -> list[dict[str, Any]]:
+    def label(self) -> tuple[str, str]:
+        return f"Docker engine at {self.address()}", "docker info"
+
+    def build_cache(self) -> list[CacheRecord]:
         return []
 
     def containers(self, label: str) -> list[str]:
@@ -381,7 +383,7 @@ class TagRacedEngine(FakeEngine):
 def test_a_name_another_build_tagged_at_the_same_moment_is_no_failure(tmp_path):
     engine, plan = TagRacedEngine(), _plan()
     out = _executor(engine, tmp_path, plans.Options()).run_view(plan, plans.decide(plan, None, plans.Options()))
-    assert out.error is None and engine.images[plan.content_tag]["Id"] == "sha256:t0"
+    assert out.error is None and engine.images[plan.content_tag].id == "sha256:t0"
 
 
 def test_a_failed_smoke_test_moves_no_tag(tmp_path):

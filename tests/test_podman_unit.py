@@ -5,19 +5,21 @@ tests/engine/test_podman.py, docs/building.md)."""
 from __future__ import annotations
 
 import subprocess
+import typing
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 
-from builder.oci import buildah, engine
-from builder.oci.buildkit import BuildRequest, BuildResult
+from builder.oci import buildah, connect
+from builder.oci import podman as engine
+from builder.oci.engine import BuildRequest, BuildResult
 
 
 def podman(version: str) -> engine.PodmanEngine:
     found = engine.PodmanEngine(mock.MagicMock(), "unix:///nonexistent")
-    found.version = lambda: {"Version": version}  # type: ignore[method-assign]
+    found.version = lambda: version  # type: ignore[method-assign]
     return found
 
 
@@ -74,7 +76,7 @@ def test_push_forces_the_compression_from_podman_4_7(version: str, forced: bool)
 
 def test_podman_release_is_asked_once() -> None:
     found = podman("5.4.2")
-    asked = mock.Mock(return_value={"Version": "5.4.2"})
+    asked = mock.Mock(return_value="5.4.2")
     found.version = asked  # type: ignore[method-assign]
     assert found.release() == (5, 4) and found.release() == (5, 4) and found.forces_compression()
     assert asked.call_count == 1
@@ -91,9 +93,28 @@ def test_a_gpu_request_podman_cannot_honour_is_refused_not_dropped() -> None:
             "device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
     with pytest.raises(engine.EngineError, match="nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"):
         found.create(gpus)
-    assert not found.client.mock_calls, "the engine was asked"
+    assert not typing.cast(mock.MagicMock, found.api).mock_calls, "the engine was asked"
     with pytest.raises(engine.EngineError, match="podman names GPUs by CDI only"):
-        engine.run_argv("podman", gpus)
+        connect.run_argv("podman", gpus)
     cdi = {**gpus, "device_requests": [docker.types.DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=all"])]}
-    assert engine.run_argv("podman", cdi)[-4:] == ["--device", "nvidia.com/gpu=all", "i", "true"]
-    assert engine.run_argv("docker", gpus) == ["docker", "run", "--rm", "--gpus", "all", "i", "true"]
+    assert connect.run_argv("podman", cdi)[-4:] == ["--device", "nvidia.com/gpu=all", "i", "true"]
+    assert connect.run_argv("docker", gpus) == ["docker", "run", "--rm", "--gpus", "all", "i", "true"]
+
+
+def test_podman_speaks_in_its_own_words() -> None:
+    """podman's refusals name podman's commands and variables, never Docker's (podman users were asked "is
+    DOCKER_HOST the engine buildx builds on?")."""
+    from builder.oci.engine import ImageUnknown, PushFailed
+
+    found = podman("5.4.2")
+    with mock.patch.object(found, "image", lambda ref: None), pytest.raises(ImageUnknown) as unknown:
+        found.resolve(["sha256:" + "a" * 64])
+    assert "podman at unix:///nonexistent" in str(unknown.value) and "DOCKER" not in str(unknown.value)
+
+    def refused(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 125, "", "Error: unauthorized: authentication required\n")
+
+    with mock.patch.object(engine.subprocess, "run", refused), \
+            mock.patch.object(engine.registry, "credentials", lambda host: None), pytest.raises(PushFailed) as push:
+        found.push("registry.example/ml-runtime:cpu", "zstd")
+    assert "log in with 'podman login registry.example'" in str(push.value) and "docker" not in str(push.value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from builder.images import smoke
-from builder.oci.engine import DockerEngine
+from builder.oci.docker import DockerAPI, DockerEngine
 
 STDOUT = '[CHECK] pytorch: 2.13.0+cpu -> OK\n{\n  "vendor": "none",\n  "torch": {"version": "2.13.0"}\n}\n'
 STDERR = "UserWarning: NumPy is not available\n"
@@ -27,7 +27,7 @@ class _Container:
 
 def test_probe_json_is_read_from_stdout_even_with_a_warning_inside_the_merged_output():
     client = SimpleNamespace(containers=SimpleNamespace(create=lambda *a, **k: _Container()))
-    status, merged, stdout = smoke.run_container(DockerEngine(client), "img", smoke.PROBE)
+    status, merged, stdout = smoke.run_container(DockerEngine(DockerAPI(client)), "img", smoke.PROBE)
     assert status == 0 and STDERR in merged
     assert smoke._json_after_checks(merged) is None  # what reading both streams gave
     assert smoke._json_after_checks(stdout) == {"vendor": "none", "torch": {"version": "2.13.0"}}

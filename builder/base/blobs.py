@@ -141,13 +141,12 @@ def make_image(engine: Engine, project: Project, workdir: Path, platform: str) -
     config = image_config(rootfs, spec, platform)
     image_id = write_archive(rootfs, config, tag, workdir / "image.tar")
     load_archive(engine, workdir / "image.tar", f"the {platform} base")
-    loaded = engine.image(tag) or {}
+    loaded = engine.image(tag)
     expected = json.loads(config)
-    if (loaded.get("RootFS", {}).get("Layers") != expected["rootfs"]["diff_ids"]
-            or loaded.get("Architecture") != expected["architecture"]):
-        raise UserError(f"the engine loaded the {platform} base with layers {loaded.get('RootFS', {}).get('Layers')}"
-                        f" ({loaded.get('Architecture')}), expected {expected['rootfs']['diff_ids']}; "
-                        "report this as a bug")
+    layers, arch = (loaded.layers, loaded.architecture) if loaded is not None else (None, None)
+    if layers != tuple(expected["rootfs"]["diff_ids"]) or arch != expected["architecture"]:
+        raise UserError(f"the engine loaded the {platform} base with layers {list(layers or ())}"
+                        f" ({arch}), expected {expected['rootfs']['diff_ids']}; report this as a bug")
     return image_id, rootfs
 
 

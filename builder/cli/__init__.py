@@ -39,6 +39,7 @@ from builder.cli.images import (
     render_cmd,
     smoke_cmd,
 )
+from builder.cli.options import Session
 from builder.cli.supply import verify_cmd
 from builder.config.errors import TargetFailed, UserError
 from builder.config.urls import redact
@@ -68,8 +69,9 @@ def main() -> None:
 
 
 def _run() -> int:
+    session = Session()
     try:
-        code = cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False, obj=session)
     except UserError as exc:
         for line in exc.lines:
             click.echo(f"error: {redact(line)}", err=True)
@@ -89,7 +91,7 @@ def _run() -> int:
     except Exception as exc:  # the engine, a registry, or our own fault: one line, its class's code
         if os.environ.get("BUILDER_TRACEBACK"):
             raise
-        fault = faults.describe(exc)
+        fault = faults.describe(exc, session.engine)
         click.echo(f"error: {redact(fault.line)}", err=True)
         return fault.code
     return code if isinstance(code, int) else 0

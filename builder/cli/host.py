@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from builder.cli.options import engine_option, project_options
+from builder.cli.options import connect_engine, engine_option, project_options
 from builder.config.project import Project
 
 # Where builder.host.hardware looks; other roots are for tests and for running builder inside a container.
@@ -60,6 +60,7 @@ def doctor_cmd(
     sysfs_root: str,
     dev_root: str,
     cdi_dirs: tuple[str, ...],
+    engine_choice: str | None,
 ) -> None:
     """Check this host: engine, GPUs and their runtime/devices, disk, registry, tools.
 
@@ -69,8 +70,8 @@ def doctor_cmd(
     from builder.host import doctor, hardware
 
     checks = doctor.run_checks(matrix_path, mapping_path, sysfs_root=sysfs_root, dev_root=dev_root,
-                               cdi_dirs=cdi_dirs or hardware.CDI_DIRS)
-    checks += doctor.store_checks(*_store_sizes(matrix_path, mapping_path))
+                               cdi_dirs=cdi_dirs or hardware.CDI_DIRS, engine=engine_choice)
+    checks += doctor.store_checks(*_store_sizes(matrix_path, mapping_path, engine_choice))
     if as_json:
         click.echo(json.dumps(doctor.as_json(checks), indent=2))
     else:
@@ -96,16 +97,17 @@ def doctor_cmd(
     sys.exit(status)
 
 
-def _store_sizes(matrix_path: str, mapping_path: str | None) -> tuple[dict[str, tuple[int, str]] | None, str]:
+def _store_sizes(matrix_path: str, mapping_path: str | None,
+                 engine_choice: str | None) -> tuple[dict[str, tuple[int, str]] | None, str]:
     """What each of the builder's stores holds (``builder gc``'s measure), or None and why not."""
     try:
         from builder.config.project import load_project
         from builder.gc import stores as gc
-        from builder.oci.engine import connect
+        from builder.oci.connect import connect
 
         project = load_project(matrix_path, mapping_path, allow_unpinned=True)
         try:
-            engine = connect()
+            engine = connect(kind=engine_choice)
         except Exception:  # noqa: BLE001 - no engine: the files' stores alone (the daemon check says why)
             engine = None
         found = gc.collect(engine, project, items=False)
@@ -168,6 +170,7 @@ def run_cmd(
     dev_root: str,
     cdi_dirs: tuple[str, ...],
     command: tuple[str, ...],
+    engine_choice: str | None,
 ) -> None:
     """Run COMMAND in the image for this host's GPUs, with the current directory at /workspace.
 
@@ -176,15 +179,17 @@ def run_cmd(
     """
     from builder.host import hardware, launch
     from builder.host.runspec import format_dry_run, run_spec
-    from builder.oci.engine import engine_kind
+    from builder.oci.connect import engine_kind
 
     cdi_dirs = cdi_dirs or hardware.CDI_DIRS
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(hardware.cdi_specs(cdi_dirs)))
-    kind = engine_kind()
+    kind = engine_kind(kind=engine_choice)
     plan = run_spec(project, command, target=target, user=user, gpus=gpus, env=env, host=host,
                     engine_info=lambda: launch.engine_info(kind), cdi_dirs=cdi_dirs, engine=kind)
     if dry_run:
         click.echo(format_dry_run(plan))
         return
-    status = launch.launch(plan, say=lambda line: click.echo(line, err=True))
+    # connected here (a bad plan is refused first, without one), so a fault of the engine names it
+    engine = connect_engine(kind) if not plan.problems else None
+    status = launch.launch(plan, engine=engine, say=lambda line: click.echo(line, err=True))
     sys.exit(status)

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from builder.cli.options import (
+    connect_engine,
     engine_option,
     platform_option,
     project_options,
@@ -145,7 +146,7 @@ def lint_cmd(project: Project, targets: tuple[str, ...]) -> None:
 @click.option("--check", is_flag=True, help="Bootstrap afresh and say whether base.lock.json still matches (exit 1 if not).")
 @click.option("--update", is_flag=True, help="Re-pin when a fresh bootstrap differs from the lock (mirror moved).")
 @platform_option
-def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, ...]) -> None:
+def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, ...], engine_choice: str | None) -> None:
     """Make (or reuse), push and pin the shared base in base.lock.json, per platform.
 
     Default: every platform a target lists (a foreign one bootstraps under qemu emulation).
@@ -155,9 +156,7 @@ def base_cmd(project: Project, check: bool, update: bool, platforms: tuple[str, 
     wanted = list(platforms) or list(project.base_refs)
     if check:
         sys.exit(0 if pin.check(project, wanted, say=click.echo) else 1)
-    from builder.oci.engine import connect
-
-    engine = connect()
+    engine = connect_engine(engine_choice)
     for platform in wanted:
         reference = pin.get(engine, project, platform, need="published", update=update, say=click.echo)
         click.echo(f"base {platform}: {reference} (image {pin.image_id(engine, project, platform)})")
@@ -214,7 +213,8 @@ def _report(outcomes: list[Any], as_json: bool) -> None:
 @sign_key_option
 def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going: bool, as_json: bool,
               jobs: int, no_smoke: bool, quiet: bool, rebuild: bool, pull: bool, update_base: bool,
-              buildx_builder: str | None, platforms: tuple[str, ...], sign_key: str | None) -> None:
+              buildx_builder: str | None, platforms: tuple[str, ...], sign_key: str | None,
+              engine_choice: str | None) -> None:
     """Build (BuildKit), smoke-test, tag (and push) targets.
 
     A target whose content tag (<registry>:<target>-<12 hex>, a digest of everything that goes
@@ -228,17 +228,15 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     """
     from builder.images.build import build_all
     from builder.images.progress import Progress
-    from builder.oci.engine import connect
 
     signer = _signer(sign_key, push)
+    # buildx reads BUILDX_BUILDER itself; --builder goes to each build as its own argument
+    buildx_builder = buildx_builder or os.environ.get("BUILDX_BUILDER") or None
+    engine = connect_engine(engine_choice)
     if buildx_builder:
-        os.environ["BUILDX_BUILDER"] = buildx_builder  # what buildx itself reads, for every build of this run
-    engine = connect()
-    if os.environ.get("BUILDX_BUILDER"):
         from builder.oci.buildkit import builder_problem
-        from builder.oci.engine import engine_address
 
-        if (problem := builder_problem(os.environ["BUILDX_BUILDER"], engine_address())) is not None:
+        if (problem := builder_problem(buildx_builder, engine.address())) is not None:
             raise UserError(problem)
     views = project.views(targets, platforms)
     if push:
@@ -251,7 +249,7 @@ def build_cmd(project: Project, targets: tuple[str, ...], push: bool, keep_going
     with Progress(verbose=not quiet) as ui:
         outcomes = build_all(engine, project, views, ui, push=push, smoke=not no_smoke, keep_going=keep_going,
                              jobs=jobs, rebuild=rebuild, pull=pull, update_base=update_base, attest=attest,
-                             vouch=_vouch(signer))
+                             vouch=_vouch(signer), builder=buildx_builder)
     _report(outcomes, as_json)
 
 
@@ -307,12 +305,12 @@ def _vouch(signer: Any) -> Any:
 @target_option
 @platform_option
 @click.option("--no-train", is_flag=True, help="Skip the 2-process accelerate training run.")
-def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], no_train: bool) -> None:
+def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], no_train: bool,
+              engine_choice: str | None) -> None:
     """Smoke-test the tagged images of targets, per platform (build them first)."""
     from builder.images.smoke import smoke_test
-    from builder.oci.engine import connect
 
-    engine = connect()
+    engine = connect_engine(engine_choice)
     failed = False
     for view in project.views(targets, platforms):
         ref = view.local_refs[0]
@@ -334,16 +332,16 @@ def smoke_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, 
 @target_option
 @platform_option
 @sign_key_option
-def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], sign_key: str | None) -> None:
+def push_cmd(project: Project, targets: tuple[str, ...], platforms: tuple[str, ...], sign_key: str | None,
+             engine_choice: str | None) -> None:
     """Push already-built targets (versioned tags first, then latest-<vendor>); a target with
     several platforms pushes each platform's image, then one index under each of its tags.
     With a signing key, each pushed image gets its signature, SBOM and provenance attached."""
     from builder.config.files import published_path
     from builder.images.build import push_all
-    from builder.oci.engine import connect
 
     signer = _signer(sign_key, True)
-    engine = connect()
+    engine = connect_engine(engine_choice)
     attest = _attester(project, signer, click.echo)
     views = project.views(targets, platforms)
     report = _PushReport(views)
@@ -419,7 +417,8 @@ def bake_cmd(project: Project, targets: tuple[str, ...], output: str | None, to_
               "this many days: every clone shares them (0: only this checkout counts).")
 @click.option("--verbose", "-v", is_flag=True, help="A line per item under each store.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stores and items as JSON on stdout.")
-def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_json: bool) -> None:
+def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_json: bool,
+           engine_choice: str | None) -> None:
     """Remove what the builder recorded as its own and nothing still uses, store by store.
 
     \b
@@ -434,9 +433,8 @@ def gc_cmd(project: Project, dry_run: bool, keep_days: float, verbose: bool, as_
     """
     from builder.gc import stores as gc
     from builder.images.content import current_refs
-    from builder.oci.engine import connect
 
-    engine = connect()
+    engine = connect_engine(engine_choice)
     found = gc.collect(engine, project, keep_days=keep_days, current=current_refs(project))
     failed = [] if dry_run else gc.remove(engine, project, found, say=lambda line: click.echo(line, err=True))
     if as_json:

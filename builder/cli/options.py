@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from builder.config.project import load_project
 from builder.oci import registry
+
+if TYPE_CHECKING:
+    from builder.oci.engine import Engine
 
 
 def _index_pairs(values: tuple[str, ...]) -> dict[str, str]:
@@ -77,13 +80,27 @@ sign_key_option = click.option(
 )
 
 
-def _choose_engine(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:
-        os.environ["BUILDER_ENGINE"] = value  # what connect() reads, for every request of this command
-
-
 engine_option = click.option(
-    "--engine", type=click.Choice(["docker", "podman"]), default=None, expose_value=False, callback=_choose_engine,
-    is_eager=True, help="The container engine: docker or podman (env BUILDER_ENGINE); default: docker if it "
-    "answers, else podman.",
+    "--engine", "engine_choice", type=click.Choice(["docker", "podman"]), default=None,
+    help="The container engine: docker or podman (env BUILDER_ENGINE); default: docker if it answers, else podman.",
 )
+
+
+@dataclass
+class Session:
+    """What one run of ``builder`` holds (click's ``obj``, handed to every command): the engine a command
+    connected, which the CLI's fault handler names (:func:`builder.oci.faults.describe`)."""
+
+    engine: Engine | None = None
+
+
+def connect_engine(choice: str | None) -> Engine:
+    """The engine *choice* names (``--engine``; None: BUILDER_ENGINE, else whichever answers), connected, and
+    kept in the run's :class:`Session`."""
+    from builder.oci.connect import connect
+
+    engine = connect(kind=choice)
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and (session := ctx.find_object(Session)) is not None:
+        session.engine = engine
+    return engine

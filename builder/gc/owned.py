@@ -41,7 +41,7 @@ from builder.config.files import published_path
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project
 from builder.config.state import state_dir
-from builder.oci.engine import Engine
+from builder.oci.engine import CacheRecord, Engine, ImageFacts
 
 #: BuildKit's description of a wheel context's copy (:func:`builder.wheels.layers.context_name`).
 WHEEL_SOURCE = "local source for wheels-"
@@ -95,29 +95,28 @@ def release_image(engine: Engine, image_id: str) -> None:
     images_ledger(engine).release([image_id])
 
 
-def _is_wheel_source(record: Mapping[str, Any]) -> bool:
-    return record.get("Type") == "source.local" and str(record.get("Description", "")).startswith(WHEEL_SOURCE)
+def _is_wheel_source(record: CacheRecord) -> bool:
+    return record.type == "source.local" and record.description.startswith(WHEEL_SOURCE)
 
 
-def _copies(engine: Engine, contexts: Iterable[str]) -> dict[str, Mapping[str, Any]]:
+def _copies(engine: Engine, contexts: Iterable[str]) -> dict[str, CacheRecord]:
     """{record ID: record} of BuildKit's copies of the named *contexts* (``wheels-<layer>``)."""
     wanted = {f"local source for {name}" for name in contexts}
-    return {str(r["ID"]): r for r in engine.build_cache()
-            if r.get("Type") == "source.local" and r.get("Description") in wanted}
+    return {r.id: r for r in engine.build_cache() if r.type == "source.local" and r.description in wanted}
 
 
-def _use(record: Mapping[str, Any]) -> tuple[Any, Any]:
-    return record.get("LastUsedAt"), record.get("UsageCount")
+def _use(record: CacheRecord) -> tuple[str | None, int]:
+    return record.last_used, record.usage_count
 
 
-def wheel_sources(engine: Engine, contexts: Iterable[str]) -> dict[str, tuple[Any, Any]]:
+def wheel_sources(engine: Engine, contexts: Iterable[str]) -> dict[str, tuple[str | None, int]]:
     """{record ID: (last used, use count)} of BuildKit's copies of the named *contexts*: taken before
     a build, for :func:`record_wheel_sources` after it."""
     return {rid: _use(r) for rid, r in _copies(engine, contexts).items()}
 
 
 def record_wheel_sources(engine: Engine, project: Project, contexts: Iterable[str],
-                         before: Mapping[str, tuple[Any, Any]]) -> list[str]:
+                         before: Mapping[str, tuple[str | None, int]]) -> list[str]:
     """Record the copies of the named *contexts* this clone's build made or used: those absent *before*
     it, or whose use moved during it; return their IDs.
 
@@ -126,7 +125,7 @@ def record_wheel_sources(engine: Engine, project: Project, contexts: Iterable[st
     that had to wait for a copy in use makes new ones. Another user's build of the same context at
     the same moment moves its copy too, which is then recorded as well: gc never prunes a copy in
     use, and pruning one costs its owner one full send of those wheels, nothing else."""
-    used = {rid: {"description": str(r["Description"])} for rid, r in _copies(engine, contexts).items()
+    used = {rid: {"description": r.description} for rid, r in _copies(engine, contexts).items()
             if before.get(rid) != _use(r)}
     if used:  # one call: the copies one build used share their time of use (stale_wheel_sources)
         build_cache_ledger(engine).record_many(used, clone=clone_id(project.root), facts=used)
@@ -157,16 +156,15 @@ def recorded_scripts() -> list[Path]:
     return [Path(p) for p in Ledger(REFERENCES).records() if Path(p).is_file()]
 
 
-def image_digests(image: Mapping[str, Any]) -> set[str]:
+def image_digests(image: ImageFacts) -> set[str]:
     """The digests an image is known by: its ID, and each ``repo@sha256:...`` of it."""
-    names = [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
-    return {str(image.get("Id", "")), *(str(n).rpartition("@")[2] for n in names if "@" in str(n))}
+    return {image.id, *(n.rpartition("@")[2] for n in (*image.digests, *image.tags) if "@" in n)}
 
 
-def tags_of(image: Mapping[str, Any]) -> set[str]:
+def tags_of(image: ImageFacts) -> set[str]:
     """An image's tags: ``repo:tag`` names (the containerd store's listing also names an image pulled by
     digest ``repo@sha256:...`` there: that is no tag)."""
-    return {t for t in image.get("RepoTags") or [] if t != "<none>:<none>" and "@" not in t}
+    return {t for t in image.tags if t != "<none>:<none>" and "@" not in t}
 
 
 def building_targets(records: Mapping[str, Record]) -> set[str]:
@@ -179,17 +177,17 @@ class Verdict:
     """What becomes of one recorded image: *untag* (the builder's tags of it) and, with *remove*, the
     image itself; or *kept* and why (nothing happens)."""
 
-    image: Mapping[str, Any]
+    image: ImageFacts
     untag: tuple[str, ...] = ()
     remove: bool = False
     kept: str | None = None
 
     @property
     def id(self) -> str:
-        return str(self.image["Id"])
+        return self.image.id
 
 
-def verdict(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: float, current: AbstractSet[str],
+def verdict(image: ImageFacts, record: Record, *, clone: str, keep_days: float, current: AbstractSet[str],
             building: set[str], references: Mapping[str, str], now: float | None = None) -> Verdict | None:
     """What ``builder gc`` in *clone* does with a recorded image: None when it is current (one of its
     tags is one of this checkout's *current* tags) or nothing of it is the builder's to remove.
@@ -199,7 +197,7 @@ def verdict(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: 
 
     Example:
         >>> rec = Record(facts={"target": "cpu", "tags": ["r:cpu-aa"]}, recorded=0, clones={"/a": 0})
-        >>> img = {"Id": "sha256:1", "RepoTags": ["r:cpu-aa"], "RepoDigests": [], "Containers": 0}
+        >>> img = ImageFacts("sha256:1", tags=("r:cpu-aa",))
         >>> verdict(img, rec, clone="/a", keep_days=7, current=set(), building=set(), references={}).remove
         True
         >>> verdict(img, rec, clone="/a", keep_days=7, current={"r:cpu-aa"}, building=set(), references={}) is None
@@ -219,7 +217,7 @@ def verdict(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: 
     return Verdict(image, untag=ours, remove=True)
 
 
-def _kept(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: float, building: set[str],
+def _kept(image: ImageFacts, record: Record, *, clone: str, keep_days: float, building: set[str],
           references: Mapping[str, str], now: float) -> str | None:
     if record.held():
         return "a running build holds it"
@@ -230,7 +228,7 @@ def _kept(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: fl
     if others:
         other, when = max(others.items(), key=lambda item: item[1])
         return f"clone {other} used it {(now - when) / DAY:.1f} days ago (--keep-days {keep_days:g})"
-    if int(image.get("Containers") or 0) > 0:
+    if image.containers > 0:
         return "a container uses it"
     for digest in sorted(image_digests(image)):
         if digest in references:
@@ -238,35 +236,35 @@ def _kept(image: Mapping[str, Any], record: Record, *, clone: str, keep_days: fl
     return None
 
 
-def image_verdicts(images: Iterable[Mapping[str, Any]], records: Mapping[str, Record], **how: Any) -> list[Verdict]:
+def image_verdicts(images: Iterable[ImageFacts], records: Mapping[str, Record], **how: Any) -> list[Verdict]:
     """:func:`verdict` of each of *images* that *records* holds (others are never the builder's)."""
     building = building_targets(records)
-    return [v for image in images if (record := records.get(str(image.get("Id")))) is not None
+    return [v for image in images if (record := records.get(image.id)) is not None
             and (v := verdict(image, record, building=building, **how)) is not None]
 
 
-def stale_wheel_sources(cache: Iterable[Mapping[str, Any]], records: Mapping[str, Record], *, clone: str,
-                        keep_days: float, now: float | None = None) -> list[Mapping[str, Any]]:
+def stale_wheel_sources(cache: Iterable[CacheRecord], records: Mapping[str, Record], *, clone: str,
+                        keep_days: float, now: float | None = None) -> list[CacheRecord]:
     """The wheel-context copies (``docker system df``'s build-cache records) that go: recorded as ours,
     not in use, used by no other clone within *keep_days*, and not *clone*'s current copy: one it never
     used, or one its last build of that context name did not use (by the records' times of use, which
     one build's copies share; never BuildKit's own, which differ by milliseconds within one build).
 
     Example:
-        >>> def rec(i): return {"ID": i, "Type": "source.local", "InUse": False, "Description": "local source for wheels-torch"}
+        >>> def rec(i): return CacheRecord(i, "source.local", "local source for wheels-torch")
         >>> mine = {"a": Record(clones={"/a": 9}), "b": Record(clones={"/a": 9}), "c": Record(clones={"/a": 5}),
         ...         "e": Record(clones={"/b": 86400}), "f": Record(clones={"/b": 7.5 * 86400})}
-        >>> [r["ID"] for r in stale_wheel_sources([rec(i) for i in "abcdef"], mine, clone="/a",
+        >>> [r.id for r in stale_wheel_sources([rec(i) for i in "abcdef"], mine, clone="/a",
         ...                                       keep_days=1, now=8 * 86400)]
         ['c', 'e']
     """
-    ours = [r for r in cache if _is_wheel_source(r) and str(r.get("ID")) in records]
+    ours = [r for r in cache if _is_wheel_source(r) and r.id in records]
     last: dict[str, float] = {}
     for r in ours:
-        if (when := records[str(r["ID"])].clones.get(clone)) is not None:
-            last[r["Description"]] = max(last.get(r["Description"], when), when)
-    def current(r: Mapping[str, Any]) -> bool:
-        when = records[str(r["ID"])].clones.get(clone)
-        return when is not None and when >= last[r["Description"]]
-    return [r for r in ours if not r.get("InUse") and not current(r)
-            and not records[str(r["ID"])].used_by_others(clone, keep_days, now)]
+        if (when := records[r.id].clones.get(clone)) is not None:
+            last[r.description] = max(last.get(r.description, when), when)
+    def current(r: CacheRecord) -> bool:
+        when = records[r.id].clones.get(clone)
+        return when is not None and when >= last[r.description]
+    return [r for r in ours if not r.in_use and not current(r)
+            and not records[r.id].used_by_others(clone, keep_days, now)]

@@ -54,7 +54,7 @@ from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project, TargetView
 from builder.gc import owned
 from builder.oci import localregistry
-from builder.oci.engine import Engine
+from builder.oci.engine import Engine, ImageFacts
 from builder.wheels import contexts, layers, lockfile, wheelhouse
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
@@ -225,12 +225,12 @@ def _linked(folders: Iterable[Path]) -> set[tuple[int, int]]:
 
 # --- the engine: build cache and images (builder.gc.owned records what is the builder's) ------
 
-def _unique(image: Mapping[str, Any]) -> int:
+def _unique(image: ImageFacts) -> int:
     """An image's bytes no other image shares, as ``docker system df`` says (Size less SharedSize).
 
     An upper bound: Docker 26's containerd store reports no shared size for some images (untagged
     ones), whose layers other images (and BuildKit's cache) may still hold."""
-    return int(image.get("Size") or 0) - max(int(image.get("SharedSize") or 0), 0)
+    return image.size - image.shared_size
 
 
 def digest_references(project: Project, records: Mapping[str, Record]) -> dict[str, str]:
@@ -295,11 +295,11 @@ def _collect_engine(found: Found, engine: Engine, project: Project, keep_days: f
     """The engine's build cache and the images the builder recorded: what they hold, and (with
     *items*) what goes (:mod:`builder.gc.owned` decides)."""
     usage = engine.disk_usage()
-    cache = usage.get("BuildCache") or []
-    found.held["build cache"] = sum(int(r.get("Size") or 0) for r in cache if not r.get("Shared"))
+    cache = usage.build_cache
+    found.held["build cache"] = sum(r.size for r in cache if not r.shared)
     ledger = owned.images_ledger(engine)
     records = ledger.records()
-    images = [i for i in usage.get("Images") or [] if str(i.get("Id")) in records]
+    images = [i for i in usage.images if i.id in records]
     found.held["images"] = sum(_unique(i) for i in images)
     found.where["images"] = f"recorded in {ledger.path}"
     if not items:
@@ -307,7 +307,7 @@ def _collect_engine(found: Found, engine: Engine, project: Project, keep_days: f
     clone = clone_id(project.root)
     stale = owned.stale_wheel_sources(cache, owned.build_cache_ledger(engine).records(), clone=clone,
                                       keep_days=keep_days)
-    found.items += [Item("build cache", r["ID"], int(r.get("Size") or 0), r.get("Description", "")) for r in stale]
+    found.items += [Item("build cache", r.id, r.size, r.description) for r in stale]
     for v in owned.image_verdicts(images, records, clone=clone, keep_days=keep_days, current=found.current,
                                   references=digest_references(project, records)):
         named = ", ".join(v.untag) or "untagged"
@@ -401,8 +401,8 @@ def forget_gone(engine: Engine, since: float) -> None:
     scripts = Ledger(REFERENCES)
     scripts.forget([p for p in scripts.records() if not Path(p).is_file()])
     usage = engine.disk_usage()
-    present = {str(i.get("Id")) for i in usage.get("Images") or []}
-    cache = {str(r.get("ID")) for r in usage.get("BuildCache") or []}
+    present = {i.id for i in usage.images}
+    cache = {r.id for r in usage.build_cache}
     for ledger, there in ((owned.images_ledger(engine), present), (owned.build_cache_ledger(engine), cache)):
         with ledger.editing() as records:
             for key in [k for k, r in records.items() if k not in there and r.last_used() < since

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import docker.types
-
 from builder.config.project import Target
 from builder.host import cdi, hardware
+from builder.oci.docker import DeviceRequest
+from builder.oci.engine import EngineFacts
 
 #: The CDI device kind of each vendor's GPUs, as its container toolkit writes the spec.
 CDI_KINDS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu", "intel": "intel.com/gpu"}
@@ -48,28 +48,24 @@ class CdiChoice:
     devices: tuple[str, ...] = ()  # e.g. ('nvidia.com/gpu=all',)
 
 
-def engine_cdi(info: Mapping[str, Any] | None) -> tuple[bool, str]:
-    """Whether the engine behind ``docker info`` *info* hands out CDI devices, and why.
+def engine_cdi(info: EngineFacts | None) -> tuple[bool, str]:
+    """Whether the engine of the facts *info* hands out CDI devices, and why.
 
     Docker lists ``CDISpecDirs`` once CDI is enabled (``"features": {"cdi": true}`` in
     daemon.json before Docker 28.2, on by default since); older engines lack the key. Podman
-    (its Docker-compatible ``info`` has ``BuildahVersion``) always reads ``/etc/cdi`` and
-    ``/var/run/cdi``.
+    always reads ``/etc/cdi`` and ``/var/run/cdi`` (its facts say so).
 
     Example:
-        >>> engine_cdi({"ServerVersion": "20.10.24"})
+        >>> engine_cdi(EngineFacts("Docker", "20.10.24"))
         (False, 'Docker 20.10.24 predates CDI (25.0)')
-        >>> engine_cdi({"ServerVersion": "4.3.1", "BuildahVersion": "1.28.2"})
+        >>> engine_cdi(EngineFacts("podman", "4.3.1", cdi_spec_dirs=("/etc/cdi", "/var/run/cdi")))
         (True, 'podman 4.3.1 reads CDI specs from /etc/cdi, /var/run/cdi')
     """
     if info is None:
         return False, "no engine answered"
-    dirs = info.get("CDISpecDirs") or []
-    version = str(info.get("ServerVersion") or "?")
-    if "BuildahVersion" in info:
-        return True, f"podman {version} reads CDI specs from {', '.join(cdi.CDI_DIRS)}"
-    if dirs:
-        return True, f"Docker {version} reads CDI specs from {', '.join(dirs)}"
+    version = info.version
+    if info.cdi_spec_dirs:
+        return True, f"{info.product} {version} reads CDI specs from {', '.join(info.cdi_spec_dirs)}"
     try:
         old = tuple(int(x) for x in version.split(".")[:2]) < tuple(int(x) for x in CDI_DOCKER.split("."))
     except ValueError:
@@ -108,7 +104,7 @@ def choose_cdi(vendor: str, specs: Sequence[cdi.Spec], engine: tuple[bool, str])
 
 def host_cdi(
     vendor: str,
-    engine_info: Callable[[], Mapping[str, Any] | None] | None,
+    engine_info: Callable[[], EngineFacts | None] | None,
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
     engine: str = "docker",
 ) -> CdiChoice:
@@ -158,9 +154,9 @@ def device_kwargs(
         >>> device_kwargs(False, (), (), None, None, ["nvidia.com/gpu=all"])["device_requests"][0]["Driver"]
         'cdi'
     """
-    requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
+    requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else []
     if cdi_devices:
-        requests.append(docker.types.DeviceRequest(driver="cdi", device_ids=list(cdi_devices)))
+        requests.append(DeviceRequest(driver="cdi", device_ids=list(cdi_devices)))
     return {
         "device_requests": requests or None,
         "devices": [f"{d}:{d}:rwm" for d in devices] or None,
@@ -289,7 +285,7 @@ def _group_ids(names: Sequence[str], host: hardware.HostGpus) -> tuple[tuple[int
 
 
 def device_options(
-    target: Target, engine: str = "docker", engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
+    target: Target, engine: str = "docker", engine_info: Callable[[], EngineFacts | None] | None = None,
 ) -> tuple[dict[str, Any], str | None]:
     """docker-py options giving a test container this target's GPUs on *engine* (asked *engine_info* about CDI, as
     ``builder run`` asks it), or ({}, why not) (the smoke test).

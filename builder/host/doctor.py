@@ -22,15 +22,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from docker.errors import DockerException
 from requests.exceptions import RequestException
 
 from builder.config import platforms
 from builder.config.errors import UserError
 from builder.config.project import Project, load_project
 from builder.host import cdi, devices, hardware
-from builder.oci import buildkit, engine, localregistry, registry
-from builder.oci.engine import DockerEngine, Engine, engine_address
+from builder.oci import buildkit, docker, localregistry, podman, registry
+from builder.oci.docker import DockerEngine, engine_address
+from builder.oci.engine import Engine, EngineFacts, chosen_engine, engine_version
 from builder.oci.secrets import PLAIN, child_env
 
 Status = Literal["ok", "warn", "fail"]
@@ -72,10 +72,12 @@ class Context:
     matrix_path: Path | str = "matrix.yaml"
     mapping_path: Path | str | None = None
     engine: Engine | None = None
-    info: dict[str, Any] | None = None
+    info: EngineFacts | None = None
     project: Project | None = None
     cdi: tuple[str, ...] = ()
     cdi_dirs: tuple[str, ...] = hardware.CDI_DIRS
+    #: the engine ``--engine`` names (None: BUILDER_ENGINE, else Docker, then podman)
+    choice: str | None = None
 
 
 #: What each image store means for the user.
@@ -87,36 +89,33 @@ STORE_NOTE = {
 
 def check_daemon(ctx: Context) -> list[Check]:
     """The engine (``--engine``/BUILDER_ENGINE, else Docker, then podman when Docker does not answer):
-    reachable, its version and API version, its image store (podman: rootful or rootless, what it lacks)."""
+    reachable, its version and API version, its image store (podman: rootful or rootless), what it lacks."""
     try:
-        kind = engine.chosen_engine()
+        kind = chosen_engine(ctx.choice)
     except UserError as exc:
         return [Check("fail", "engine", str(exc), "BUILDER_ENGINE=docker or BUILDER_ENGINE=podman")]
+    checks = []
     if kind != "podman":
-        docker = _check_docker(ctx)
-        if kind == "docker" or docker[0].status != "fail" or shutil.which("podman") is None:
-            return docker
-    return _check_podman(ctx)
+        checks = _check_docker(ctx)
+    if kind == "podman" or (kind is None and checks[0].status == "fail" and shutil.which("podman") is not None):
+        checks = _check_podman(ctx)
+    if ctx.engine is not None and (lacks := ctx.engine.lacks()).items:
+        checks.append(Check("warn", f"{ctx.engine.name()} lacks", "; ".join(lacks.items), lacks.fix))
+    return checks
 
 
 def _check_podman(ctx: Context) -> list[Check]:
     try:
-        found_engine = engine.connect_podman(timeout=15)
-        version = found_engine.version()
-        ctx.info = found_engine.info()
-    except (UserError, DockerException, RequestException, OSError) as exc:
+        found_engine = podman.connect_podman(timeout=15)
+        info = ctx.info = found_engine.info()
+    except (UserError, docker.ClientError, RequestException, OSError) as exc:
         return [Check("fail", "podman", str(exc).splitlines()[0][:300],
                       "apt-get install podman buildah (make host ENGINE=podman)")]
     ctx.engine = found_engine
     mode = "rootless" if found_engine.rootless() else "rootful"
-    found = (f"podman {version.get('Version', '?')} (API {version.get('ApiVersion', '?')}), {mode}, at "
-             f"{found_engine.address()}, {ctx.info.get('Driver', '?')} storage (layers kept uncompressed; "
-             "compression chosen at push)")
-    lacks = engine.podman_lacks(str(version.get("Version", "")))
-    checks = [Check("ok", "podman", found), Check("warn", "podman lacks", "; ".join(lacks), _podman_fix(len(lacks)))]
-    if mode == "rootless":
-        checks.append(_rootless_network(TUN))
-    return checks
+    found = (f"podman {info.version} (API {info.api_version}), {mode}, at {found_engine.address()}, {info.driver} "
+             "storage (layers kept uncompressed; compression chosen at push)")
+    return [Check("ok", "podman", found), *([_rootless_network(TUN)] if mode == "rootless" else [])]
 
 
 #: The device rootless podman's container network (slirp4netns; pasta from podman 5) opens.
@@ -132,35 +131,18 @@ def _rootless_network(tun: Path) -> Check:
                  "pasta, opens it); builds and smoke tests need no network", f"sudo chmod 0666 {tun} (Debian's default)")
 
 
-def _podman_fix(lacking: int) -> str:
-    """What would remove *lacking* items of :func:`engine.podman_lacks`: the registry cache (always last) no podman has.
-
-    Example:
-        >>> _podman_fix(1)
-        'none in podman: a fresh runner builds what a BuildKit runner would take from its registry cache'
-    """
-    if lacking > 1:
-        return "podman >= 5 (Debian 13 has 5.4) has all but BuildKit's registry cache"
-    return "none in podman: a fresh runner builds what a BuildKit runner would take from its registry cache"
-
-
 def _check_docker(ctx: Context) -> list[Check]:
     try:
         found_engine = DockerEngine.from_env(timeout=15)
-        version = found_engine.version()
-        ctx.info = found_engine.info()
-    except (DockerException, RequestException, OSError) as exc:
+        info = ctx.info = found_engine.info()
+    except (docker.ClientError, RequestException, OSError) as exc:
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        return [
-            Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)
-        ]
+        return [Check("fail", "docker daemon", f"no engine answers at {engine_address()} ({reason})", DAEMON_FIX)]
     ctx.engine = found_engine
-    api = version.get("ApiVersion", "?")
-    store = engine.image_store(ctx.info)
-    found = (f"Docker {version.get('Version', '?')} (API {api}) at {engine_address()}, "
-             f"{store} image store{STORE_NOTE[store]}")
-    if engine.engine_version(str(version.get("Version", ""))) < engine.MIN_ENGINE:
-        need = ".".join(map(str, engine.MIN_ENGINE))
+    found = (f"Docker {info.version} (API {info.api_version}) at {engine_address()}, "
+             f"{info.store} image store{STORE_NOTE[info.store]}")
+    if engine_version(info.version) < docker.MIN_ENGINE:
+        need = ".".join(map(str, docker.MIN_ENGINE))
         return [Check("fail", "docker daemon", f"{found}; builder needs Docker >= {need}",
                       "upgrade the engine: scripts/setup-host.sh prints the command (Debian 12: docker.io from "
                       "Debian 13, pinned)")]
@@ -169,8 +151,8 @@ def _check_docker(ctx: Context) -> list[Check]:
 
 def check_buildkit(ctx: Context) -> list[Check]:
     """docker buildx (BuildKit's client): every Docker build goes through it (podman builds with its buildah)."""
-    if ctx.engine is not None and ctx.engine.name() == "podman":
-        return [Check("ok", "builds", "podman build (buildah); docker buildx not needed")]
+    if ctx.info is not None and ctx.info.builds_with != "docker buildx":
+        return [Check("ok", "builds", f"{ctx.info.builds_with}; docker buildx not needed")]
     found = buildkit.version()  # one `docker buildx version`; the reason only when it failed
     if not found:
         problem = buildkit.available() or "docker buildx version failed"
@@ -190,7 +172,7 @@ def _enroot_version() -> tuple[int, int] | None:
         return None
     proc = subprocess.run(["enroot", "version"], capture_output=True, text=True, check=False, timeout=10,
                           env=child_env(PLAIN))
-    return engine.engine_version(proc.stdout)
+    return engine_version(proc.stdout)
 
 
 def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None] = _enroot_version) -> list[Check]:
@@ -201,14 +183,13 @@ def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None]
     if not zstd:
         return [Check("ok", "compression", "gzip layers: every engine, enroot and pyxis pull them")]
     names, fix = ", ".join(zstd), "set compression: gzip (top level, or per target) for the nodes that run them"
-    version = str(ctx.info.get("ServerVersion", ""))
-    podman = ctx.engine is not None and ctx.engine.name() == "podman"
-    if podman:
-        # podman's ServerVersion is its own (5.4.2), no Docker release; containers/image pulls zstd in every podman
+    version, at_push = ctx.info.version, ctx.info.compresses_at_push
+    if at_push:
+        # podman's version is its own (5.4.2), no Docker release; containers/image pulls zstd in every podman
         # builder takes (>= 4.3), and podman keeps no image store that decides the compression: its push does
-        checks = [Check("ok", "compression", f"{names} publish zstd layers (OCI media types): podman pulls them and "
-                        "compresses at push; older consumers: docs/building.md#compression")]
-    elif engine.engine_version(version) < ZSTD_DOCKER:
+        checks = [Check("ok", "compression", f"{names} publish zstd layers (OCI media types): {ctx.info.product} "
+                        "pulls them and compresses at push; older consumers: docs/building.md#compression")]
+    elif engine_version(version) < ZSTD_DOCKER:
         checks = [Check("warn", "compression", f"{names} publish zstd layers: this engine (Docker {version}) cannot "
                         "pull them (Docker >= 23.0 can)", f"upgrade the engine, or {fix}")]
     else:
@@ -219,7 +200,7 @@ def check_compression(ctx: Context, enroot: Callable[[], tuple[int, int] | None]
         checks.append(Check("warn", "compression", f"{names} publish zstd layers: this host's enroot "
                             f"{'.'.join(map(str, found))} (Slurm's pyxis) cannot import them (enroot >= 4.0.0 can)",
                             f"upgrade enroot, or set ENROOT_GZIP_PROGRAM=zstd for its imports, or {fix}"))
-    if not podman and engine.image_store(ctx.info) == "classic":
+    if not at_push and ctx.info.store == "classic":
         checks.append(Check("warn", "compression", "this engine's classic image store keeps gzip whatever BuildKit "
                             "writes, so these targets are published gzip from here",
                             'enable the containerd image store: {"features": {"containerd-snapshotter": true}} '
@@ -236,11 +217,7 @@ def check_gpus(ctx: Context) -> list[Check]:
     try:
         vendor, why = hardware.choose_vendor(host)
     except UserError as exc:
-        return [
-            Check(
-                "fail", "gpus", f"{found}; {exc.lines[0]}", f"unset {hardware.VENDOR_ENV} or fix its value"
-            )
-        ]
+        return [Check("fail", "gpus", f"{found}; {exc.lines[0]}", f"unset {hardware.VENDOR_ENV} or fix its value")]
     return [Check("ok", "gpus", f"{found}; builder run picks {vendor} ({why})")]
 
 
@@ -253,17 +230,12 @@ def check_nvidia(ctx: Context) -> list[Check]:
     if hardware.has_nvidia_gpu_node(host.nodes):
         checks.append(Check("ok", "nvidia driver", f"{', '.join(host.nodes.nvidia)}"))
     else:
-        checks.append(
-            Check(
-                "fail",
-                "nvidia driver",
-                f"GPU(s) {host.describe('nvidia')} but no /dev/nvidia[0-9]*",
-                "install the NVIDIA driver (apt-get install nvidia-driver) and reboot; nvidia-smi must work",
-            )
-        )
-    runtimes = sorted((ctx.info or {}).get("Runtimes") or {})
-    podman = ctx.engine is not None and ctx.engine.name() == "podman"
-    choice = devices.host_cdi("nvidia", None, ctx.cdi_dirs, "podman") if podman else None
+        checks.append(Check("fail", "nvidia driver", f"GPU(s) {host.describe('nvidia')} but no /dev/nvidia[0-9]*",
+                            "install the NVIDIA driver (apt-get install nvidia-driver) and reboot; nvidia-smi must work"))
+    runtimes = ctx.info.runtimes if ctx.info is not None else ()
+    cdi_only = ctx.info is not None and ctx.info.gpus_by_cdi_only
+    choice = devices.choose_cdi("nvidia", cdi.specs(ctx.cdi_dirs, devices.CDI_KINDS["nvidia"]),
+                                devices.engine_cdi(ctx.info)) if cdi_only else None
     if choice is not None and choice.use:
         specs = ", ".join(hardware.cdi_specs(ctx.cdi_dirs))
         checks.append(Check("ok", "nvidia runtime", f"CDI spec for nvidia.com/gpu: {specs}"))
@@ -271,23 +243,14 @@ def check_nvidia(ctx: Context) -> list[Check]:
         why, make = devices.cdi_only("nvidia", choice)
         checks.append(Check("fail", "nvidia runtime", why, f"apt-get install nvidia-container-toolkit && {make}"))
     elif "nvidia" in runtimes:
-        checks.append(
-            Check("ok", "nvidia runtime", f"registered in the engine (runtimes: {', '.join(runtimes)})")
-        )
+        checks.append(Check("ok", "nvidia runtime", f"registered in the engine (runtimes: {', '.join(runtimes)})"))
     elif ctx.cdi:
         checks.append(Check("ok", "nvidia runtime", f"CDI spec for nvidia.com/gpu: {', '.join(ctx.cdi)}"))
     elif ctx.info is None:
         checks.append(Check("warn", "nvidia runtime", "not checked: no engine answered", DAEMON_FIX))
     else:
-        checks.append(
-            Check(
-                "fail",
-                "nvidia runtime",
-                f"not in the engine's runtimes ({', '.join(runtimes) or 'none'}) and no CDI spec in "
-                f"{' or '.join(hardware.CDI_DIRS)}",
-                TOOLKIT_FIX,
-            )
-        )
+        checks.append(Check("fail", "nvidia runtime", f"not in the engine's runtimes ({', '.join(runtimes) or 'none'}) "
+                            f"and no CDI spec in {' or '.join(hardware.CDI_DIRS)}", TOOLKIT_FIX))
     return checks
 
 
@@ -295,13 +258,13 @@ def check_cdi(ctx: Context) -> list[Check]:
     """How ``builder run`` and the Slurm script hand over each present vendor's GPUs: CDI name or classic flags."""
     checks = []
     classic = {"nvidia": "--gpus all", "amd": "--device /dev/kfd --device /dev/dri", "intel": "--device /dev/dri"}
-    podman = ctx.engine is not None and ctx.engine.name() == "podman"
+    cdi_only = ctx.info is not None and ctx.info.gpus_by_cdi_only
     for vendor in ctx.host.present():
         kind = devices.CDI_KINDS.get(vendor)
         if kind is None:
             continue
         choice = devices.choose_cdi(vendor, cdi.specs(ctx.cdi_dirs, kind), devices.engine_cdi(ctx.info))
-        if podman and not choice.use and vendor in devices.CDI_GENERATE:
+        if cdi_only and not choice.use and vendor in devices.CDI_GENERATE:
             continue  # none: check_nvidia says why, and the fix
         flag = " ".join(f"--device {d}" for d in choice.devices) if choice.use else classic[vendor]
         checks.append(Check("ok", f"{vendor} devices", f"builder run uses {flag}: {choice.why}"))
@@ -318,12 +281,8 @@ def _access(path: str) -> Check:
     found = f"{path} (group {group}, GID {info.st_gid})"
     if os.access(path, os.R_OK | os.W_OK):
         return Check("ok", f"access {path}", f"{found}; builder run adds GID {info.st_gid} to the container")
-    return Check(
-        "fail",
-        f"access {path}",
-        f"{found}: not readable and writable by you",
-        f"sudo usermod -aG {group} $USER, then log in again",
-    )
+    return Check("fail", f"access {path}", f"{found}: not readable and writable by you",
+                 f"sudo usermod -aG {group} $USER, then log in again")
 
 
 def check_amd_intel(ctx: Context) -> list[Check]:
@@ -331,37 +290,22 @@ def check_amd_intel(ctx: Context) -> list[Check]:
     host, nodes = ctx.host, ctx.host.nodes
     checks = []
     if host.of("amd"):
-        checks.append(
-            Check("ok", "amd /dev/kfd", nodes.kfd)
-            if nodes.kfd
-            else Check(
-                "fail",
-                "amd /dev/kfd",
-                f"GPU(s) {host.describe('amd')} but no /dev/kfd",
-                "install the amdgpu driver with KFD (amdgpu-install --usecase=rocm) and reboot",
-            )
-        )
+        checks.append(Check("ok", "amd /dev/kfd", nodes.kfd) if nodes.kfd else Check(
+            "fail", "amd /dev/kfd", f"GPU(s) {host.describe('amd')} but no /dev/kfd",
+            "install the amdgpu driver with KFD (amdgpu-install --usecase=rocm) and reboot"))
     if host.of("amd") or host.of("intel"):
         if nodes.render:
             checks.append(Check("ok", "/dev/dri", f"render nodes {', '.join(nodes.render)}"))
         else:
             vendors = " and ".join(v for v in ("amd", "intel") if host.of(v))
-            checks.append(
-                Check(
-                    "fail",
-                    "/dev/dri",
-                    f"{vendors} GPU(s) but no /dev/dri/renderD* node",
-                    "load the GPU driver (amdgpu, i915 or xe) and reboot",
-                )
-            )
+            checks.append(Check("fail", "/dev/dri", f"{vendors} GPU(s) but no /dev/dri/renderD* node",
+                                "load the GPU driver (amdgpu, i915 or xe) and reboot"))
         for path in ([nodes.kfd] if nodes.kfd and host.of("amd") else []) + list(nodes.render):
             checks.append(_access(path))
         names = hardware.group_gids(["video", "render"])
         if names:
             gids = ", ".join(f"{k} {v}" for k, v in names.items())
-            checks.append(
-                Check("ok", "gpu groups", f"host GIDs {gids}; the image's differ, builder run adds these")
-            )
+            checks.append(Check("ok", "gpu groups", f"host GIDs {gids}; the image's differ, builder run adds these"))
     return checks
 
 
@@ -369,26 +313,15 @@ def check_disk(ctx: Context) -> list[Check]:
     """Free space where the engine keeps images (``docker info`` DockerRootDir)."""
     if ctx.info is None:
         return [Check("warn", "docker disk", "not checked: no engine answered", DAEMON_FIX)]
-    podman = ctx.engine is not None and ctx.engine.name() == "podman"
-    item = "podman disk" if podman else "docker disk"
-    root = ctx.info.get("DockerRootDir") or "/var/lib/docker"
+    item = f"{ctx.info.product.lower()} disk"
+    root = ctx.info.root or "/var/lib/docker"
     try:
         free = shutil.disk_usage(root).free / 2**30
     except OSError:
-        return [
-            Check("warn", item, f"{root} is not visible from here (remote engine?); not checked")
-        ]
+        return [Check("warn", item, f"{root} is not visible from here (remote engine?); not checked")]
     found = f"{free:.1f} GiB free at {root}"
     if free < MIN_FREE_GIB:
-        return [
-            Check(
-                "warn",
-                item,
-                f"{found}; GPU images need >= {MIN_FREE_GIB} GiB",
-                "podman system prune, or move graphroot (storage.conf) to a larger disk" if podman else
-                "docker system prune (or docker builder prune), or move data-root to a larger disk",
-            )
-        ]
+        return [Check("warn", item, f"{found}; GPU images need >= {MIN_FREE_GIB} GiB", ctx.info.disk_fix)]
     return [Check("ok", item, found)]
 
 
@@ -406,38 +339,20 @@ def check_registry(ctx: Context) -> list[Check]:
                 return [Check("fail", "registry", found, fix or None)]
         return [Check("ok", "registry", f"{host} answers /v2/")]
     if registry.is_local(host):
-        return [
-            Check(
-                "warn",
-                "registry",
-                f"nothing answers at {host} (a loopback registry builder starts on demand)",
-                "'builder base' and 'builder build --push' start it (docker-registry) when they need it",
-            )
-        ]
-    return [
-        Check(
-            "fail",
-            "registry",
-            f"{host} does not answer /v2/",
-            f"check 'registry' in {ctx.project.matrix_path.name}, the network, and 'docker login {host}'",
-        )
-    ]
+        return [Check("warn", "registry", f"nothing answers at {host} (a loopback registry builder starts on demand)",
+                      "'builder base' and 'builder build --push' start it (docker-registry) when they need it")]
+    return [Check("fail", "registry", f"{host} does not answer /v2/",
+                  f"check 'registry' in {ctx.project.matrix_path.name}, the network, and 'docker login {host}'")]
 
 
 def check_tools(ctx: Context) -> list[Check]:
     """mmdebstrap (``builder base``) and docker-registry (a loopback registry for ``make images``)."""
     checks = []
     for tool, needed, why in (
-        (
-            "mmdebstrap",
-            ctx.project is None or ctx.project.matrix.base.bootstrap is not None,
-            "builder base bootstraps the base with it",
-        ),
-        (
-            "docker-registry",
-            ctx.project is None or registry.is_local(registry.Ref.parse(ctx.project.matrix.registry).host),
-            "make images pushes to a loopback registry it serves",
-        ),
+        ("mmdebstrap", ctx.project is None or ctx.project.matrix.base.bootstrap is not None,
+         "builder base bootstraps the base with it"),
+        ("docker-registry", ctx.project is None or registry.is_local(registry.Ref.parse(ctx.project.matrix.registry).host),
+         "make images pushes to a loopback registry it serves"),
     ):
         path = shutil.which(tool)
         if path:
@@ -475,37 +390,19 @@ def check_config(ctx: Context) -> list[Check]:
     name = Path(ctx.matrix_path).name
     try:
         ctx.project = load_project(ctx.matrix_path, ctx.mapping_path)
-        return [
-            Check(
-                "ok",
-                "config",
-                f"{name}: {len(ctx.project.targets)} targets, registry {ctx.project.matrix.registry}",
-            )
-        ]
+        return [Check("ok", "config", f"{name}: {len(ctx.project.targets)} targets, registry {ctx.project.matrix.registry}")]
     except UserError as exc:
         strict = exc
     try:
         ctx.project = load_project(ctx.matrix_path, ctx.mapping_path, allow_unpinned=True)
     except UserError as exc:
         return [Check("fail", "config", "; ".join(exc.lines), f"fix {name} as the message says")]
-    return [
-        Check("warn", "config", "; ".join(strict.lines), "run 'builder base' to bootstrap and pin the base")
-    ]
+    return [Check("warn", "config", "; ".join(strict.lines), "run 'builder base' to bootstrap and pin the base")]
 
 
 CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
-    check_daemon,
-    check_buildkit,
-    check_gpus,
-    check_nvidia,
-    check_amd_intel,
-    check_cdi,
-    check_disk,
-    check_config,
-    check_registry,
-    check_tools,
-    check_emulation,
-    check_compression,
+    check_daemon, check_buildkit, check_gpus, check_nvidia, check_amd_intel, check_cdi, check_disk, check_config,
+    check_registry, check_tools, check_emulation, check_compression,
 )
 
 
@@ -516,6 +413,7 @@ def run_checks(
     sysfs_root: Path | str = "/sys",
     dev_root: Path | str = "/dev",
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
+    engine: str | None = None,
 ) -> list[Check]:
     """All checks, in order; never raises for a host or config problem.
 
@@ -526,20 +424,14 @@ def run_checks(
     dirs = tuple(str(d) for d in cdi_dirs)
     cdi = tuple(hardware.cdi_specs(dirs))
     host = hardware.detect(sysfs_root, dev_root, nvidia_runtime=bool(cdi))
-    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=dirs)
+    ctx = Context(host, matrix_path, mapping_path, cdi=cdi, cdi_dirs=dirs, choice=engine)
     checks: list[Check] = []
     for check in CHECKS:
         try:
             checks += check(ctx)
         except Exception as exc:  # noqa: BLE001 - one broken check must not hide the others
-            checks.append(
-                Check(
-                    "fail",
-                    check.__name__.removeprefix("check_"),
-                    f"the check crashed: {exc!r}",
-                    "report this as a builder bug",
-                )
-            )
+            checks.append(Check("fail", check.__name__.removeprefix("check_"), f"the check crashed: {exc!r}",
+                                "report this as a builder bug"))
     if ctx.engine is not None:
         ctx.engine.close()
     return checks

@@ -17,25 +17,24 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
-
-from docker.errors import DockerException
+from typing import BinaryIO
 
 from builder.config.errors import UserError
 from builder.host.runspec import RunSpec
-from builder.oci import registry
-from builder.oci.engine import Engine, EngineError, connect
+from builder.oci import docker, registry
+from builder.oci.connect import connect
+from builder.oci.engine import Engine, EngineError, EngineFacts
 
 #: Seconds a container gets between SIGTERM and SIGKILL after Ctrl-C.
 STOP_TIMEOUT_S = 10
 
 
-def engine_info(kind: str | None = None) -> dict[str, Any] | None:
-    """``docker info`` of the engine *kind* (default: :func:`builder.oci.engine.connect`'s), or None when it does
+def engine_info(kind: str | None = None) -> EngineFacts | None:
+    """The facts of the engine *kind* (default: :func:`builder.oci.connect.connect`'s), or None when it does
     not answer (``builder run`` asks Docker about CDI).
 
     Example:
-        >>> engine_info("docker")["ServerVersion"]  # doctest: +SKIP
+        >>> engine_info("docker").version  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
     try:
@@ -44,7 +43,7 @@ def engine_info(kind: str | None = None) -> dict[str, Any] | None:
             return engine.info()
         finally:
             engine.close()
-    except (UserError, DockerException, OSError):  # requests' errors are OSErrors
+    except (UserError, docker.ClientError, OSError):  # requests' errors are OSErrors
         return None
 
 
@@ -167,7 +166,7 @@ def launch(
 ) -> int:
     """Refuse on plan problems, make sure the image is here, run; return the command's exit status.
 
-    *engine* defaults to the engine the plan was made for (:func:`builder.oci.engine.connect`, after the plan
+    *engine* defaults to the engine the plan was made for (:func:`builder.oci.connect.connect`, after the plan
     checks, so a bad plan is reported even without an engine); *say* gets progress lines, default stderr.
 
     Example:

@@ -17,7 +17,7 @@ Example:
     docker run --rm --label io.ml-image-builder.run=1 ... --gpus all --shm-size 8g ... python train.py
 
 The dry run's line is the engine's own (``docker run`` or ``podman run``), from the same options the real run
-gives the engine (:func:`builder.oci.engine.run_argv`): on podman, NVIDIA's GPUs by CDI name
+gives the engine (:func:`builder.oci.connect.run_argv`): on podman, NVIDIA's GPUs by CDI name
 (``--device nvidia.com/gpu=all``), and ``--userns keep-id`` where a rootless podman runs the user's UID.
 """
 
@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import docker.types
-
 from builder.config.errors import UserError
 from builder.config.project import LABEL_PREFIX, Project, Target
 from builder.host import hardware
 from builder.host.devices import device_flags, device_kwargs, host_cdi
 from builder.host.targets import choose_target
-from builder.oci.engine import run_argv
+from builder.oci.connect import run_argv
+from builder.oci.docker import Mount
+from builder.oci.engine import EngineFacts
 
 WORKSPACE = "/workspace"
 #: One process on one machine; a launcher on the host (torchrun, Slurm) may set its own.
@@ -84,7 +84,7 @@ class RunSpec:
             **device_kwargs(self.gpus, self.devices, self.group_add, self.ipc_mode, self.shm_size,
                             self.cdi_devices, self.security_opt),
             **({"user": self.user} if self.user else {}),
-            "mounts": [docker.types.Mount(WORKSPACE, self.workspace, type="bind", read_only=False)],
+            "mounts": [Mount(WORKSPACE, self.workspace, type="bind", read_only=False)],
             "working_dir": WORKSPACE,
             "environment": dict(self.environment),
             "stdin_open": False,
@@ -158,13 +158,13 @@ def run_spec(
     host: hardware.HostGpus | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: Path | str | None = None,
-    engine_info: Callable[[], Mapping[str, Any] | None] | None = None,
+    engine_info: Callable[[], EngineFacts | None] | None = None,
     cdi_dirs: Iterable[Path | str] = hardware.CDI_DIRS,
     engine: str = "docker",
 ) -> RunSpec:
     """Work out the whole run for *engine* (``docker`` or ``podman``) without touching it.
 
-    *engine_info* (``docker info``, called only when the host has a CDI spec for the target's
+    *engine_info* (the engine's facts, called only when the host has a CDI spec for the target's
     vendor and the engine is Docker) decides whether the GPUs go by CDI name
     (:func:`builder.host.devices.host_cdi`; podman always reads the specs).
 

@@ -29,6 +29,7 @@ from typing import Any
 from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
 from builder.images.plan import ViewPlan, make_plan
+from builder.oci import buildkit
 from builder.wheels import contexts, layers, locks
 
 #: buildx rejects other characters in target and group names.
@@ -61,7 +62,7 @@ def bake_target(project: Project, view: TargetView, planned: ViewPlan | None = N
         "labels": dict(view.labels),
         "cache-from": list(request.cache_from),
         "cache-to": list(request.cache_to),
-        "output": [request.output()],  # in the target's compression
+        "output": [buildkit.output(request)],  # in the target's compression
     }
 
 

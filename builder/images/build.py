@@ -15,7 +15,6 @@ through :class:`builder.oci.engine.Engine`; the CLI only parses options and prin
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
 from builder.base import pin as base
@@ -33,10 +32,10 @@ from builder.wheels import locks
 __all__ = ["build_all", "push_all", "registry_cache_supported", "run"]
 
 
-def registry_cache_supported(engine: Engine) -> bool:
+def registry_cache_supported(engine: Engine, builder: str | None = None) -> bool:
     """Whether builds here can export a registry cache: the docker driver can with the containerd
-    image store only; a builder the user selects (docker-container, remote, kubernetes) always can."""
-    return bool(os.environ.get("BUILDX_BUILDER")) or engine.store() == "containerd"
+    image store only; a *builder* the user selects (docker-container, remote, kubernetes) always can."""
+    return bool(builder) or engine.store() == "containerd"
 
 
 def build_all(
@@ -54,6 +53,7 @@ def build_all(
     update_base: bool = False,
     attest: Attester | None = None,
     vouch: trust.Vouch | None = None,
+    builder: str | None = None,
 ) -> list[Outcome]:
     """``builder build``: reuse or build every target view (one per platform); with ``keep_going`` a
     failure doesn't stop the others.
@@ -63,9 +63,11 @@ def build_all(
     *vouch*: the cli's signature check), is reused; only the rest fetch wheels, need their
     platform's base and are built. ``rebuild`` builds everything, without the layer cache.
     With ``push``, a target with several platforms then gets one index under each of its tags;
-    with *attest* (the cli's, from a signing key), every pushed image and index its attachments.
+    with *attest* (the cli's, from a signing key), every pushed image and index its attachments. *builder* is
+    the buildx builder (``--builder``); None: the engine's own.
     """
-    options = plans.Options(push=push, smoke=smoke, rebuild=rebuild, pull=pull, sign=attest is not None)
+    options = plans.Options(push=push, smoke=smoke, rebuild=rebuild, pull=pull, sign=attest is not None,
+                            builder=builder)
     return run(engine, project, views, ui, options, keep_going=keep_going, jobs=jobs, update_base=update_base,
                attest=attest, vouch=vouch)
 
@@ -86,7 +88,7 @@ def run(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI, o
         project = base.pin(engine, project, list(dict.fromkeys(v.platform for v in views)), update=update_base,
                            say=ui.say)
     if options.push:  # one engine request, not one per target
-        options = dataclasses.replace(options, registry_cache=build and registry_cache_supported(engine))
+        options = dataclasses.replace(options, registry_cache=build and registry_cache_supported(engine, options.builder))
     executor = Executor(engine, project, ui, options=options, attest=attest, revision=labels[plans.REVISION])
     if build:
         outcomes = _build(engine, project, views, ui, options, executor, labels, keep_going=keep_going, jobs=jobs,

@@ -24,11 +24,10 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from docker.utils.build import exclude_paths
-
 from builder.config import tags
 from builder.config.project import Project, TargetView
 from builder.images import render
+from builder.oci.docker import exclude_paths
 from builder.wheels import layers
 
 

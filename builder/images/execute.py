@@ -46,8 +46,7 @@ from builder.images import lookup, publish, smoke, trust
 from builder.images import plan as plans
 from builder.images.outcome import Outcome
 from builder.oci import faults, registry
-from builder.oci.buildkit import BuildRequest, BuildResult
-from builder.oci.engine import Engine
+from builder.oci.engine import BuildRequest, BuildResult, Engine
 from builder.wheels import contexts
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
@@ -184,7 +183,7 @@ class Executor:
         except (TargetFailed, UserError) as exc:
             out.error = str(exc)
         except faults.KNOWN as exc:
-            out.error = faults.describe(exc).line
+            out.error = faults.describe(exc, self.engine).line
         finally:
             if plans.RECORD in decision.stages and run.record is not None and not run.recorded:
                 self._record(run)  # what was pushed before a later stage failed
@@ -272,9 +271,9 @@ class Executor:
         image = self.engine.image(pinned)
         if image is None:
             raise TargetFailed(f"pulled {pinned}, yet the engine has no image of that name")
-        if ref not in (image.get("RepoTags") or ()):
-            self._tag_ref(image["Id"], ref)
-        run.out.image_id, run.present = image["Id"], (*(image.get("RepoTags") or ()), ref)
+        if ref not in image.tags:
+            self._tag_ref(image.id, ref)
+        run.out.image_id, run.present = image.id, (*image.tags, ref)
 
     def _tag(self, run: _Run) -> None:
         """The local tags; the content tag too after a passed smoke test (its presence is the proof)."""
@@ -302,7 +301,7 @@ class Executor:
                 if "already exists" not in str(exc) or attempt == 2:
                     raise
                 found = self.engine.image(ref)
-                if found is not None and found["Id"] == image:
+                if found is not None and found.id == image:
                     return
                 time.sleep(0.2)
 
@@ -365,7 +364,7 @@ class Executor:
                 outcome = self.run_view(plan, decision)
             except Exception as exc:  # noqa: BLE001 - one line in its outcome, never re-raised from f.result()
                 outcome = Outcome(plan.name, plan.platform, content_tag=plan.content_tag,
-                                  error=faults.describe(exc).line)
+                                  error=faults.describe(exc, self.engine).line)
             if outcome.error and not keep_going:
                 halt.set()
             return outcome

@@ -33,14 +33,14 @@ def presence(engine: Engine, views: Sequence[plans.ViewPlan],
         except (UserError, TargetFailed) as exc:  # e.g. the registry refused the lookup
             found[view.unit] = plans.Presence(error=str(exc))
         except faults.KNOWN as exc:
-            found[view.unit] = plans.Presence(error=faults.describe(exc).line)
+            found[view.unit] = plans.Presence(error=faults.describe(exc, engine).line)
     return found
 
 
 def _presence(engine: Engine, ref: str, up: dict[str, bool], vouch: trust.Vouch | None) -> plans.Presence:
     image = engine.image(ref)
     if image is not None:
-        return plans.Presence(local_id=image["Id"], local_tags=tuple(image.get("RepoTags") or ()))
+        return plans.Presence(local_id=image.id, local_tags=image.tags)
     host = registry.Ref.parse(ref).host
     if host not in up:
         up[host] = answers(host)  # once per registry and run
@@ -71,11 +71,11 @@ def push_decisions(engine: Engine, views: Sequence[plans.ViewPlan],
         try:
             image = engine.image(view.local_refs[0])
             tested = engine.image(view.content_tag) if image is not None else None
-            decision = plans.decide_push(view, image["Id"] if image else None,
-                                         tested is not None and image is not None and tested["Id"] == image["Id"],
+            decision = plans.decide_push(view, image.id if image else None,
+                                         tested is not None and image is not None and tested.id == image.id,
                                          options)
         except faults.KNOWN as exc:  # the engine failed: name it
-            decision = plans.Decision(None, (), error=faults.describe(exc).line)
+            decision = plans.Decision(None, (), error=faults.describe(exc, engine).line)
         work.append((view, decision))
     return work
 

@@ -28,7 +28,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from builder.config.project import Project, Target, TargetView
 from builder.config.tags import cache_tag, repository_of
 from builder.images import content, trust
 from builder.oci import buildkit, registry
+from builder.oci.engine import BuildRequest
 from builder.oci.secrets import GIT, child_env
 from builder.wheels import contexts, layers
 from builder.wheels.lockfile import Pin
@@ -61,6 +61,8 @@ class Options:
     pull: bool = False
     sign: bool = False
     registry_cache: bool = False
+    #: the buildx builder builds run on (``--builder``, else BUILDX_BUILDER); None: the engine's own
+    builder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class ViewPlan:
     #: the wheels of the named contexts ``wheels-<layer>``, layer by layer (the build stages their folders)
     wheels: Mapping[str, Sequence[Pin]] = field(repr=False)
     #: the build (cache sources are chosen when it runs: they depend on what is there)
-    request: buildkit.BuildRequest
+    request: BuildRequest
     #: the stages of building it
     stages: tuple[str, ...]
 
@@ -205,17 +207,17 @@ def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
 def request(
     project: Project, view: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
     cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
-    wheels: Mapping[str, Sequence[Pin]] | None = None,
-) -> buildkit.BuildRequest:
+    wheels: Mapping[str, Sequence[Pin]] | None = None, builder: str | None = None,
+) -> BuildRequest:
     """The build of one target view (or one stage of it), as data: what the executor builds and ``builder bake`` writes.
 
     *labels* are the commit's (revision, created); SOURCE_DATE_EPOCH is the commit time. *wheels*
     (the view's :func:`builder.wheels.layers.context_layers`, when the caller has them) name the
-    wheel contexts.
+    wheel contexts. *builder* is the buildx builder (None: the engine's own).
     """
 
     epoch = int(datetime.fromisoformat(labels[CREATED]).timestamp())
-    return buildkit.BuildRequest(
+    return BuildRequest(
         dockerfile=view.dockerfile,
         context=".",
         platform=view.platform,
@@ -227,12 +229,12 @@ def request(
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
         cache_to=("type=inline", *([registry_cache_sink(view)] if registry_cache else [])),
         no_cache=nocache,
-        builder=os.environ.get("BUILDX_BUILDER") or None,
+        builder=builder,
         compression=view.compression,
     )
 
 
-def shared_stage(plan: ViewPlan) -> buildkit.BuildRequest:
+def shared_stage(plan: ViewPlan) -> BuildRequest:
     """The build of the shared stage (``common``) that ``-j N`` runs once before the targets."""
     return replace(plan.request, stage="common", labels={}, cache_from=(), cache_to=("type=inline",),
                    no_cache=False)
@@ -267,7 +269,7 @@ def plan_view(project: Project, view: TargetView, content_tag: str, options: Opt
         registry_host=registry.Ref.parse(view.primary_ref).host,
         wheels=wheels,
         request=request(project, view, labels, nocache=options.rebuild, registry_cache=options.registry_cache,
-                        wheels=wheels),
+                        wheels=wheels, builder=options.builder),
         stages=build_stages(options),
     )
 

@@ -24,7 +24,7 @@ from builder.config.project import Project, Target, TargetView
 from builder.images.content import content_tags
 from builder.images.plan import push_order
 from builder.oci import registry
-from builder.oci.engine import Engine
+from builder.oci.engine import Engine, PushFailed
 
 
 def push_target(engine: Engine, view: TargetView, image_id: str, refs: Sequence[str]) -> dict[str, Any]:
@@ -36,7 +36,10 @@ def push_target(engine: Engine, view: TargetView, image_id: str, refs: Sequence[
     """
     digests: dict[str, str] = {}
     for ref in refs:
-        digests[ref] = engine.push(ref, view.compression)
+        try:
+            digests[ref] = engine.push(ref, view.compression)
+        except PushFailed as exc:  # the target fails with the push's own line; the others go on
+            raise TargetFailed(str(exc)) from None
     unique = set(digests.values())
     if len(unique) != 1:
         raise TargetFailed(f"{view.name}: tags were pushed with different digests {sorted(unique)}")

@@ -1,6 +1,6 @@
 """Builds through podman (buildah inside it): ``podman build``, driven as a subprocess.
 
-The same :class:`~builder.oci.buildkit.BuildRequest` and the same rendered Dockerfile as a BuildKit
+The same :class:`~builder.oci.engine.BuildRequest` and the same rendered Dockerfile as a BuildKit
 build; what buildah lacks is bridged here, never in the templates:
 
 - per-``RUN`` ``--network=none`` needs buildah 1.30 (podman 4.5): the Dockerfile is passed with
@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import IO
 
 from builder.config.errors import TargetFailed
-from builder.oci.buildkit import BuildRequest, BuildResult, supervised
+from builder.oci.buildkit import supervised
+from builder.oci.engine import BuildRequest, BuildResult
 from builder.oci.secrets import PODMAN, child_env
 
 #: A Dockerfile step in podman's output: ``[2/4] STEP 3/7: RUN ...`` (FROM is no step, as in BuildKit's count).

@@ -1,8 +1,9 @@
 """Builds through BuildKit: ``docker buildx build``, driven as a subprocess.
 
 docker-py drives only the legacy builder (docker-py#2230), so builds go through the buildx CLI;
-docker-py stays for everything else (inspect, tag, push, smoke runs). A :class:`BuildRequest`
-is a pure plan (what ``builder print`` and the bake file show); :func:`run` executes it, reads
+docker-py stays for everything else (inspect, tag, push, smoke runs). A
+:class:`~builder.oci.engine.BuildRequest` is a pure plan (what ``builder print`` and the bake file show);
+:func:`argv` is its command line, :func:`run` executes it, reads
 BuildKit's own progress events (``--progress=rawjson``) and returns the image's ID.
 
 The builder is the user's choice: ``--builder NAME`` or ``BUILDX_BUILDER`` (a team's remote
@@ -11,7 +12,7 @@ Every build gets the engine's environment (``DOCKER_HOST``), so a builder on ano
 a docker context or ``BUILDX_BUILDER`` away.
 
 Example:
-    >>> BuildRequest(dockerfile="images/cpu/Dockerfile", context=".", platform="linux/amd64").argv()[:4]
+    >>> argv(BuildRequest(dockerfile="images/cpu/Dockerfile", context=".", platform="linux/amd64"))[:4]
     ['docker', 'buildx', 'build', '--progress=rawjson']
 """
 
@@ -28,12 +29,12 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from builder.config.errors import TargetFailed, UserError
+from builder.oci.engine import BuildRequest, BuildResult
 from builder.oci.secrets import ENGINE, child_env
 
 #: How long a cancelled build may take to stop after SIGINT before it is killed.
@@ -59,78 +60,39 @@ def compression_options(compression: str) -> str:
     return f"compression={compression},force-compression=true{media}"
 
 
-@dataclass(frozen=True)
-class BuildRequest:
-    """One image build, as data: every value is passed as its own argument (no shell)."""
+def output(request: BuildRequest) -> str:
+    """The ``--output`` of *request*: into the engine's image store, in the request's compression."""
+    return f"type=docker,{compression_options(request.compression)}"
 
-    dockerfile: str
-    context: str
-    platform: str
-    build_args: dict[str, str] = field(default_factory=dict)
-    #: named contexts (``RUN --mount=from=NAME``): name -> a folder
-    contexts: dict[str, str] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    stage: str | None = None
-    cache_from: tuple[str, ...] = ()
-    cache_to: tuple[str, ...] = ()
-    no_cache: bool = False
-    #: the buildx builder (None: BUILDX_BUILDER, else the engine's own)
-    builder: str | None = None
-    #: the image store's output; compression is honoured by BuildKit's image exporter (the
-    #: containerd store, a remote builder), not by the classic store's
-    compression: str = "gzip"
-    tags: tuple[str, ...] = ()
-
-    def output(self) -> str:
-        """The ``--output``: into the engine's image store, in the request's compression."""
-        return f"type=docker,{compression_options(self.compression)}"
-
-    def argv(self, iidfile: str | None = None, metadata: str | None = None) -> list[str]:
-        """The ``docker buildx build`` command line (no shell: values can't inject anything)."""
-        argv = ["docker", "buildx", "build", "--progress=rawjson", "--provenance=false", "--sbom=false"]
-        if self.builder:
-            argv += ["--builder", self.builder]
-        argv += ["--file", self.dockerfile, "--platform", self.platform]
-        if self.stage:
-            argv += ["--target", self.stage]
-        for key, value in self.build_args.items():
-            argv += ["--build-arg", f"{key}={value}"]
-        for name, path in self.contexts.items():
-            argv += ["--build-context", f"{name}={path}"]
-        for key, value in self.labels.items():
-            argv += ["--label", f"{key}={value}"]
-        for source in self.cache_from:
-            argv += ["--cache-from", source]
-        for sink in self.cache_to:
-            argv += ["--cache-to", sink]
-        if self.no_cache:
-            argv.append("--no-cache")
-        for tag in self.tags:
-            argv += ["--tag", tag]
-        argv += ["--output", self.output()]
-        if iidfile:
-            argv += ["--iidfile", iidfile]
-        if metadata:
-            argv += ["--metadata-file", metadata]
-        argv.append(self.context)
-        return argv
-
-
-@dataclass
-class BuildResult:
-    """What a finished build made: the image's names, its steps and how many were cached.
-
-    The engine's ID for an image differs by store: the manifest digest in the containerd store,
-    the config digest in the classic one; *ids* holds both, in that order (see :func:`image_id`).
-    """
-
-    ids: tuple[str, ...]
-    steps: int
-    cached: int
-    #: the registry caches BuildKit read (its "importing cache manifest from REF" steps)
-    cache_read: tuple[str, ...] = ()
-    #: where the build's time went: BuildKit's own seconds per phase (:class:`Phases`)
-    phases: dict[str, float] = field(default_factory=dict)
+def argv(request: BuildRequest, iidfile: str | None = None, metadata: str | None = None) -> list[str]:
+    """The ``docker buildx build`` command line of *request* (no shell: values can't inject anything)."""
+    line = ["docker", "buildx", "build", "--progress=rawjson", "--provenance=false", "--sbom=false"]
+    if request.builder:
+        line += ["--builder", request.builder]
+    line += ["--file", request.dockerfile, "--platform", request.platform]
+    if request.stage:
+        line += ["--target", request.stage]
+    for key, value in request.build_args.items():
+        line += ["--build-arg", f"{key}={value}"]
+    for name, path in request.contexts.items():
+        line += ["--build-context", f"{name}={path}"]
+    for key, value in request.labels.items():
+        line += ["--label", f"{key}={value}"]
+    for source in request.cache_from:
+        line += ["--cache-from", source]
+    for sink in request.cache_to:
+        line += ["--cache-to", sink]
+    if request.no_cache:
+        line.append("--no-cache")
+    for tag in request.tags:
+        line += ["--tag", tag]
+    line += ["--output", output(request)]
+    if iidfile:
+        line += ["--iidfile", iidfile]
+    if metadata:
+        line += ["--metadata-file", metadata]
+    line.append(request.context)
+    return line
 
 
 def version() -> str:
@@ -349,8 +311,7 @@ def run(
     steps, phases = Steps(), Phases()
     with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
         metadata = Path(tmp) / "metadata.json"
-        argv = request.argv(metadata=str(metadata))
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        proc = subprocess.Popen(argv(request, metadata=str(metadata)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                                 cwd=cwd, start_new_session=True)  # a terminal's Ctrl-C reaches us, and we cancel it
         stderr = proc.stderr
         assert stderr is not None

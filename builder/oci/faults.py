@@ -17,11 +17,11 @@ import urllib.error
 import urllib.parse
 from dataclasses import dataclass
 
-import docker.errors
 import requests.exceptions
 
 from builder.config.urls import public
-from builder.oci.engine import EngineError, engine_label
+from builder.oci.docker import ClientError, engine_address, explanation
+from builder.oci.engine import Engine, EngineError, ImageUnknown, PushFailed
 from builder.oci.registry import RegistryFault
 
 #: The Docker engine failed or could not be reached.
@@ -33,7 +33,7 @@ EXIT_FAULT = 70
 
 #: What :func:`describe` knows by name (callers that must not stop catch these).
 KNOWN: tuple[type[BaseException], ...] = (
-    docker.errors.DockerException, EngineError, RegistryFault, requests.exceptions.RequestException, urllib.error.URLError,
+    ClientError, EngineError, RegistryFault, requests.exceptions.RequestException, urllib.error.URLError,
 )
 
 
@@ -52,8 +52,9 @@ def _host(url: str | None) -> str:
     return urllib.parse.urlsplit(public(url or "")).netloc or "?"
 
 
-def describe(exc: BaseException) -> Fault:
-    """One line naming the engine or registry, the cause and the fix; the exit code of its class."""
+def describe(exc: BaseException, engine: Engine | None = None) -> Fault:
+    """One line naming *engine* (Docker at DOCKER_HOST where none is connected) or the registry, the cause and
+    the fix; the exit code of its class."""
     if isinstance(exc, RegistryFault):
         return Fault(str(exc), EXIT_REGISTRY)
     if isinstance(exc, urllib.error.HTTPError):
@@ -68,16 +69,18 @@ def describe(exc: BaseException) -> Fault:
     if isinstance(exc, urllib.error.URLError):
         return Fault(f"registry unreachable ({_first_line(exc)}): start it or fix 'registry' in matrix.yaml",
                      EXIT_REGISTRY)
-    engine, check = engine_label()
+    name, check = engine.label() if engine is not None else (f"Docker engine at {engine_address()}", "docker info")
     if isinstance(exc, requests.exceptions.Timeout):
-        return Fault(f"{engine} timed out ({exc.__class__.__name__}: "
+        return Fault(f"{name} timed out ({exc.__class__.__name__}: "
                      f"{_first_line(exc)}); check `{check}` and retry", EXIT_ENGINE)
+    if isinstance(exc, PushFailed | ImageUnknown):  # their own line names the registry or engine, and the fix
+        return Fault(str(exc), EXIT_ENGINE)
     if isinstance(exc, EngineError):
-        return Fault(f"{engine} refused a request ({_first_line(exc)}); "
+        return Fault(f"{name} refused a request ({_first_line(exc)}); "
                      f"check that it runs (`{check}`) and retry", EXIT_ENGINE)
-    if isinstance(exc, requests.exceptions.RequestException | docker.errors.DockerException):
-        what = exc.explanation if isinstance(exc, docker.errors.APIError) and exc.explanation else _first_line(exc)
-        return Fault(f"{engine} failed ({exc.__class__.__name__}: {str(what)[:200]}); "
+    if isinstance(exc, requests.exceptions.RequestException | ClientError):
+        what = explanation(exc) if isinstance(exc, ClientError) else _first_line(exc)
+        return Fault(f"{name} failed ({exc.__class__.__name__}: {str(what)[:200]}); "
                      f"check that it runs (`{check}`) and retry", EXIT_ENGINE)
     return Fault(f"internal error ({exc.__class__.__name__}: {_first_line(exc)}); "
                  "BUILDER_TRACEBACK=1 shows where", EXIT_FAULT)

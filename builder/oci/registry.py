@@ -21,21 +21,24 @@ Child processes get :func:`builder.oci.secrets.child_env` of their tool: never t
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import re
 import ssl
+import tempfile
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-import docker.auth
 import requests
 
 from builder.config.errors import UserError
 from builder.config.urls import public
-from builder.oci import loopback
-from builder.oci.secrets import PASSWORD_ENV, SECRET_ENV, USER_ENV
+from builder.oci import dockerconfig, loopback
+from builder.oci.secrets import PASSWORD_ENV, USER_ENV
 
 MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json, "
@@ -107,13 +110,41 @@ def credentials(host: str) -> dict[str, str] | None:
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if user and password and host == _matrix_host:
         return {"username": user, "password": password}
-    # docker-py runs a credential helper (credsStore) with the whole environment and takes only additions:
-    # the secrets are blanked for it
-    blank = {name: "" for name in SECRET_ENV if name in os.environ}
-    found = docker.auth.load_config(credstore_env=blank).resolve_authconfig(host) or {}
-    # a config's own entry says username/password, a credential helper's Username/Password
-    name, secret = found.get("username") or found.get("Username"), found.get("password") or found.get("Password")
-    return {"username": name, "password": secret} if name and secret else None
+    return dockerconfig.login(host)
+
+
+@contextlib.contextmanager
+def authfile(host: str | None, creds: dict[str, str] | None) -> Iterator[str | None]:
+    """A private auth file naming *creds* for *host* (never an argument), removed afterwards; None without
+    creds: how a CLI (podman, buildah) gets a login."""
+    if not host or not creds:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="builder-auth-") as tmp:
+        path = Path(tmp) / "auth.json"
+        path.touch(mode=0o600)
+        token = base64.b64encode(f"{creds['username']}:{creds['password']}".encode()).decode()
+        path.write_text(json.dumps({"auths": {host: {"auth": token}}}))
+        yield str(path)
+
+
+def push_refused(host: str, error: str, login: str = "docker login") -> str:
+    """One line for a push *host* refused (the engine's *error*), with the fix; *login* is the engine's command.
+
+    Example:
+        >>> push_refused("r.example", "unauthorized: authentication required", "podman login")
+        "registry r.example refused the push (unauthorized: authentication required); log in with 'podman login r.example' or set BUILDER_REGISTRY_USER and BUILDER_REGISTRY_PASSWORD"
+    """
+    text = (error.strip().splitlines() or ["?"])[0][:200]
+    lowered = text.lower()
+    if any(word in lowered for word in ("unauthorized", "authentication required", "denied", "no basic auth")):
+        return (
+            f"registry {host} refused the push ({text}); log in with '{login} {host}' "
+            f"or set {USER_ENV} and {PASSWORD_ENV}"
+        )
+    if "connection refused" in lowered or "no such host" in lowered or "dial tcp" in lowered:
+        return f"registry {host} is unreachable ({text}); start it or fix 'registry' in matrix.yaml"
+    return f"push to {host} failed: {text}"
 
 
 class _Auth(requests.auth.AuthBase):

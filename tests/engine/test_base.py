@@ -105,12 +105,11 @@ def test_the_base_pin_follows_the_content_not_what_the_engine_holds(tmp_path, en
     gzipped it anew, each into another manifest), into a fresh registry (the registry data is gone):
     the same manifest digest as the session's first pin. Both pins are made here (the Debian mirror
     moves: no committed digest is compared); the same image ID shows the mirror held still."""
-    from builder.oci.engine import image_store
     from devtools.dockerd import DockerdUnavailable, extra_dockerd
     from devtools.support import docker_login, fail_or_skip, registry_login, start_registry, stop
 
     first = base_pin(based_project)
-    other = "classic" if image_store(engine.info()) == "containerd" else "containerd"
+    other = "classic" if engine.store() == "containerd" else "containerd"
     user, password, htpasswd = registry_login(tmp_path / "fresh-registry")
     fresh, proc = start_registry(tmp_path / "fresh-registry", htpasswd)
     docker_login(Path(os.environ["DOCKER_CONFIG"]), fresh, user, password)  # the session's Docker config

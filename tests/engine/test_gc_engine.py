@@ -150,7 +150,7 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         owned.record_image(engine, project, image, "cpu", given)
     container = engine.client.api.create_container(used, command=["/payload"])["Id"]
     try:
-        stale_copies = {r["ID"] for r in owned.stale_wheel_sources(
+        stale_copies = {r.id for r in owned.stale_wheel_sources(
             engine.build_cache(), owned.build_cache_ledger(engine).records(), clone=clone_id(root), keep_days=7)}
 
         dry = run_builder("gc", "--dry-run", "--json", cwd=root)
@@ -184,8 +184,8 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert not _exists(engine, superseded_id) and not _exists(engine, left)
         assert _exists(engine, foreign), "an image the builder did not record was removed"
         assert project.target("cpu").refs[0] in tags
-        assert not stale_copies & {r["ID"] for r in engine.build_cache()}
-        assert set(owned.build_cache_ledger(engine).records()) <= {r["ID"] for r in engine.build_cache()}
+        assert not stale_copies & {r.id for r in engine.build_cache()}
+        assert set(owned.build_cache_ledger(engine).records()) <= {r.id for r in engine.build_cache()}
         # Everything current stays: the next build of cpu is reused, and gc finds nothing more.
         again = run_builder("build", "-t", "cpu", "--json", "-q", cwd=root)
         assert again.returncode == 0, again.stderr[-2000:]
@@ -214,7 +214,7 @@ def test_an_image_pulled_by_digest_stays_and_one_a_file_names_by_digest_stays_wh
     engine.client.api.remove_image(pushed)
     engine.pull(f"{pushed.rsplit(':', 1)[0]}@{pulled_digest}")
     pulled = engine.image(f"{pushed.rsplit(':', 1)[0]}@{pulled_digest}")
-    assert pulled is not None and not pulled.get("RepoTags")
+    assert pulled is not None and not pulled.tags
     old_tag = f"{repo}:cpu-{uuid.uuid4().hex[:12]}"  # a content tag of an earlier build of this checkout
     published = _import(engine, old_tag, uuid.uuid4().bytes, changes=[f"LABEL {TARGET_LABEL}=cpu"])
     digest = engine.push(old_tag)
@@ -224,9 +224,9 @@ def test_an_image_pulled_by_digest_stays_and_one_a_file_names_by_digest_stays_wh
                                                                       "digest": digest}}))
     try:
         report = _gc(root)
-        assert _exists(engine, pulled["Id"]), "gc removed an image pulled by digest"
+        assert _exists(engine, pulled.id), "gc removed an image pulled by digest"
         assert _exists(engine, published), "gc removed the image dist/published.json names by digest"
-        assert pulled["Id"] not in {i["name"] for i in report["items"]}
+        assert pulled.id not in {i["name"] for i in report["items"]}
         assert _kept(report, published) == f"{old_tag}: {root / 'dist' / 'published.json'} names it by digest"
         # The script builder slurm wrote from it names it once published.json has moved on.
         script = tmp_path / "job.sbatch"
@@ -241,9 +241,9 @@ def test_an_image_pulled_by_digest_stays_and_one_a_file_names_by_digest_stays_wh
         script.unlink()
         report = _gc(root)
         assert published in {i["name"] for i in report["items"]}
-        assert not _exists(engine, published) and _exists(engine, pulled["Id"])
+        assert not _exists(engine, published) and _exists(engine, pulled.id)
     finally:
-        for image in (pulled["Id"], old_tag, published):
+        for image in (pulled.id, old_tag, published):
             engine.remove_image(image)
 
 
@@ -273,12 +273,12 @@ def test_another_clones_image_and_wheel_copies_survive_gc_within_keep_days(engin
         report = _gc(a)
         assert _exists(engine, b_image) and b_tag in {t for i in engine.client.images.list() for t in i.tags}
         assert _kept(report, b_image) == f"{b_tag}: clone {clone_id(b)} used it 0.0 days ago (--keep-days 7)"
-        assert b_copies <= {r["ID"] for r in engine.build_cache()}, "A's gc pruned B's copies of the wheel contexts"
+        assert b_copies <= {r.id for r in engine.build_cache()}, "A's gc pruned B's copies of the wheel contexts"
 
         report = _gc(a, "--keep-days", "0")
         assert not _exists(engine, b_image)
         assert b_copies <= {i["name"] for i in report["items"] if i["store"] == "build cache"}
-        assert not b_copies & {r["ID"] for r in engine.build_cache()}
+        assert not b_copies & {r.id for r in engine.build_cache()}
         assert _exists(engine, a_image), "A's current image went"
     finally:
         engine.remove_image(b_tag)
@@ -293,7 +293,7 @@ def test_an_untagged_image_a_live_build_holds_stays_until_its_run_ends(engine, o
     b = copy_project(tmp_path / "clone-b")
     image = _import(engine, None, uuid.uuid4().bytes, changes=[f"LABEL {TARGET_LABEL}=cpu"])
     code = ("import sys, time; from builder.config.project import load_project; from builder.gc import owned; "
-            "from builder.oci.engine import DockerEngine; "
+            "from builder.oci.docker import DockerEngine; "
             f"owned.record_image(DockerEngine.from_env(), load_project({str(b / 'matrix.yaml')!r}), {image!r}, 'cpu', "
             "hold=True); print('held', flush=True); time.sleep(600)")
     run_b = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=b)

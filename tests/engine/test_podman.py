@@ -97,7 +97,7 @@ def test_a_smoke_container_on_podman_is_as_on_docker_empty_tmpfs_and_variables_u
     what is at a tmpfs's path onto it by default, which fails on sysfs), and a bare name in the environment
     unsetting the image's variable, as Docker's API does (TINI_SUBREAPER, fatal under qemu; the compatible
     API kept it). Both failed every emulated smoke test on podman. Here the base's LANG is unset."""
-    from builder.oci.engine import connect_podman
+    from builder.oci.podman import connect_podman
 
     root, _ = podman_project
     base = base_pin(root)["reference"]

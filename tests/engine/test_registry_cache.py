@@ -19,7 +19,6 @@ import docker
 import pytest
 from helpers import publish_base_to, run_builder
 
-from builder.oci.engine import image_store
 from devtools.dockerd import DockerdUnavailable, _stop, extra_dockerd
 from devtools.support import edit_matrix, fail_or_skip
 
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.engine
 def second_engine(engine, tmp_path_factory) -> Iterator[str]:
     """A second dockerd with an empty store and a bridge of its own (devtools/dockerd.py); yields DOCKER_HOST."""
     try:  # the main engine's image store: image IDs compare only within one store
-        with extra_dockerd(tmp_path_factory.mktemp("dockerd2"), "d2", store=image_store(engine.info())) as host:
+        with extra_dockerd(tmp_path_factory.mktemp("dockerd2"), "d2", store=engine.store()) as host:
             yield host
     except DockerdUnavailable as exc:
         fail_or_skip(str(exc))

@@ -164,7 +164,7 @@ def test_a_killed_run_s_smoke_container_is_removed_by_the_next_run(state_project
             assert time.monotonic() < deadline, "no smoke container in 900 s"
             time.sleep(0.2)
         assert smoking[0] not in execute.remove_orphans(engine, lambda line: None), "the reaper removed a live run's"
-        reap = ("from builder.images.execute import remove_orphans; from builder.oci.engine import DockerEngine; "
+        reap = ("from builder.images.execute import remove_orphans; from builder.oci.docker import DockerEngine; "
                 "print(' '.join(remove_orphans(DockerEngine.from_env(), lambda line: None)))")
         reaper = subprocess.run([*_new_pid_namespace(), sys.executable, "-c", reap],
                                 capture_output=True, text=True, cwd=root, env={**os.environ, **env}, check=False)

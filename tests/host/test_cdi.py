@@ -36,7 +36,9 @@ from builder.config.project import Project
 from builder.host import cdi, devices, doctor, hardware
 from builder.host.launch import run_streamed
 from builder.host.runspec import RunSpec, format_dry_run, run_spec
-from builder.oci.engine import DockerEngine, PodmanEngine
+from builder.oci.docker import DockerAPI, DockerEngine
+from builder.oci.engine import EngineFacts
+from builder.oci.podman import PodmanEngine
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import fail_or_skip
 
@@ -68,9 +70,9 @@ AMD_SPEC = {
     "devices": [{"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/kfd"},
                                                                   {"path": "/dev/dri/renderD128"}]}}],
 }
-CDI_ENGINE = {"ServerVersion": "28.0.4", "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"]}
-OLD_ENGINE = {"ServerVersion": "20.10.24"}
-CDI_OFF_ENGINE = {"ServerVersion": "26.1.4"}
+CDI_ENGINE = EngineFacts("Docker", "28.0.4", cdi_spec_dirs=("/etc/cdi", "/var/run/cdi"))
+OLD_ENGINE = EngineFacts("Docker", "20.10.24")
+CDI_OFF_ENGINE = EngineFacts("Docker", "26.1.4")
 
 
 def cdi_tree(root: Path, nvidia: bool = False, amd: bool = False) -> tuple[str, str]:
@@ -86,6 +88,25 @@ def cdi_tree(root: Path, nvidia: bool = False, amd: bool = False) -> tuple[str, 
     return str(etc), str(run)
 
 
+class _PodmanAPI(DockerAPI):
+    """What podman's compatible API answers to ``version`` and ``info`` (4.3.1's, as ``podman system service``
+    gives them: no ``CDISpecDirs``); no podman runs here."""
+
+    def __init__(self, version: str) -> None:
+        self.answer = version
+
+    def version(self) -> dict[str, str]:
+        return {"Version": self.answer, "ApiVersion": "1.41"}
+
+    def info(self) -> dict[str, str]:
+        return {"Driver": "overlay", "ServerVersion": self.answer, "BuildahVersion": "1.28.2"}
+
+
+def _podman(release: float) -> PodmanEngine:
+    """A :class:`PodmanEngine` of *release* (4.3: 4.3.1) on the stand-in API."""
+    return PodmanEngine(_PodmanAPI(f"{release}.1"), "unix:///nonexistent")
+
+
 def nvidia_host(tmp_path: Path) -> hardware.HostGpus:
     return hardware.detect(make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0", "nvidiactl"),
                            nvidia_runtime=True)
@@ -96,7 +117,7 @@ def amd_host(tmp_path: Path) -> hardware.HostGpus:
                            make_dev(tmp_path / "dev", "kfd", "dri/card0", "dri/renderD128"), nvidia_runtime=False)
 
 
-def plan_argv(project: Project, target: str, host: hardware.HostGpus, dirs: tuple[str, str], info,
+def plan_argv(project: Project, target: str, host: hardware.HostGpus, dirs: tuple[str, str], info: EngineFacts | None,
               engine: str = "docker") -> list[str]:
     plan = run_spec(project, ["python", "-V"], target=target, host=host, environ={}, cwd="/tmp",
                     engine_info=lambda: info, cdi_dirs=dirs, engine=engine)
@@ -226,8 +247,9 @@ def test_a_spec_that_declares_no_device_keeps_the_classic_flags(tmp_path: Path) 
 
 def test_podman_reads_cdi_specs_without_a_setting(project: Project, tmp_path: Path) -> None:
     """Podman's Docker-compatible ``info`` (as ``podman system service`` 4.3.1 answers it) lists no
-    ``CDISpecDirs``: podman reads ``/etc/cdi`` and ``/var/run/cdi`` always, so a plan for podman never asks it."""
-    podman = {"ServerVersion": "4.3.1", "BuildahVersion": "1.28.2", "Rootless": False}
+    ``CDISpecDirs``: podman reads ``/etc/cdi`` and ``/var/run/cdi`` always (its facts say so), so a plan for podman
+    never asks it."""
+    podman = _podman(4.3).info()
     assert devices.engine_cdi(podman) == (True, "podman 4.3.1 reads CDI specs from /etc/cdi, /var/run/cdi")
 
     def boom():
@@ -343,9 +365,8 @@ def test_podman_turns_labelling_off_where_selinux_enforces(project: Project, tmp
 def test_doctor_on_podman_without_a_spec_fails_with_the_fix(tmp_path: Path) -> None:
     """``builder doctor`` on podman: no "builder run uses --gpus all" (podman has none); one FAIL with the fix."""
     dirs = cdi_tree(tmp_path)
-    engine = PodmanEngine(docker.DockerClient(base_url="unix:///nonexistent", version="1.41"), "unix:///nonexistent")
-    ctx = doctor.Context(nvidia_host(tmp_path), engine=engine, info={"ServerVersion": "4.3.1",
-                                                                     "BuildahVersion": "1.28.2"}, cdi_dirs=dirs)
+    engine = _podman(4.3)
+    ctx = doctor.Context(nvidia_host(tmp_path), engine=engine, info=engine.info(), cdi_dirs=dirs)
     checks = [c for c in doctor.check_nvidia(ctx) + doctor.check_cdi(ctx) if c.item != "nvidia driver"]
     assert [c.line() for c in checks] == [(
         "[FAIL] nvidia runtime: podman gives nvidia GPUs by CDI name only, and no CDI spec for nvidia.com/gpu in "
@@ -402,7 +423,7 @@ def test_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-def cdi_plan(project: Project, tmp_path: Path, spec: Path, info: dict) -> RunSpec:
+def cdi_plan(project: Project, tmp_path: Path, spec: Path, info: EngineFacts) -> RunSpec:
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
     plan = run_spec(project, ["ls", "-l", "/dev/accel-test0"], target="nvidia-cu130", host=nvidia_host(tmp_path),
@@ -420,9 +441,9 @@ def test_docker_injects_the_device_builder_run_names(project: Project, tmp_path:
     engine turns into the node; without the name, the same image has no such node."""
     try:
         with extra_dockerd(tmp_path / "engine", "cd", cdi_spec_dirs=[test_spec]) as host:
-            engine = DockerEngine(docker.DockerClient(base_url=host, timeout=300))
+            engine = DockerEngine(DockerAPI(docker.DockerClient(base_url=host, timeout=300)))
             try:
-                assert engine.info()["CDISpecDirs"] == [str(test_spec)]
+                assert engine.info().cdi_spec_dirs == (str(test_spec),)
                 plan = cdi_plan(project, tmp_path, test_spec, engine.info())
                 build_busybox(engine.client, tmp_path, plan.image)
                 out, err = io.BytesIO(), io.BytesIO()
@@ -457,7 +478,7 @@ def build_busybox(client: docker.DockerClient, tmp_path: Path, ref: str) -> None
 RUN_WITH_PODMAN = """
 import pickle, sys
 from builder.host.launch import run_streamed
-from builder.oci.engine import connect_podman
+from builder.oci.podman import connect_podman
 with open(sys.argv[1], "rb") as handle:
     plan = pickle.load(handle)
 engine = connect_podman()
@@ -575,8 +596,8 @@ def test_podman_runs_the_dry_run_line_as_printed(project: Project, tmp_path: Pat
     assert not sandbox.left(), f"containers left behind: {sandbox.left()}"
 
 
-def podman_info(podman: list[str], state: Path, env: dict[str, str]) -> dict:
-    """``info`` from podman's Docker-compatible API (what docker-py gets from ``podman system service``)."""
+def podman_info(podman: list[str], state: Path, env: dict[str, str]) -> EngineFacts:
+    """:class:`PodmanEngine`'s facts from podman's Docker-compatible API (``podman system service``)."""
     sock = state / "api.sock"
     service = subprocess.Popen([*podman, "system", "service", "--time", "0", f"unix://{sock}"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -585,8 +606,9 @@ def podman_info(podman: list[str], state: Path, env: dict[str, str]) -> dict:
         while not sock.exists():
             assert service.poll() is None and time.monotonic() < deadline, "podman system service did not start"
             time.sleep(0.2)
-        with contextlib.closing(docker.DockerClient(base_url=f"unix://{sock}", timeout=60)) as client:
-            return dict(client.info())
+        engine = PodmanEngine(DockerAPI(docker.DockerClient(base_url=f"unix://{sock}", timeout=60)), f"unix://{sock}")
+        with contextlib.closing(engine):
+            return engine.info()
     finally:
         service.terminate()
         service.wait(timeout=30)

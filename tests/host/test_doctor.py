@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +15,8 @@ from host.hostlayouts import H200, MI300X, make_dev, make_sysfs
 
 from builder.cli.host import doctor_cmd
 from builder.host import doctor
+from builder.oci.docker import DockerAPI
+from builder.oci.engine import EngineFacts
 
 
 def by_item(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
@@ -34,9 +37,9 @@ def test_engine_ok_on_this_machine(engine, project_dir: Path) -> None:
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     report = json.loads(result.stdout)
     daemon = next(c for c in report["checks"] if c["item"] == "docker daemon")
-    version = engine.version()
+    info = engine.info()
     assert daemon["status"] == "ok"
-    assert f"Docker {version['Version']} (API {version['ApiVersion']})" in daemon["found"]
+    assert f"Docker {info.version} (API {info.api_version})" in daemon["found"]
     assert report["ok"] == (result.exit_code == 0)
     # No base.lock.json beside the copied matrix: it loads unpinned and says how to pin it.
     config = next(c for c in report["checks"] if c["item"] == "config")
@@ -98,11 +101,11 @@ def test_nvidia_runtime_missing_from_engine(project_dir: Path, tmp_path: Path) -
         host=doctor.hardware.detect(
             make_sysfs(tmp_path / "sys", H200), make_dev(tmp_path / "dev", "nvidia0")
         ),
-        info={"Runtimes": {"runc": {}}},
+        info=EngineFacts("Docker", "26.1.5", runtimes=("runc",)),
     )
     runtime = by_item(doctor.check_nvidia(ctx))["nvidia runtime"]
     assert runtime.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in (runtime.fix or "")
-    ctx.info = {"Runtimes": {"runc": {}, "nvidia": {}}}
+    ctx.info = EngineFacts("Docker", "26.1.5", runtimes=("nvidia", "runc"))
     assert by_item(doctor.check_nvidia(ctx))["nvidia runtime"].status == "ok"
 
 
@@ -140,9 +143,10 @@ def test_missing_tools_and_low_disk(
     assert tools["mmdebstrap"].status == "fail" and tools["mmdebstrap"].fix == "apt-get install mmdebstrap"
     assert tools["docker-registry"].fix == "apt-get install docker-registry"
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda path: type("U", (), {"free": 5 * 2**30})())
-    ctx.info = {"DockerRootDir": "/var/lib/docker"}
+    ctx.info = EngineFacts("Docker", "26.1.5", root="/var/lib/docker", disk_fix="docker system prune")
     disk = doctor.check_disk(ctx)[0]
-    assert disk.status == "warn" and "5.0 GiB free" in disk.found and "prune" in (disk.fix or "")
+    assert disk.status == "warn" and "5.0 GiB free" in disk.found and disk.fix == "docker system prune"
+    assert disk.item == "docker disk"
 
 
 def test_check_line_format() -> None:
@@ -170,21 +174,20 @@ def test_compression_warns_only_where_this_host_could_not_pull_zstd(project_dir:
 
     matrix = project_dir / "matrix.yaml"
     ctx = doctor.Context(doctor.hardware.HostGpus(), matrix, project=load_project(matrix, allow_unpinned=True))
-    containerd = [["driver-type", "io.containerd.snapshotter.v1"]]
-    ctx.info = {"ServerVersion": "26.1.5+dfsg1", "DriverStatus": containerd}
+    ctx.info = EngineFacts("Docker", "26.1.5+dfsg1", store="containerd")
     (ok,) = doctor.check_compression(ctx, enroot=lambda: None)
     assert ok.status == "ok" and "publish zstd layers (OCI media types): this engine pulls them" in ok.found
-    ctx.info = {"ServerVersion": "20.10.24+dfsg1", "DriverStatus": containerd}
+    ctx.info = EngineFacts("Docker", "20.10.24+dfsg1", store="containerd")
     (old,) = doctor.check_compression(ctx, enroot=lambda: None)
     assert old.status == "warn" and "Docker 20.10.24+dfsg1) cannot pull them" in old.found
     assert "compression: gzip" in (old.fix or "")
-    ctx.info = {"ServerVersion": "26.1.5", "DriverStatus": containerd}
+    ctx.info = EngineFacts("Docker", "26.1.5", store="containerd")
     _, enroot = doctor.check_compression(ctx, enroot=lambda: (3, 4))
     assert enroot.status == "warn" and "enroot 3.4" in enroot.found and "ENROOT_GZIP_PROGRAM=zstd" in (enroot.fix or "")
     assert [c.status for c in doctor.check_compression(ctx, enroot=lambda: (4, 1))] == ["ok"]
     edit_matrix(project_dir, compression="gzip")
     ctx.project = load_project(matrix, allow_unpinned=True)
-    ctx.info = {"ServerVersion": "20.10.24", "DriverStatus": []}
+    ctx.info = EngineFacts("Docker", "20.10.24")
     assert [c.status for c in doctor.check_compression(ctx, enroot=lambda: (3, 4))] == ["ok"]
 
 
@@ -195,15 +198,15 @@ def test_compression_warns_only_where_this_host_could_not_pull_zstd(project_dir:
 ])
 def test_podman_lacks_what_its_release_has_not_and_builds_follow_the_same_bounds(version, lacking):
     """doctor's list and the build's switches read the same bounds: what it says is missing is what builds avoid."""
-    from builder.oci.engine import (
+    from builder.oci.engine import engine_version
+    from builder.oci.podman import (
         PODMAN_FORCE_COMPRESSION,
         PODMAN_LAYER_CACHE,
         PODMAN_PER_RUN_NETWORK,
-        engine_version,
         podman_lacks,
     )
 
-    lacks = podman_lacks(version)
+    lacks = podman_lacks(version).items
     assert len(lacks) == len(lacking) and all(word in line for word, line in zip(lacking, lacks, strict=True))
     found = engine_version(version)
     assert ("per-RUN --network" in lacks[0]) == (found < PODMAN_PER_RUN_NETWORK)
@@ -227,21 +230,17 @@ def test_compression_on_podman_says_it_pulls_zstd_and_warns_of_no_store(project_
     """podman's ServerVersion is its own release (5.4.2), never a Docker one, and it has no classic image store:
     podman 5.4.2's doctor warned that "this engine (Docker 5.4.2) cannot pull" zstd and that its "classic image
     store keeps gzip", while it pushed every layer zstd. Each podman builder takes pulls zstd."""
-    from doubles import NoEngine
-
     from builder.config.project import load_project
-
-    class Podman(NoEngine):
-        def name(self) -> str:
-            return "podman"
+    from builder.oci.podman import PodmanEngine
 
     matrix = project_dir / "matrix.yaml"
     ctx = doctor.Context(doctor.hardware.HostGpus(), matrix, project=load_project(matrix, allow_unpinned=True))
-    ctx.engine = Podman()
     for version in ("4.3.1", "5.4.2"):
-        ctx.info = {"ServerVersion": version, "DriverStatus": [["Backing Filesystem", "extfs"]]}
+        engine = PodmanEngine(_PodmanAPI(version), "unix:///nonexistent")
+        ctx.engine, ctx.info = engine, engine.info()
         (ok,) = doctor.check_compression(ctx, enroot=lambda: None)
         assert ok.status == "ok" and "podman pulls them" in ok.found, ok
+        assert ctx.engine.lacks().items[-1].startswith("BuildKit's registry cache")
 
 
 @pytest.mark.parametrize(("version", "fix"), [
@@ -250,6 +249,19 @@ def test_compression_on_podman_says_it_pulls_zstd_and_warns_of_no_store(project_
 def test_what_podman_lacks_names_the_fix_its_release_has(version: str, fix: str) -> None:
     """From 5 only BuildKit's registry cache is lacking, which no podman has: 5.4.2's doctor said "podman >= 4.7
     has the first two" of a list of one."""
-    from builder.oci import engine
+    from builder.oci.podman import PodmanEngine
 
-    assert fix in doctor._podman_fix(len(engine.podman_lacks(version)))
+    assert fix in PodmanEngine(_PodmanAPI(version), "unix:///nonexistent").lacks().fix
+
+
+class _PodmanAPI(DockerAPI):
+    """What podman *version*'s compatible API answers to ``version`` and ``info`` (no podman runs here)."""
+
+    def __init__(self, version: str) -> None:
+        self.answer = version
+
+    def version(self) -> dict[str, Any]:
+        return {"Version": self.answer, "ApiVersion": "1.41"}
+
+    def info(self) -> dict[str, Any]:
+        return {"Driver": "overlay", "DriverStatus": [["Backing Filesystem", "extfs"]], "DockerRootDir": "/var/lib/c"}

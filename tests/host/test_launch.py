@@ -25,7 +25,7 @@ from builder.host import hardware, launch
 from builder.host.devices import device_flags
 from builder.host.runspec import RUN_LABEL, format_dry_run, parse_env, run_spec
 from builder.host.targets import choose_target
-from builder.oci.engine import run_argv
+from builder.oci.connect import run_argv
 from devtools.support import fail_or_skip
 
 NVIDIA_NODES = ("nvidia0", "nvidiactl")
@@ -236,8 +236,9 @@ def test_dry_run(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MASTER_PORT", "29777")
     monkeypatch.delenv("BUILDER_VENDOR", raising=False)
-    result = invoke_run(project_dir, sysfs, "--dev-root", str(dev), "--env", "MSG=it's here", "--dry-run",
-                        "--", "python", "-c", "print(1 + 1)")
+    # Docker's line, whichever engine answers here (with none, podman's would be planned where it is installed)
+    result = invoke_run(project_dir, sysfs, "--engine", "docker", "--dev-root", str(dev), "--env", "MSG=it's here",
+                        "--dry-run", "--", "python", "-c", "print(1 + 1)")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     ref = project.target("amd-rocm5.7").primary_ref
