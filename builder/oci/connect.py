@@ -22,7 +22,7 @@ def connect(timeout: int = TIMEOUT_S, kind: str | None = None) -> Engine:
     get one.
 
     Example:
-        >>> connect().version()["Version"]  # doctest: +SKIP
+        >>> connect().version()  # doctest: +SKIP
         '26.1.5+dfsg1'
     """
     kind = chosen_engine(kind)
