@@ -9,7 +9,7 @@ PUSH ?=
 SIGN_KEY ?=
 REF ?=
 KEY ?=
-#: The rules `make check` runs from tests/: no grade D, no module over its limit, docker-py only in oci/docker.py,
+#: The rules `make check` runs from tests/: no grade D, no module over its limit,
 #: no Engine method answering in a raw dict, nothing writing the process environment, the print schema current.
 RULES := tests/test_complexity.py tests/test_engine_rules.py tests/test_print_schema.py::test_the_committed_schema_is_the_models
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
