@@ -69,3 +69,50 @@ def test_get_pinned_refuses_a_lock_without_the_platform_unless_it_may_update(
     assert calls == []
     pin.get(NoEngine(), p, PLATFORM, need="pinned", update=True, say=print)
     assert calls == [PLATFORM]
+
+
+def test_the_base_tarball_is_the_same_bytes_whichever_tar_wrote_it(tmp_path):
+    """Debian 12's mmdebstrap (1.3.5, GNU tar 1.34) writes GNU headers, Debian 13's (1.5.7, tar 1.35)
+    POSIX ones: from the same mirror state both gave the same files (names, modes, owners, times,
+    contents) and other bytes, so every host re-pinned. Here host GNU tar writes one tree (long names,
+    a hard link, a symlink, an empty folder, an extended attribute where the file system takes one) in
+    both formats: the canonical tarballs are one, and hold every member as it was."""
+    import contextlib
+    import os
+    import subprocess
+    import tarfile
+
+    from builder.base.bootstrap import canonical_tar
+
+    root = tmp_path / "root"
+    deep = root / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    (deep / ("f" * 80)).write_bytes(b"long name\n")
+    (root / "file").write_bytes(b"x" * 5000)
+    (root / "link").symlink_to("file")
+    (root / "hard").hardlink_to(root / "file")
+    (root / "empty").mkdir()
+    (root / "tool").write_bytes(b"#!/bin/sh\n")
+    (root / "tool").chmod(0o4755)
+    xattr = False
+    with contextlib.suppress(OSError):  # a file system without user xattrs (tmpfs before Linux 6.6)
+        os.setxattr(root / "tool", "user.builder", b"1")
+        xattr = True
+    out = {}
+    for fmt in ("gnu", "pax", "posix"):
+        raw = tmp_path / f"{fmt}.tar"
+        subprocess.run(["tar", f"--format={fmt}", "--xattrs", "--sort=name", "--mtime=@1735689600", "--clamp-mtime",
+                        "--owner=0", "--group=0", "--numeric-owner", "-cf", str(raw), "-C", str(root), "."], check=True)
+        canonical_tar(raw, tmp_path / f"{fmt}.canonical.tar")
+        out[fmt] = (tmp_path / f"{fmt}.canonical.tar").read_bytes()
+    assert len({(tmp_path / f"{f}.tar").read_bytes() for f in out}) > 1, "GNU tar wrote the formats alike"
+    assert out["gnu"] == out["pax"] == out["posix"]
+
+    def members(path):
+        with tarfile.open(path) as tar:
+            return [(m.name, m.type, m.mode, m.uid, m.gid, int(m.mtime), m.linkname, m.size,
+                     tar.extractfile(m).read() if m.isreg() else None) for m in tar]  # type: ignore[union-attr]
+    assert members(tmp_path / "gnu.canonical.tar") == members(tmp_path / "gnu.tar")
+    if xattr:
+        with tarfile.open(tmp_path / "gnu.canonical.tar") as tar:
+            assert tar.getmember("./tool").pax_headers == {"SCHILY.xattr.user.builder": "1"}

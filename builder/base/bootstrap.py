@@ -1,6 +1,9 @@
 """Making the base from Debian: mmdebstrap writes a root file system tarball, and we write its image.
 
-With a fixed SOURCE_DATE_EPOCH the same packages give the same bytes. We then write the
+With a fixed SOURCE_DATE_EPOCH the same packages give the same files; the tarball is then written
+again in one format of our own (:func:`canonical_tar`), because mmdebstrap's own depends on the
+host's mmdebstrap and GNU tar (Debian 12's writes GNU headers, Debian 13's POSIX ones: the same
+files, other bytes, another pin on every host that differs). We then write the
 docker-archive ourselves, with a config whose ``created`` time is that epoch, so the image ID (the
 config's digest) is reproducible too (``docker import`` would stamp the current time). Nothing here
 needs an engine or a registry (:mod:`builder.base.blobs` moves the bytes, :mod:`builder.base.pin` pins them).
@@ -103,7 +106,7 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
         raise UserError("mmdebstrap is not installed: apt-get install mmdebstrap (it makes the base)")
     if (problem := platforms.emulation_problem(platform)) is not None:
         raise UserError(f"bootstrapping the base: {problem}")
-    output = workdir / "rootfs.tar"
+    raw, output = workdir / "mmdebstrap.tar", workdir / "rootfs.tar"
     env = child_env(MMDEBSTRAP, {"SOURCE_DATE_EPOCH": str(spec.source_date_epoch)})
     auth = None
     if (login := mirror_login(spec.mirror)) is not None:
@@ -111,18 +114,60 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
         auth.touch(mode=0o600)
         auth.write_text(login)
     try:
-        code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, output, platform, auth), env, platform)
+        code, stderr = _run_mmdebstrap(mmdebstrap_argv(spec, raw, platform, auth), env, platform)
     finally:
         if auth is not None:
             auth.unlink()
     if code != 0:
         tail = " | ".join(stderr.strip().splitlines()[-3:])
         raise UserError(f"mmdebstrap failed for suite {spec.suite} ({platform}) from {public(spec.mirror)}: {tail}")
+    try:
+        canonical_tar(raw, output)
+    finally:
+        raw.unlink()
     digest = hashlib.sha256()
     with output.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return Rootfs(output, f"sha256:{digest.hexdigest()}", _packages(output))
+
+
+#: The pax records a canonical tarball keeps: the file's extended attributes (a capability, say);
+#: never atime or ctime, which differ between runs, nor a writer's own records.
+_KEPT_PAX = "SCHILY.xattr."
+
+
+def canonical_tar(source: Path, target: Path) -> None:
+    """*source*'s members, in its order, written to *target* as POSIX (pax) tar by Python's tarfile: the
+    bytes depend on the files alone (names, types, modes, owners by number, whole-second times, links,
+    devices, extended attributes, contents), never on the tool or format that wrote *source*.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> for fmt in ("gnu", "pax"):
+        ...     _ = subprocess.run(["tar", f"--format={fmt}", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner",
+        ...                         "-cf", str(d / f"{fmt}.tar"), "-C", "/etc", "hostname"], check=True)
+        ...     canonical_tar(d / f"{fmt}.tar", d / f"{fmt}.canonical.tar")
+        >>> (d / "gnu.tar").read_bytes() == (d / "pax.tar").read_bytes()
+        False
+        >>> (d / "gnu.canonical.tar").read_bytes() == (d / "pax.canonical.tar").read_bytes()
+        True
+        >>> shutil.rmtree(d)
+    """
+    with tarfile.open(source) as src, tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as out:
+        for member in src:
+            info = tarfile.TarInfo(member.name)
+            info.type, info.mode, info.uid, info.gid = member.type, member.mode, member.uid, member.gid
+            info.uname = info.gname = ""  # owners by number (mmdebstrap's --numeric-owner)
+            info.mtime = int(member.mtime)
+            info.linkname, info.devmajor, info.devminor = member.linkname, member.devmajor, member.devminor
+            info.pax_headers = {k: v for k, v in sorted(member.pax_headers.items()) if k.startswith(_KEPT_PAX)}
+            if member.isreg():
+                info.size = member.size
+                out.addfile(info, src.extractfile(member))
+            else:
+                out.addfile(info)
 
 
 def _run_mmdebstrap(argv: list[str], env: dict[str, str], platform: str,
@@ -202,9 +247,18 @@ def image_id_of(spec: Bootstrap, workdir: Path, platform: str) -> tuple[str, Roo
 
 
 def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
-    """Package-by-package differences between the locked base and a fresh bootstrap."""
+    """Package-by-package differences between the locked base and a fresh bootstrap; when no package
+    moved, one line saying the bytes differ all the same: a bug (the base must not depend on the host).
+
+    Example:
+        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1+b1"})
+        ['  tini: 0.19.0-1 -> 0.19.0-1+b1']
+        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1"})[0][:60]
+        '  no package moved, yet the bytes differ: a bug of the build'
+    """
     lines = []
     for name in sorted(set(old) | set(new)):
         if old.get(name) != new.get(name):
             lines.append(f"  {name}: {old.get(name, '(absent)')} -> {new.get(name, '(absent)')}")
-    return lines
+    return lines or [("  no package moved, yet the bytes differ: a bug of the builder (the base must not depend on "
+                      "the host that made it); report it with both hosts' `mmdebstrap --version` and `tar --version`")]
