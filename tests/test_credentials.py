@@ -131,9 +131,12 @@ def test_the_source_label_holds_no_credential(tmp_path):
 
 @pytest.fixture
 def env_login(monkeypatch, tmp_path) -> Iterator[None]:
-    """BUILDER_REGISTRY_* set, no docker login (an empty Docker config); the matrix registry restored after."""
+    """BUILDER_REGISTRY_* set, no docker login (an empty Docker config), no loopback registry's login (a state
+    folder of its own: a machine where the builder ran holds one for 127.0.0.1:5000); the matrix registry
+    restored after."""
     (tmp_path / "docker").mkdir()
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("BUILDER_REGISTRY_USER", "ci")
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", TOKEN)
     monkeypatch.setattr(registry, "_matrix_host", None)
