@@ -541,3 +541,14 @@ def test_the_attest_stage_attaches_to_a_pushed_image_and_fails_in_one_line_where
         stage.image(cpu, "sha256:" + "0" * 64, None)
     assert str(failed.value) == (f"attaching the SBOM, provenance and signature failed: registry {name.split('/')[0]} "
                                  f"has no {name}@sha256:{'0' * 64} to attach a sig to")
+
+
+def test_provenance_names_the_commit_the_image_says_it_was_built_at(repo_project):
+    """A reused image (its content tag found) was built at an earlier commit: the provenance names that one,
+    which is what a rebuild checks out, never the checkout's HEAD."""
+    cpu = repo_project.target("cpu").default_view
+    image = f"localhost:5000/ml-runtime@{DIGEST}"
+    for label, commit, dirty in (("1" * 40, "1" * 40, False), ("2" * 40 + "-dirty", "2" * 40, True)):
+        st = provenance.statement(repo_project, cpu, image, None, built_at=label)
+        source = st["predicate"]["buildDefinition"]["resolvedDependencies"][0]
+        assert source["digest"] == {"gitCommit": commit} and source["annotations"] == {"dirty": dirty}

@@ -52,13 +52,23 @@ def _descriptor(image: str, creds: dict[str, str] | None) -> dict[str, Any]:
     return {"mediaType": media, "digest": digest, "size": len(body)}
 
 
+def _labels(image: str, creds: dict[str, str] | None) -> dict[str, str]:
+    """The labels of the pushed image *image*'s configuration, as the registry holds it."""
+    found = artifacts.get_manifest(image, creds)
+    config_digest = (json.loads(found[1]).get("config") or {}).get("digest") if found else None
+    blob = artifacts.get_blob(registry.Ref.parse(image).name, config_digest, creds) if config_digest else None
+    return dict((json.loads(blob).get("config") or {}).get("Labels") or {}) if blob else {}
+
+
 def attest(project: Project, view: TargetView, image: str, content_tag: str | None, key: cosign.SigningKey,
            creds: dict[str, str] | None = None) -> dict[str, str]:
     """Sign *view*'s pushed *image* (``host/repo@sha256:...``) and attest its SBOM and provenance
     with cosign, then list the three as its referrers; return {kind: referrer manifest digest}."""
     _descriptor(image, creds)  # a clear error before cosign's, when the image is not there
+    built_at = _labels(image, creds).get("org.opencontainers.image.revision")
     documents = {"sbom": sbom.sbom_json(project, view, image),
-                 "att": json.dumps(provenance.statement(project, view, image, content_tag)["predicate"])}
+                 "att": json.dumps(provenance.statement(project, view, image, content_tag,
+                                                        built_at=built_at)["predicate"])}
     cosign.sign(image, key, creds)
     with tempfile.TemporaryDirectory(prefix="builder-attest-") as folder:
         for kind, text in documents.items():

@@ -106,8 +106,13 @@ def _file(root: Path, rel: str) -> dict[str, Any]:
 
 
 def statement(project: Project, view: TargetView, image: str, content_tag: str | None,
-              started: str | None = None) -> dict[str, Any]:
+              started: str | None = None, built_at: str | None = None) -> dict[str, Any]:
     """The provenance statement of *view*'s image *image* (``host/repo@sha256:<hex>``).
+
+    *built_at* is the commit the image's own ``org.opencontainers.image.revision`` label names
+    (``<commit>`` or ``<commit>-dirty``): an image reused under its content tag was built at an
+    earlier commit of the same content, and the provenance names that one, the commit a rebuild
+    (``builder verify --rebuild``) must check out. Without it: the checkout's HEAD.
 
     Example:
         >>> image, tag = "localhost:5000/ml-runtime@sha256:ab...", "localhost:5000/ml-runtime:cpu-0123"
@@ -115,7 +120,10 @@ def statement(project: Project, view: TargetView, image: str, content_tag: str |
         'cpu'
     """
     c = contents(project, view)
-    revision, dirty = git_state(project.root)
+    if built_at:
+        revision, dirty = built_at.removesuffix("-dirty"), built_at.endswith("-dirty")
+    else:
+        revision, dirty = git_state(project.root)
     # The index as given may hold its login (https://user:token@mirror/simple): published without it.
     entry = {**asdict(view), "index_url": public(view.index_url), "lock": view.lock, "arch": view.arch}
     base = Ref.parse(c.base)

@@ -161,10 +161,31 @@ def _check_sig(subject: str, digest: str, tag: str, found: tuple[str, bytes, str
     raise _Failed(f"tag {tag}: no signature verifies with key {key.keyid[:12]}")
 
 
+def signed_provenance(subject: str, key: SSlibKey, creds: dict[str, str] | None = None) -> dict[str, Any]:
+    """The provenance statement attached to the image *subject* (``repository@sha256:...``), once its
+    signature verifies with *key* and it names that digest (what the ``att`` check passes); else
+    :class:`UserError` saying why: what ``builder verify --rebuild`` rebuilds from."""
+    r = registry.Ref.parse(subject)
+    if creds is None:
+        creds = registry.credentials(r.host)
+    digest = r.digest or ""
+    tag = artifacts.cosign_tag(digest, "att")
+    try:
+        return _verified_attestation(subject, digest, "att", tag,
+                                     artifacts.get_manifest(f"{r.name}:{tag}", creds), key, creds)[0]
+    except _Failed as exc:
+        raise UserError(f"{subject}: no provenance to rebuild from: {exc}") from None
+
+
 def _check_attestation(subject: str, digest: str, kind: str, tag: str, found: tuple[str, bytes, str] | None,
                        key: SSlibKey, creds: dict[str, str] | None) -> str:
+    return _verified_attestation(subject, digest, kind, tag, found, key, creds)[1]
+
+
+def _verified_attestation(subject: str, digest: str, kind: str, tag: str, found: tuple[str, bytes, str] | None,
+                          key: SSlibKey, creds: dict[str, str] | None) -> tuple[dict[str, Any], str]:
     """What cosign verify-attestation --type checks (a statement of that predicate type, signed by
-    the key, about *digest*), and that the predicate is what the builder makes."""
+    the key, about *digest*), and that the predicate is what the builder makes: (the statement, why it holds)."""
     wanted = cosign.PREDICATE_TYPES[kind]
     if found is None:
         raise _Failed(f"no attestation for {subject} (no tag {tag})")
@@ -185,7 +206,7 @@ def _check_attestation(subject: str, digest: str, kind: str, tag: str, found: tu
     failures = []
     for doc in reversed(typed):  # the newest first (cosign attest --replace keeps one)
         try:
-            return _check_statement(subject, digest, kind, tag, doc, key)
+            return doc, _check_statement(subject, digest, kind, tag, doc, key)
         except _Failed as exc:
             failures.append(exc)
     raise failures[0]
