@@ -67,7 +67,7 @@ test-emulated: install host ## The foreign-platform builds (nvidia-cu130 arm64 u
 	-ENGINE=podman scripts/setup-host.sh  # podman beside docker, for the podman one
 	$(PY) -m pytest -q -m emulated
 
-test-quick: install host ## The test suite without the multi-GB NVIDIA build (marker: heavy)
+test-quick: install host ## The test suite without the multi-GB NVIDIA build and the base bootstrapped in a second root (marker: heavy)
 	$(PY) -m pytest -q -m 'not heavy and not emulated'
 
 golden: install ## Regenerate the golden Dockerfiles in tests/golden/

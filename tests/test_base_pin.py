@@ -116,3 +116,59 @@ def test_the_base_tarball_is_the_same_bytes_whichever_tar_wrote_it(tmp_path):
     if xattr:
         with tarfile.open(tmp_path / "gnu.canonical.tar") as tar:
             assert tar.getmember("./tool").pax_headers == {"SCHILY.xattr.user.builder": "1"}
+
+
+def test_mmdebstrap_runs_in_an_environment_of_ours_whatever_the_caller_has(project: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What another host's shell holds reaches no maintainer script: PYTHONDONTWRITEBYTECODE=1 made
+    py3compile write hash-based .pyc files for debpython (flags 3, timestamp ones without it); the locale,
+    the time zone and an epoch of the caller's are replaced by ours."""
+    from builder.base.bootstrap import mmdebstrap_env
+
+    spec = load_project(project / "matrix.yaml").matrix.base.bootstrap
+    assert spec is not None
+    for name, value in {"LANG": "de_DE.UTF-8", "LC_ALL": "de_DE.UTF-8", "LC_TIME": "de_DE.UTF-8", "TZ": "JST-9",
+                        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "1", "SOURCE_DATE_EPOCH": "1"}.items():
+        monkeypatch.setenv(name, value)
+    env = mmdebstrap_env(spec)
+    assert not [name for name in env if name.startswith("PYTHON")]
+    assert (env["LC_ALL"], env["LANG"], env["TZ"]) == ("C.UTF-8", "C.UTF-8", "UTC")
+    assert env["SOURCE_DATE_EPOCH"] == str(spec.source_date_epoch)
+
+
+def test_the_hosts_name_and_resolver_leave_the_base_empty(project: Path, tmp_path: Path) -> None:
+    """mmdebstrap copies the host's /etc/hostname and /etc/resolv.conf in (contents and mode): the
+    builder's customize hook leaves both empty, mode 0644, whether the host had them or not."""
+    import subprocess
+
+    from builder.base.bootstrap import mmdebstrap_argv
+
+    spec = load_project(project / "matrix.yaml").matrix.base.bootstrap
+    assert spec is not None
+    hooks = [a.split("=", 1)[1] for a in mmdebstrap_argv(spec, tmp_path / "out.tar", PLATFORM)
+             if a.startswith("--customize-hook=") and "hostname" in a]
+    assert len(hooks) == 1
+    for copied in (True, False):
+        root = tmp_path / f"root-{copied}"
+        (root / "etc").mkdir(parents=True)
+        if copied:
+            for name in ("hostname", "resolv.conf"):
+                (root / "etc" / name).write_text("vm\n")
+                (root / "etc" / name).chmod(0o755)
+        subprocess.run(["sh", "-c", hooks[0], "sh", str(root)], check=True)
+        for name in ("hostname", "resolv.conf"):
+            made = root / "etc" / name
+            assert (made.read_bytes(), made.stat().st_mode & 0o7777) == (b"", 0o644), (copied, name)
+
+
+def test_mmdebstrap_runs_with_umask_022_whatever_the_callers() -> None:
+    import os
+
+    from builder.base.bootstrap import _run_mmdebstrap
+
+    old = os.umask(0o077)
+    try:
+        code, out = _run_mmdebstrap(["sh", "-c", "umask"], {"PATH": os.environ["PATH"]}, PLATFORM, heartbeat_s=60)
+    finally:
+        os.umask(old)
+    assert (code, out.strip()) == (0, "0022")

@@ -179,7 +179,8 @@ def test_hadolint_gets_no_secret(recorders, tmp_path, monkeypatch):
 
 def test_mmdebstrap_gets_no_secret_and_the_mirror_without_its_login(recorders, tmp_path):
     """mmdebstrap (a recorder that fails: the real bootstrap is the slow test below) is given the mirror
-    credential-free and SOURCE_DATE_EPOCH; the file holding the login is gone after."""
+    credential-free, SOURCE_DATE_EPOCH and a locale and time zone of ours; the file holding the login is
+    gone after."""
     from builder.base import bootstrap as base
 
     recorders.add("mmdebstrap")
@@ -192,9 +193,10 @@ def test_mmdebstrap_gets_no_secret_and_the_mirror_without_its_login(recorders, t
         base.bootstrap(spec, work, host_platform())
     assert TOKEN not in str(failed.value)
     (record,) = recorders.records("mmdebstrap")
-    _clean([record], "LANG")
+    _clean([record])
     assert record.argv[-1] == "http://127.0.0.1:9/debian"
     assert record.env["SOURCE_DATE_EPOCH"] == str(spec.source_date_epoch)
+    assert (record.env["LANG"], record.env["TZ"]) == ("C.UTF-8", "UTC"), "the caller's locale and time zone stay"
     assert "DOCKER_HOST" not in record.env and "ZSTD_NBTHREADS" not in record.env
     assert list(work.iterdir()) == [], "the login's file is removed"
 

@@ -1,7 +1,9 @@
 """Making the base from Debian: mmdebstrap writes a root file system tarball, and we write its image.
 
-With a fixed SOURCE_DATE_EPOCH the same packages give the same files; the tarball is then written
-again in one format of our own (:func:`canonical_tar`), because mmdebstrap's own depends on the
+With a fixed SOURCE_DATE_EPOCH the same packages give the same files, whatever the host: mmdebstrap
+runs with an environment of ours (:func:`mmdebstrap_env`) and a fixed umask, and the host's
+``/etc/hostname`` and ``/etc/resolv.conf``, which it copies in for apt, are left empty. The tarball
+is then written again in one format of our own (:func:`canonical_tar`), because mmdebstrap's own depends on the
 host's mmdebstrap and GNU tar (Debian 12's writes GNU headers, Debian 13's POSIX ones: the same
 files, other bytes, another pin on every host that differs). We then write the
 docker-archive ourselves, with a config whose ``created`` time is that epoch, so the image ID (the
@@ -68,6 +70,26 @@ def mirror_login(mirror: str) -> str | None:
     return f"machine {parts.scheme}://{netloc}{parts.path} login {login} password {password}\n"
 
 
+#: mmdebstrap copies the host's name and resolver into the root for apt (contents and mode: another
+#: host, another base); they are left empty, and a container gets both from its engine.
+HOST_FILES_HOOK = ('for f in hostname resolv.conf; do rm -f "$1/etc/$f" && : > "$1/etc/$f" && chmod 0644 "$1/etc/$f"; '
+                    'done')
+
+
+def mmdebstrap_env(spec: Bootstrap) -> dict[str, str]:
+    """The environment mmdebstrap runs in: its variables of ours (:data:`MMDEBSTRAP`: never a ``PYTHON*``
+    one, which would reach the maintainer scripts' byte-compiling), the spec's epoch, and the locale and
+    time zone fixed, whatever the caller's.
+
+    Example:
+        >>> env = mmdebstrap_env(project.matrix.base.bootstrap)
+        >>> env["SOURCE_DATE_EPOCH"], env["LC_ALL"], env["TZ"]
+        ('1735689600', 'C.UTF-8', 'UTC')
+    """
+    return child_env(MMDEBSTRAP, {"SOURCE_DATE_EPOCH": str(spec.source_date_epoch), "LANG": "C.UTF-8",
+                                  "LANGUAGE": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC"})
+
+
 def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str, auth: Path | None = None) -> list[str]:
     """The mmdebstrap command for a spec and platform (docs and man pages left out, copyright files kept).
 
@@ -82,6 +104,7 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str, auth: Path | N
     """
     put = f'mkdir -p "$1/etc/apt/auth.conf.d" && install -m 0600 {shlex.quote(str(auth))} "$1/{AUTH_IN_ROOT}"'
     hooks = [f"--setup-hook={put}", f'--customize-hook=rm "$1/{AUTH_IN_ROOT}"'] if auth else []
+    hooks.append(f"--customize-hook={HOST_FILES_HOOK}")
     return [
         "mmdebstrap",
         f"--variant={spec.variant}",
@@ -107,7 +130,7 @@ def bootstrap(spec: Bootstrap, workdir: Path, platform: str) -> Rootfs:
     if (problem := platforms.emulation_problem(platform)) is not None:
         raise UserError(f"bootstrapping the base: {problem}")
     raw, output = workdir / "mmdebstrap.tar", workdir / "rootfs.tar"
-    env = child_env(MMDEBSTRAP, {"SOURCE_DATE_EPOCH": str(spec.source_date_epoch)})
+    env = mmdebstrap_env(spec)
     auth = None
     if (login := mirror_login(spec.mirror)) is not None:
         auth = workdir / "mirror-auth.conf"
@@ -181,7 +204,8 @@ def _run_mmdebstrap(argv: list[str], env: dict[str, str], platform: str,
         return (f"bootstrapping {platform}: {unpacked[0]} packages unpacked, {stage[0]} "
                 f"({time.monotonic() - started:.0f} s)")
 
-    with heartbeat(status, heartbeat_s), subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+    # umask: mmdebstrap (1.3.5, 1.5.7) sets 022 itself; the base leans on no version's habit
+    with heartbeat(status, heartbeat_s), subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, umask=0o022,
                                                          stderr=subprocess.STDOUT, text=True) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
