@@ -59,7 +59,7 @@ class Recorded:
         definition = (statement.get("predicate") or {}).get("buildDefinition") or {}
         params = definition.get("externalParameters") or {}
         deps = definition.get("resolvedDependencies") or []
-        source = next((d for d in deps if d.get("name") == "source"), {})
+        source: dict[str, Any] = next((d for d in deps if d.get("name") == "source"), {})
         commit = (source.get("digest") or {}).get("gitCommit", "")
         if not params.get("target") or not params.get("platform") or len(commit) != 40:
             raise UserError("the provenance names no target, platform or commit: it was not made by builder build "
