@@ -138,7 +138,8 @@ def test_mmdebstrap_runs_in_an_environment_of_ours_whatever_the_caller_has(proje
 
 def test_the_hosts_name_and_resolver_leave_the_base_empty(project: Path, tmp_path: Path) -> None:
     """mmdebstrap copies the host's /etc/hostname and /etc/resolv.conf in (contents and mode): the
-    builder's customize hook leaves both empty, mode 0644, whether the host had them or not."""
+    builder's customize hook leaves both empty, mode 0644, whether the host had them or not, and
+    puts an empty /etc/hosts beside them (a mount point every RUN step needs: see HOST_FILES_HOOK)."""
     import subprocess
 
     from builder.base.bootstrap import mmdebstrap_argv
@@ -156,7 +157,7 @@ def test_the_hosts_name_and_resolver_leave_the_base_empty(project: Path, tmp_pat
                 (root / "etc" / name).write_text("vm\n")
                 (root / "etc" / name).chmod(0o755)
         subprocess.run(["sh", "-c", hooks[0], "sh", str(root)], check=True)
-        for name in ("hostname", "resolv.conf"):
+        for name in ("hostname", "hosts", "resolv.conf"):
             made = root / "etc" / name
             assert (made.read_bytes(), made.stat().st_mode & 0o7777) == (b"", 0o644), (copied, name)
 
@@ -172,3 +173,16 @@ def test_mmdebstrap_runs_with_umask_022_whatever_the_callers() -> None:
     finally:
         os.umask(old)
     assert (code, out.strip()) == (0, "0022")
+
+
+def test_the_recipe_hash_follows_the_bootstrap_hooks(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pin records how it was bootstrapped; another hook (an upgrade of the builder) gives another
+    recipe, which the drift message names instead of calling the difference a bug."""
+    from builder.base import bootstrap
+
+    spec = load_project(project / "matrix.yaml").matrix.base.bootstrap
+    assert spec is not None
+    before = bootstrap.recipe_hash(spec)
+    assert bootstrap.recipe_hash(spec) == before
+    monkeypatch.setattr(bootstrap, "HOST_FILES_HOOK", "true")
+    assert bootstrap.recipe_hash(spec) != before

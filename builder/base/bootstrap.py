@@ -70,10 +70,13 @@ def mirror_login(mirror: str) -> str | None:
     return f"machine {parts.scheme}://{netloc}{parts.path} login {login} password {password}\n"
 
 
-#: mmdebstrap copies the host's name and resolver into the root for apt (contents and mode: another
-#: host, another base); they are left empty, and a container gets both from its engine.
-HOST_FILES_HOOK = ('for f in hostname resolv.conf; do rm -f "$1/etc/$f" && : > "$1/etc/$f" && chmod 0644 "$1/etc/$f"; '
-                    'done')
+#: The files an engine mounts into every container and every RUN step, each an empty file of mode
+#: 0644. mmdebstrap copies the host's name and resolver in for apt (contents and mode: another host,
+#: another base). /etc/hosts it leaves out, and where a mount point is absent BuildKit creates a
+#: stub for it in each RUN; on Docker's classic store the stub's removal left /etc, with the build's
+#: time, in every RUN's layer (no layer reproducible, an empty step a non-empty layer).
+HOST_FILES_HOOK = ('for f in hostname hosts resolv.conf; do rm -f "$1/etc/$f" && : > "$1/etc/$f" && '
+                   'chmod 0644 "$1/etc/$f"; done')
 
 
 def mmdebstrap_env(spec: Bootstrap) -> dict[str, str]:
@@ -270,19 +273,40 @@ def image_id_of(spec: Bootstrap, workdir: Path, platform: str) -> tuple[str, Roo
     return "sha256:" + hashlib.sha256(image_config(rootfs, spec, platform)).hexdigest(), rootfs
 
 
-def drift_report(old: dict[str, str], new: dict[str, str]) -> list[str]:
-    """Package-by-package differences between the locked base and a fresh bootstrap; when no package
-    moved, one line saying the bytes differ all the same: a bug (the base must not depend on the host).
+#: Raised when the same files give the base other bytes: canonical_tar's format, image_config's fields.
+TARBALL_FORMAT = 1
+
+
+def recipe_hash(spec: Bootstrap) -> str:
+    """Hash of how this builder bootstraps *spec*: mmdebstrap's arguments and hooks, and the tarball's
+    format. Recorded with each pin, so that drift after a builder upgrade is told from a moved mirror."""
+    argv = mmdebstrap_argv(spec, Path("rootfs.tar"), "linux/amd64")
+    return hashlib.sha256(json.dumps([argv, TARBALL_FORMAT]).encode()).hexdigest()
+
+
+def drift_report(old: dict[str, str], new: dict[str, str], recipe: bool | None) -> list[str]:
+    """Why a fresh bootstrap differs from the locked base: the packages that moved, and whether the
+    builder's recipe (:func:`recipe_hash`) is the lock's (*recipe*: True, False, or None when the lock
+    does not say). Same recipe, no package moved, other bytes: a bug (the base must not depend on the host).
 
     Example:
-        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1+b1"})
-        ['  tini: 0.19.0-1 -> 0.19.0-1+b1']
-        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1"})[0][:60]
+        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1+b1"}, True)
+        ['  the Debian mirror moved since the lock was written:', '  tini: 0.19.0-1 -> 0.19.0-1+b1']
+        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1"}, False)[0][:63]
+        '  this builder bootstraps otherwise than the one that wrote the'
+        >>> drift_report({"tini": "0.19.0-1"}, {"tini": "0.19.0-1"}, True)[0][:60]
         '  no package moved, yet the bytes differ: a bug of the build'
     """
-    lines = []
-    for name in sorted(set(old) | set(new)):
-        if old.get(name) != new.get(name):
-            lines.append(f"  {name}: {old.get(name, '(absent)')} -> {new.get(name, '(absent)')}")
-    return lines or [("  no package moved, yet the bytes differ: a bug of the builder (the base must not depend on "
-                      "the host that made it); report it with both hosts' `mmdebstrap --version` and `tar --version`")]
+    moved = [f"  {name}: {old.get(name, '(absent)')} -> {new.get(name, '(absent)')}"
+             for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+    if recipe is False:
+        return ["  this builder bootstraps otherwise than the one that wrote the lock (its mmdebstrap arguments, "
+                "hooks or tarball format changed: expected after an upgrade of the builder)",
+                *(["  and the Debian mirror moved:", *moved] if moved else ["  no package moved"])]
+    if moved:
+        return ["  the Debian mirror moved since the lock was written:", *moved]
+    if recipe is None:
+        return ["  no package moved; the lock does not record the builder's recipe (written before it did), so "
+                "an upgrade of the builder may have changed the bytes"]
+    return [("  no package moved, yet the bytes differ: a bug of the builder (the base must not depend on "
+             "the host that made it); report it with both hosts' `mmdebstrap --version` and `tar --version`")]

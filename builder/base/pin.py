@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from builder.base.blobs import base_tag, copy_base, gzip_layer, hold, make_image, push_base, saved_blobs
-from builder.base.bootstrap import Rootfs, drift_report, image_config, image_id_of
+from builder.base.bootstrap import Rootfs, drift_report, image_config, image_id_of, recipe_hash
 from builder.config.baselock import BaseLock, PinnedBase, read_base_lock, write_base_lock
 from builder.config.errors import UserError
 from builder.config.heartbeat import heartbeat
@@ -110,7 +110,7 @@ def check(project: Project, platforms_wanted: list[str], say: Callable[[str], ob
             raise UserError(f"base.lock.json pins no base for {platform}; run 'builder base --platform {platform}'")
         with tempfile.TemporaryDirectory(prefix="builder-base-") as tmp:
             fresh, rootfs = image_id_of(spec, Path(tmp), platform)
-        report = _drift(pinned, fresh, rootfs)
+        report = _drift(pinned, fresh, rootfs, recipe_hash(spec))
         if report is None:
             say(f"{platform}: base.lock.json matches a fresh bootstrap ({fresh})")
             continue
@@ -123,10 +123,13 @@ def check(project: Project, platforms_wanted: list[str], say: Callable[[str], ob
     return not drifted
 
 
-def _drift(pinned: PinnedBase, fresh: str, rootfs: Rootfs) -> list[str] | None:
-    """How a fresh bootstrap (image ID *fresh*, *rootfs*) differs from the *pinned* base, package by
-    package; None when it is the pinned image (the Debian mirror did not move)."""
-    return None if fresh == pinned.image_id else drift_report(pinned.packages, rootfs.packages)
+def _drift(pinned: PinnedBase, fresh: str, rootfs: Rootfs, recipe: str) -> list[str] | None:
+    """How a fresh bootstrap (image ID *fresh*, *rootfs*, made by *recipe*) differs from the *pinned*
+    base, package by package; None when it is the pinned image (the Debian mirror did not move)."""
+    if fresh == pinned.image_id:
+        return None
+    same = None if pinned.recipe_sha256 is None else pinned.recipe_sha256 == recipe
+    return drift_report(pinned.packages, rootfs.packages, same)
 
 
 def _settle(
@@ -203,15 +206,17 @@ def _pin_bootstrapped(engine: Engine, project: Project, platform: str, lock: Bas
     """Push and pin a bootstrapped base (:func:`_bootstrap`'s second half)."""
     spec = project.matrix.base.bootstrap
     assert spec is not None
-    if pinned is not None and (report := _drift(pinned, image_id, rootfs)) is not None:
+    recipe = recipe_hash(spec)
+    if pinned is not None and (report := _drift(pinned, image_id, rootfs, recipe)) is not None:
         lines = [f"base drift ({platform}): a fresh bootstrap is {image_id}, base.lock.json pins {pinned.image_id}",
-                 "  (the Debian mirror moved since the lock was written)", *report]
+                 *report]
         if not update:
             raise UserError(*lines, "run 'builder base --update' to re-pin, then 'builder render' and commit both")
         for line in lines:
             say(line)
     digest = push_base(engine, project, platform, layer, image_config(rootfs, spec, platform))
-    new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages)
+    new = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=image_id, packages=rootfs.packages,
+                     recipe_sha256=recipe)
     if new != pinned:
         current = lock or BaseLock(spec_sha256=spec_hash(project.matrix))
         write_base_lock(project.root, current.with_platform(platform, new))
@@ -235,8 +240,7 @@ def _move_to_registry(
     if digest is None:
         say(f"the locked {platform} base {pinned.reference} is neither local nor in its old registry: bootstrapping it")
         return None
-    moved = PinnedBase(reference=f"{project.base_repository}@{digest}", image_id=pinned.image_id,
-                       packages=pinned.packages)
+    moved = pinned.model_copy(update={"reference": f"{project.base_repository}@{digest}"})
     say(f"the registry changed: pinned the same {platform} base in {project.base_repository} ({digest})")
     return moved
 

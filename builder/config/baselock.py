@@ -34,6 +34,10 @@ class PinnedBase(BaseModel):
         Field(description="Local image ID (config digest): identical for identical bootstraps.")
     )
     packages: dict[str, str] = Field(default_factory=dict, description="Debian package -> version inside.")
+    recipe_sha256: str | None = Field(
+        default=None, description="Hash of how the builder bootstrapped it (mmdebstrap's arguments and hooks, the "
+        "tarball's format): another recipe makes other bytes of the same packages. Absent in locks written before "
+        "it was recorded.")
 
 
 class BaseLock(BaseModel):

@@ -1,11 +1,12 @@
 """``builder verify --rebuild``: a consumer rebuilds a published image from its signed provenance.
 
 The cpu image is built, pushed and signed from a git repository (a copy of the project at one
-commit). A fresh clone of it then rebuilds that image on a second, empty engine of the same store
-(a dockerd of its own: another machine's engine, with no build cache and no image but the base
-it pulls by digest) and gets every layer and the configuration of the published image: two engines agree,
-bit for bit (the manifest digests differ by BuildKit's inline cache record, which the publishing build
-writes into the configuration and a rebuild without the cache does not). One
+commit) on the session's engine (the containerd store). A fresh clone of it then rebuilds that image
+on a second, empty engine of each of Docker's stores (a dockerd of its own: another machine's
+engine, with no build cache and no image but the base it pulls by digest) and gets every layer and
+the configuration of the published image: the engines agree, bit for bit (the manifest digests
+differ by BuildKit's inline cache record, which the publishing build writes into the configuration
+and a rebuild without the cache does not). One
 changed file under runtime/ in that clone makes the rebuild differ, and the differing layer is
 named with the file.
 """
@@ -61,13 +62,14 @@ def published(based_project, registry, signing_key, tmp_path_factory) -> tuple[P
     return origin, f"{registry}/rebuild-me:cpu"
 
 
+@pytest.mark.parametrize("store", ["containerd", "classic"])
 def test_a_fresh_clone_rebuilds_the_published_image_on_another_engine_bit_for_bit(published, signing_key,
-                                                                                   tmp_path):
+                                                                                   tmp_path, store):
     origin, ref = published
     clone = tmp_path / "clone"
     git("clone", "-q", str(origin), str(clone), cwd=tmp_path)
     try:
-        with extra_dockerd(tmp_path, "vr", store="containerd") as host:
+        with extra_dockerd(tmp_path, "vr", store=store) as host:
             done = run_builder("verify", ref, "--key", str(signing_key["public"]), "--rebuild", cwd=clone,
                                env={"DOCKER_HOST": host}, timeout=1500)
     except DockerdUnavailable as exc:
