@@ -162,6 +162,26 @@ def test_the_hosts_name_and_resolver_leave_the_base_empty(project: Path, tmp_pat
             assert (made.read_bytes(), made.stat().st_mode & 0o7777) == (b"", 0o644), (copied, name)
 
 
+def test_the_base_leaves_shadows_lock_file_out(project: Path, tmp_path: Path) -> None:
+    """The maintainer scripts' useradd leaves /etc/.pwd.lock; a RUN step's useradd would copy it up
+    unchanged, which the classic store alone keeps in the step's layer (see LOCK_FILES_HOOK). The
+    customize hooks, run as mmdebstrap runs them, remove it and nothing else of /etc."""
+    import subprocess
+
+    from builder.base.bootstrap import mmdebstrap_argv
+
+    spec = load_project(project / "matrix.yaml").matrix.base.bootstrap
+    assert spec is not None
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / ".pwd.lock").write_bytes(b"")
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for arg in mmdebstrap_argv(spec, tmp_path / "out.tar", PLATFORM):
+        if arg.startswith("--customize-hook="):
+            subprocess.run(["sh", "-c", arg.split("=", 1)[1], "sh", str(root)], check=True)
+    assert sorted(p.name for p in (root / "etc").iterdir()) == ["hostname", "hosts", "passwd", "resolv.conf"]
+
+
 def test_mmdebstrap_runs_with_umask_022_whatever_the_callers() -> None:
     import os
 

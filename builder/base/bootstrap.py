@@ -78,6 +78,12 @@ def mirror_login(mirror: str) -> str | None:
 HOST_FILES_HOOK = ('for f in hostname hosts resolv.conf; do rm -f "$1/etc/$f" && : > "$1/etc/$f" && '
                    'chmod 0644 "$1/etc/$f"; done')
 
+#: shadow's lock file, left by the maintainer scripts' useradd. A RUN step's useradd opens it for
+#: writing, so the overlay copies it up unchanged: Docker's classic store keeps such a copy in the
+#: step's layer and the containerd store does not, and the two stores would give other layers.
+#: Absent from the base, a step's useradd creates it anew and the step removes it (templates/).
+LOCK_FILES_HOOK = 'rm -f "$1/etc/.pwd.lock"'
+
 
 def mmdebstrap_env(spec: Bootstrap) -> dict[str, str]:
     """The environment mmdebstrap runs in: its variables of ours (:data:`MMDEBSTRAP`: never a ``PYTHON*``
@@ -107,7 +113,7 @@ def mmdebstrap_argv(spec: Bootstrap, output: Path, platform: str, auth: Path | N
     """
     put = f'mkdir -p "$1/etc/apt/auth.conf.d" && install -m 0600 {shlex.quote(str(auth))} "$1/{AUTH_IN_ROOT}"'
     hooks = [f"--setup-hook={put}", f'--customize-hook=rm "$1/{AUTH_IN_ROOT}"'] if auth else []
-    hooks.append(f"--customize-hook={HOST_FILES_HOOK}")
+    hooks += [f"--customize-hook={HOST_FILES_HOOK}", f"--customize-hook={LOCK_FILES_HOOK}"]
     return [
         "mmdebstrap",
         f"--variant={spec.variant}",

@@ -239,7 +239,9 @@ def _layer_line(i: int, count: int, pub: Published, ours: str | None, theirs: st
     blob_digest, size = pub.layers[i]
     blob = artifacts.get_blob(registry.Ref.parse(pub.subject).name, blob_digest, creds)
     member = tar.getmember(members[i])
-    sizes = f"published {ours[7:19]} ({_size(size)}), rebuilt {theirs[7:19]} ({_size(member.size)})"
+    # The published size is the registry's compressed blob, the rebuilt one the saved tar's member.
+    sizes = (f"published {ours[7:19]} ({_size(size)} in the registry), "
+             f"rebuilt {theirs[7:19]} ({_size(member.size)} uncompressed)")
     if blob is None:
         return f"{head}: {sizes}; the registry no longer has the published layer"
     (tmp / "published").write_bytes(blob)

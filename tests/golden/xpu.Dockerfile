@@ -33,6 +33,7 @@ ENV PYTHONUNBUFFERED=1 \
 RUN --network=none --mount=type=tmpfs,target=/tmp touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 groupadd --gid 1001 app \
  && SOURCE_DATE_EPOCH=1735689600 useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
+ && rm -f /etc/.pwd.lock \
  && python3 -m venv --without-pip /opt/venv \
  && install -d -o 1001 -g 1001 /workspace \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
@@ -46,7 +47,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && printf '%s %s\n' $WHEELS_COMMON > /tmp/common.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/common -r /tmp/common.lock \
- && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
+ && rm -f /opt/venv/.lock && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM common AS torch
@@ -59,7 +60,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
- && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
+ && rm -f /opt/venv/.lock && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
@@ -106,7 +107,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
  && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/packages -r /tmp/packages.lock \
- && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
+ && rm -f /opt/venv/.lock && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 LABEL \
       org.opencontainers.image.title="ml-runtime xpu" \
