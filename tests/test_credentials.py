@@ -496,11 +496,11 @@ def test_the_mirror_login_goes_to_apt_in_a_file_never_on_mmdebstraps_command_lin
     hooks = [a for a in argv if a.startswith(("--setup-hook=", "--customize-hook="))]
     put = f'mkdir -p "$1/etc/apt/auth.conf.d" && install -m 0600 {tmp_path}/auth.conf "$1/{base.AUTH_IN_ROOT}"'
     assert hooks == [f"--setup-hook={put}", f'--customize-hook=rm "$1/{base.AUTH_IN_ROOT}"',
-                     f"--customize-hook={base.HOST_FILES_HOOK}"]
+                     f"--customize-hook={base.HOST_FILES_HOOK}", f"--customize-hook={base.LOCK_FILES_HOOK}"]
     plain = spec.model_copy(update={"mirror": "http://deb.debian.org/debian"})
     assert base.mirror_login(plain.mirror) is None
     plain_hooks = [a for a in base.mmdebstrap_argv(plain, tmp_path / "r.tar", "linux/amd64") if "hook" in a]
-    assert plain_hooks == [f"--customize-hook={base.HOST_FILES_HOOK}"]
+    assert plain_hooks == [f"--customize-hook={base.HOST_FILES_HOOK}", f"--customize-hook={base.LOCK_FILES_HOOK}"]
 
 
 class _AuthProxy(http.server.BaseHTTPRequestHandler):

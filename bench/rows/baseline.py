@@ -77,8 +77,9 @@ def measure(client: docker.DockerClient, project: Project, views: list[TargetVie
     theirs: dict[str, Any] = {k: {} for k in ours}
     ours["noop_all_cached"] = {}
     ours["cold_samples_s"], theirs["cold_samples_s"] = {}, {}
+    zstd: dict[str, Any] = {"cold_build_s": {}, "cold_samples_s": {}}
     for t in views:
-        _cold(run, t, ours, theirs)
+        _cold(run, t, {"ours": ours, "baseline": theirs, "baseline_zstd": zstd})
     tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in views}
     stacks = _settle(run, project, views, tags, ours, theirs)
     # No-op, then a runtime change (a comment in the in-image runtime): whole processes, ours the CLI,
@@ -98,29 +99,38 @@ def measure(client: docker.DockerClient, project: Project, views: list[TargetVie
         side["shared_bytes_fraction"] = shared_fraction(images)
         side["shared_bytes"] = shared_bytes(images)
         side["shared_fraction_below_torch"] = shared_by_all([below(s, MARKERS[name]) for s in images])
-    return {**ours, "baseline": theirs}
+    return {**ours, "baseline": theirs, "baseline_zstd": zstd}
 
 
-def _cold(run: _Bench, t: TargetView, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
-    """Cold builds of *t*: whole processes as users run them, no layer cache, REPEATS rounds interleaved
-    (ours, baseline, baseline, ours, ...) so both see the same load: ours `builder build -t T --rebuild
+#: The sides of the cold row: ours, and the hand-written Dockerfile exported as Docker's default
+#: (gzip) and as a strong engineer exports it today (zstd, one flag), each a whole process.
+COLD_SIDES = ("ours", "baseline", "baseline_zstd")
+
+#: The zstd baseline's exporter: the same options as ours (builder/oci/buildkit.py's compression_options).
+ZSTD_OUTPUT = "type=image,compression=zstd,force-compression=true,oci-mediatypes=true"
+
+
+def _cold(run: _Bench, t: TargetView, records: dict[str, dict[str, Any]]) -> None:
+    """Cold builds of *t*: whole processes as users run them, no layer cache, REPEATS rounds, each
+    round's order rotated so every side sees the same load: ours `builder build -t T --rebuild
     --no-smoke -q --json` (zstd, the default), the baseline `docker buildx build --no-cache` of its
-    Dockerfile (gzip, Docker's). Their seconds, and where the time went, go into *ours* and *theirs*."""
-    samples: dict[str, list[float]] = {"ours": [], "baseline": []}
-    phases: dict[str, list[dict[str, float]]] = {"ours": [], "baseline": []}
+    Dockerfile (gzip, Docker's) and the same exported with zstd. Their seconds, and where the time
+    went, go into *records* (per side)."""
+    samples: dict[str, list[float]] = {side: [] for side in COLD_SIDES}
+    phases: dict[str, list[dict[str, float]]] = {side: [] for side in COLD_SIDES}
     for i in range(REPEATS):
-        for who in (("ours", "baseline") if i % 2 == 0 else ("baseline", "ours")):
-            seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t)
+        for who in COLD_SIDES[i % 3:] + COLD_SIDES[:i % 3]:
+            seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t, who == "baseline_zstd")
             samples[who].append(seconds)
             phases[who].append(where)
-    mine, their = samples["ours"], samples["baseline"]
-    ours["cold_samples_s"][t.name], theirs["cold_samples_s"][t.name] = mine, their
-    # where the time went (BuildKit's seconds per phase), per phase the median of the samples
-    for record, phase_samples in ((ours, phases["ours"]), (theirs, phases["baseline"])):
+    for side, record in records.items():
+        record["cold_samples_s"][t.name] = samples[side]
+        # where the time went (BuildKit's seconds per phase), per phase the median of the samples
         record.setdefault("cold_phases_s", {})[t.name] = {
-            k: median([p.get(k, 0.0) for p in phase_samples]) for k in sorted({k for p in phase_samples for k in p})}
-    ours["cold_build_s"][t.name], theirs["cold_build_s"][t.name] = median(mine), median(their)
-    say(f"{t.name}: cold build {mine} s, baseline {their} s")
+            k: median([p.get(k, 0.0) for p in phases[side]]) for k in sorted({k for p in phases[side] for k in p})}
+        record["cold_build_s"][t.name] = median(samples[side])
+    say(f"{t.name}: cold build {samples['ours']} s, baseline {samples['baseline']} s (gzip), "
+        f"{samples['baseline_zstd']} s (zstd)")
 
 
 def _cold_ours(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
@@ -132,11 +142,12 @@ def _cold_ours(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
     return seconds, outcome.get("phases") or {}
 
 
-def _cold_baseline(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
-    """One cold build of the baseline: its seconds and BuildKit's seconds per phase."""
-    tag = f"{BASELINE_REPO}:{t.name}-cold-{os.getpid()}"
+def _cold_baseline(run: _Bench, t: TargetView, zstd: bool) -> tuple[float, dict[str, float]]:
+    """One cold build of the baseline (gzip, or *zstd*): its seconds and BuildKit's seconds per phase."""
+    tag = f"{BASELINE_REPO}:{t.name}-cold{'-zstd' if zstd else ''}-{os.getpid()}"
     run.made.refs.append(tag)
-    seconds, _, where = docker_cli_build_phases(run.contexts[t.name], run.base, t.backend, tag, "--no-cache")
+    flags = ["--no-cache", *(["--output", ZSTD_OUTPUT] if zstd else [])]
+    seconds, _, where = docker_cli_build_phases(run.contexts[t.name], run.base, t.backend, tag, *flags)
     return seconds, where
 
 
