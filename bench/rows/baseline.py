@@ -119,7 +119,7 @@ def _cold(run: _Bench, t: TargetView, records: dict[str, dict[str, Any]]) -> Non
     samples: dict[str, list[float]] = {side: [] for side in COLD_SIDES}
     phases: dict[str, list[dict[str, float]]] = {side: [] for side in COLD_SIDES}
     for i in range(REPEATS):
-        for who in COLD_SIDES[i % 3:] + COLD_SIDES[:i % 3]:
+        for who in COLD_SIDES[i % len(COLD_SIDES):] + COLD_SIDES[:i % len(COLD_SIDES)]:
             seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t, who == "baseline_zstd")
             samples[who].append(seconds)
             phases[who].append(where)
