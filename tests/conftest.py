@@ -119,8 +119,8 @@ def based_project(tmp_path_factory, engine, registry) -> Iterator[Path]:
     # A tag whose image another job's container uses (a shared engine) stays: the engine refuses (409).
     import docker
 
-    for image in engine.client.images.list():
-        for tag in image.tags:
+    for image in engine.client.api.images():  # the list alone: an image another job removes meanwhile is no error
+        for tag in image.get("RepoTags") or ():
             if tag.startswith(f"{registry}/"):
                 try:
                     engine.client.api.remove_image(tag, noprune=True)

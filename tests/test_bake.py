@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from builder.config.project import load_project
 from builder.images import bake, content
+from builder.images import plan as plans
 from builder.wheels import layers, wheelhouse
 from devtools.support import REPO
 
@@ -30,7 +31,9 @@ def test_bake_round_trips_the_matrix():
         assert spec["args"]["BASE"] == project.base_for(view.platform)
         assert spec["tags"] == (view.platform_refs or view.refs) and spec["dockerfile"] == view.dockerfile
         assert spec["labels"] == view.labels
-        assert spec["cache-from"] == [f"type=registry,ref={view.primary_ref}"]
+        # the registry cache `build --push` publishes, then the published image (a classic-store push's inline record)
+        assert spec["cache-from"] == [f"type=registry,ref={plans.cache_ref(view)}", f"type=registry,ref={view.primary_ref}"]
+        assert spec["cache-to"] == [], "an inline record would make the image's digest this machine's alone"
     assert "nvidia-cu130-arm64" in definition["target"] and "cpu" in definition["target"]
     for group in ["default", "all", *project.matrix.groups]:
         members = definition["group"][bake.bake_name(group)]["targets"]

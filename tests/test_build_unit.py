@@ -90,11 +90,16 @@ def test_the_plan_of_a_view_has_its_refs_build_arguments_and_stages(project):
     assert view.cache_sources == (plans.cache_ref(cpu), cpu.local_refs[0])
     args = view.request.build_args
     assert args["BASE"] == project.base_for(cpu.platform) and args["SOURCE_DATE_EPOCH"] == "1735787045"
-    assert view.request.labels == LABELS and view.request.cache_to == ("type=inline",)
+    assert view.request.labels == LABELS and view.request.cache_to == ("type=inline",)  # a push, no registry cache
     folder = plans.wheels_folder(view.wheels)  # staged by the build
     assert view.request.contexts == {f"wheels-{layer}": str(folder / layer) for layer in view.wheels}
     cached = plans.make_plan(project, [cpu], plans.Options(push=True, registry_cache=True), labels=LABELS).views[0]
-    assert cached.request.cache_to[1] == plans.registry_cache_sink(cpu)
+    # the registry cache alone: the inline record's creation times would make the published digest unique
+    assert cached.request.cache_to == (plans.registry_cache_sink(cpu),)
+    # not pushed: no record, so the same commit gives the same image ID anywhere (verify --rebuild builds this)
+    rebuilt = plans.make_plan(project, [cpu], plans.Options(rebuild=True), labels=LABELS).views[0]
+    assert rebuilt.request.cache_to == () and rebuilt.request.no_cache
+    assert plans.make_plan(project, [cpu], plans.Options(), labels=LABELS).views[0].request.cache_to == ()
 
 
 def test_the_plan_is_what_print_shows(project):

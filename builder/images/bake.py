@@ -3,7 +3,8 @@
 One bake target per matrix target and platform: the build ``builder build`` runs
 (its plan's request, :mod:`builder.images.plan`: Dockerfile, context ".", the platform's base pin and
 each layer's wheels as build arguments, the wheels as one named context per layer), every tag,
-the static labels, registry cache in (the published image) and inline cache out, the output in the
+the static labels, the cache in from the registry (the target's registry cache, then the published
+image's inline record, :func:`builder.images.plan.cache_exports`) and none out, the output in the
 target's compression; and the
 matrix's groups. ``builder bake`` stages the wheels' folders, so that plain
 ``docker buildx bake -f docker-bake.json <target>`` builds with no builder process running. A target with several platforms gets one
@@ -28,7 +29,7 @@ from typing import Any
 
 from builder.config.ownership import clone_id
 from builder.config.project import Project, Target, TargetView
-from builder.images.plan import ViewPlan, make_plan
+from builder.images.plan import ViewPlan, cache_ref, make_plan
 from builder.oci import buildkit
 from builder.wheels import contexts, layers, locks
 
@@ -50,7 +51,8 @@ def bake_target(project: Project, view: TargetView, planned: ViewPlan | None = N
     """One bake target for a target view: the build ``builder build`` runs (its plan's request,
     :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the published image."""
     plan = planned or make_plan(project, [view]).views[0]
-    request = replace(plan.request, cache_from=(f"type=registry,ref={view.primary_ref}",))
+    request = replace(plan.request, cache_from=tuple(f"type=registry,ref={ref}"
+                                                     for ref in (cache_ref(view), view.primary_ref)))
     return {
         "context": request.context,
         "dockerfile": request.dockerfile,

@@ -167,6 +167,28 @@ def registry_cache_sink(view: TargetView) -> str:
     return f"type=registry,ref={cache_ref(view)},mode=max,{buildkit.compression_options(view.compression)}"
 
 
+def cache_exports(view: TargetView, *, registry_cache: bool, push: bool) -> tuple[str, ...]:
+    """``--cache-to`` of a build: the registry cache where it serves, else, for a push, BuildKit's inline record.
+
+    The inline record (``moby.buildkit.cache.v0`` in the image's configuration) holds each layer's
+    wall-clock creation time, so two cold builds never write the same one and an image that carries
+    it has a digest no other machine reproduces. So it goes only where it is the one cache a fresh
+    runner can read: a push without a registry cache (the classic store's docker driver). Builds
+    that are not pushed write none, so a build of a commit gives the same image ID on every machine
+    (what ``builder verify --rebuild`` relies on); ``builder push`` of such an image publishes no
+    cache (``build --push`` publishes the registry cache too).
+
+    Example:
+        >>> cache_exports(project.target("cpu").on("linux/amd64"), registry_cache=False, push=True)
+        ('type=inline',)
+        >>> cache_exports(project.target("cpu").on("linux/amd64"), registry_cache=False, push=False)
+        ()
+    """
+    if registry_cache:
+        return (registry_cache_sink(view),)
+    return ("type=inline",) if push else ()
+
+
 def push_order(target: Target) -> list[str]:
     """The target's references, versioned tags first and the moving aliases last.
 
@@ -206,7 +228,7 @@ def wheel_contexts(wheels: Mapping[str, Sequence[Pin]]) -> dict[str, str]:
 
 def request(
     project: Project, view: TargetView, labels: Mapping[str, str], *, stage: str | None = None,
-    cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False,
+    cache_from: Sequence[str] = (), nocache: bool = False, registry_cache: bool = False, push: bool = False,
     wheels: Mapping[str, Sequence[Pin]] | None = None, builder: str | None = None,
 ) -> BuildRequest:
     """The build of one target view (or one stage of it), as data: what the executor builds and ``builder bake`` writes.
@@ -227,7 +249,7 @@ def request(
         labels={} if stage else dict(labels),
         stage=stage,
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
-        cache_to=("type=inline", *([registry_cache_sink(view)] if registry_cache else [])),
+        cache_to=cache_exports(view, registry_cache=registry_cache, push=push),
         no_cache=nocache,
         builder=builder,
         compression=view.compression,
@@ -269,7 +291,7 @@ def plan_view(project: Project, view: TargetView, content_tag: str, options: Opt
         registry_host=registry.Ref.parse(view.primary_ref).host,
         wheels=wheels,
         request=request(project, view, labels, nocache=options.rebuild, registry_cache=options.registry_cache,
-                        wheels=wheels, builder=options.builder),
+                        push=options.push, wheels=wheels, builder=options.builder),
         stages=build_stages(options),
     )
 

@@ -11,9 +11,11 @@ checkout's own builder then builds the platform's image without the layer cache 
 smoke-testing it (``builder build --rebuild --no-smoke``), on this machine's engine.
 
 The rebuild is the same image when its ID (the manifest digest on the containerd store, the
-config digest on the classic store and podman) is the published image's, or when every layer's
-content and the configuration are the same but for BuildKit's inline cache record (a pushed
-build exports its cache into the configuration; the rebuild, without the cache, does not). Otherwise each layer
+config digest on the classic store and podman) is the published image's. An image published with
+BuildKit's inline cache record (pushed from the classic store, :func:`builder.images.plan.cache_exports`,
+or by an older builder) can't be that: the record holds the layers' wall-clock
+creation times, and the rebuild writes none. It passes when every layer's content and the
+configuration but that record are the same, and the PASS line says so. Otherwise each layer
 whose content (diff ID) differs gets one line with both sizes and the first path that differs
 (:mod:`builder.supply.layerdiff`), and the image configuration its first differing field.
 """
@@ -190,8 +192,8 @@ def _size(n: int) -> str:
 
 
 #: Configuration keys that are no part of the image's content: the layers' list (compared layer by layer)
-#: and BuildKit's inline cache record, which a build that exports its cache (a push) writes and a rebuild
-#: without the cache does not.
+#: and BuildKit's inline cache record, which some published images carry and a rebuild never writes
+#: (:func:`builder.images.plan.cache_exports`).
 NOT_CONTENT = ("rootfs", "moby.buildkit.cache.v0")
 
 

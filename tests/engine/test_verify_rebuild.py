@@ -4,9 +4,9 @@ The cpu image is built, pushed and signed from a git repository (a copy of the p
 commit) on the session's engine (the containerd store). A fresh clone of it then rebuilds that image
 on a second, empty engine of each of Docker's stores (a dockerd of its own: another machine's
 engine, with no build cache and no image but the base it pulls by digest) and gets every layer and
-the configuration of the published image: the engines agree, bit for bit (the manifest digests
-differ by BuildKit's inline cache record, which the publishing build writes into the configuration
-and a rebuild without the cache does not). One
+the configuration of the published image: the engines agree, bit for bit. On the containerd store
+the rebuilt image's ID is the published manifest digest; on the classic store (which knows no
+manifest until a push) it is the published configuration's digest. One
 changed file under runtime/ in that clone makes the rebuild differ, and the differing layer is
 named with the file.
 """
@@ -24,6 +24,8 @@ import pytest
 from helpers import run_builder
 
 from builder.base.blobs import copy_base
+from builder.oci import registry as oci
+from builder.supply import rebuild
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import base_pin, edit_matrix, fail_or_skip, retarget_base_lock
 
@@ -77,6 +79,14 @@ def test_a_fresh_clone_rebuilds_the_published_image_on_another_engine_bit_for_bi
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout
     [line] = [x for x in done.stdout.splitlines() if re.match(r"(PASS|FAIL) rebuild: ", x)]
     assert line.startswith("PASS rebuild: cpu (linux/") and "the published image" in line, line
+    found = re.search(r" gives (\S+): the published image \((\S+)\)", line)
+    assert found, f"the rebuild is not the published image itself: {line}"
+    gives, published_digest = found.groups()
+    if store == "containerd":  # the image ID is the manifest digest: the same manifest, byte for byte
+        assert gives == published_digest, line
+    else:  # the classic store's ID is the configuration's digest: the registry's, byte for byte
+        creds = oci.credentials(oci.Ref.parse(ref).host)  # the session's login
+        assert gives == rebuild.published(ref, None, creds).config_digest, line
     assert "config:" not in done.stdout
     assert "this checkout" in done.stderr  # HEAD is the image's commit: no second clone
 
