@@ -15,7 +15,7 @@ RULES := tests/test_complexity.py tests/test_engine_rules.py tests/test_print_sc
 TARGET_FLAGS := $(foreach t,$(TARGETS),-t $(t)) $(foreach p,$(PLATFORMS),--platform $(p))
 
 .DEFAULT_GOAL := help
-.PHONY: help host install render schema check lint images push verify test test-classic test-quick test-emulated golden bench gpu-check clean
+.PHONY: help host install render schema check lint images push verify test test-classic test-heavy test-emulated golden bench gpu-check clean
 
 help: ## Show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -55,20 +55,20 @@ push: install ## Push built targets to the matrix's registry (TARGETS=... for a 
 verify: install ## Check a pushed image's signature, SBOM and provenance (REF=localhost:5000/ml-runtime:cpu KEY=cosign.pub)
 	$(BUILDER) verify $(REF) $(if $(KEY),--key $(KEY))
 
-test: install host ## The whole suite on this engine (containerd store; the `podman` tests on podman), then the `classic` tests on a classic-store dockerd
+test: install host ## The suite on this engine (containerd store; the `podman` tests on podman), then the `classic` tests on a classic-store dockerd; not `heavy` or `emulated` (their own targets)
 	-ENGINE=podman scripts/setup-host.sh  # podman beside docker, for the `podman` tests (they say it when it is missing)
-	$(PY) -m pytest -q -m 'not emulated'
-	$(PY) -m devtools.classic -q -m 'classic and not emulated'
+	$(PY) -m pytest -q -m 'not emulated and not heavy'
+	$(PY) -m devtools.classic -q -m 'classic and not emulated and not heavy'
 
 test-classic: install host ## Only the `classic` tests, on a second dockerd with the classic image store
-	$(PY) -m devtools.classic -q -m 'classic and not emulated'
+	$(PY) -m devtools.classic -q -m 'classic and not emulated and not heavy'
 
 test-emulated: install host ## The foreign-platform builds (nvidia-cu130 arm64 under qemu, on Docker and on podman) and their index (marker: emulated)
 	-ENGINE=podman scripts/setup-host.sh  # podman beside docker, for the podman one
 	$(PY) -m pytest -q -m emulated
 
-test-quick: install host ## The test suite without the multi-GB NVIDIA build and the base bootstrapped in a second root (marker: heavy)
-	$(PY) -m pytest -q -m 'not heavy and not emulated'
+test-heavy: install host ## The tests of a system of their own or multi-GB, outside `make test` (marker: heavy): the NVIDIA build, the base on another host, the Slurm cluster, the zstd image on empty engines
+	$(PY) -m pytest -q -m 'heavy and not emulated'
 
 golden: install ## Regenerate the golden Dockerfiles in tests/golden/
 	UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_render.py -k golden

@@ -12,7 +12,7 @@ import pytest
 from cluster.slurmcluster import SLURM_LABEL, SlurmCluster
 from helpers import run_builder
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.heavy]  # a cluster of its own: make test-heavy
 FINAL = re.compile(r"^(\d+): FINAL first_loss=([0-9.]+) last_loss=([0-9.]+)", re.MULTILINE)
 
 

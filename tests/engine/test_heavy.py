@@ -1,5 +1,5 @@
 """The current NVIDIA target (PyPI's CUDA 13 torch, ~2.9 GB of wheels, ~5.5 GB image): built and
-smoke-tested for real by `make test` (so by CI). Skip it with `-m 'not heavy'` (make test-quick).
+smoke-tested for real by `make test-heavy` (marker ``heavy``: outside `make test`, which keeps to CI's 45 minutes).
 
 Its other platform (arm64 on an x86_64 host), built and smoke-tested under qemu emulation, is
 marked ``emulated`` as well: `make test-emulated` runs it (see docs/testing.md for why it is apart).

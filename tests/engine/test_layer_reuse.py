@@ -118,6 +118,7 @@ def test_every_layer_is_reproducible_without_cache(cpu_project, engine, no_lefto
     assert fresh[-1] == EMPTY_LAYER
 
 
+@pytest.mark.heavy  # two more engines pull and run the image: make test-heavy
 def test_every_layer_of_a_pushed_image_has_the_targets_compression(cpu_project, tmp_path, no_leftovers):
     """Every layer of a pushed image, read from the registry, has its target's compression, the
     base's layer included (the registry holds the base as gzip): enroot 4.0-4.1.2 apply the first
