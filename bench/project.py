@@ -267,11 +267,17 @@ PHASES = (
     ("base and cache", re.compile(r"^(\[internal\] load metadata|\[auth\]|\[[^\]]* \d+/\d+\] FROM |importing cache)")),
     ("export", re.compile(r"^(exporting|writing image|naming to|unpacking to|sending tarball)")),
 )
+#: Two parts of the export, from BuildKit's statuses (builder/oci/buildkit.py's EXPORT_PARTS).
+EXPORT_PARTS = (
+    ("export: layers", re.compile(r"^exporting layers")),
+    ("export: unpack", re.compile(r"^unpacking to ")),
+)
 
 
 def rawjson_phases(text: str) -> dict[str, float]:
     """BuildKit's seconds per phase from ``--progress=rawjson`` output (pretty-printed JSON objects)."""
     spans: dict[str, list[str]] = {}
+    parts: dict[str, list[str]] = {}  # the export's, from its statuses
     decoder, i = json.JSONDecoder(), 0
     while (start := text.find("{", i)) != -1:
         try:
@@ -283,15 +289,22 @@ def rawjson_phases(text: str) -> dict[str, float]:
             span = spans.setdefault(v.get("digest") or v.get("name", ""), [v.get("name", ""), "", ""])
             span[1] = span[1] or v.get("started", "")
             span[2] = v.get("completed") or span[2]
+        for s in event.get("statuses") or []:
+            part = next((p for p, pattern in EXPORT_PARTS if pattern.match(s.get("id", ""))), None)
+            if part is not None:
+                span = parts.setdefault(f"{s.get('vertex', '')}/{s['id']}", [part, "", ""])
+                span[1] = span[1] or s.get("started", "")
+                span[2] = s.get("completed") or span[2]
 
     def at(stamp: str) -> float:
         head, _, frac = stamp.rstrip("Z").partition(".")
         return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
 
     out: dict[str, float] = {}
-    for name, started, completed in spans.values():
+    named = [(next((p for p, pattern in PHASES if pattern.match(name)), "other"), started, completed)
+             for name, started, completed in spans.values()]
+    for phase, started, completed in named + [tuple(span) for span in parts.values()]:
         if started and completed:
-            phase = next((p for p, pattern in PHASES if pattern.match(name)), "other")
             out[phase] = out.get(phase, 0.0) + max(0.0, at(completed) - at(started))
     return {k: round(v, 2) for k, v in out.items()}
 

@@ -205,6 +205,14 @@ PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("export", re.compile(r"^(exporting|writing image|naming to|unpacking to|sending tarball)")),
 )
 
+#: Two parts of the export, from BuildKit's statuses within it (counted in "export" too): every new
+#: layer diffed and compressed (one status for them all), and the image unpacked into the containerd
+#: store (the classic store has no such status: its layers are its snapshots already).
+EXPORT_PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("export: layers", re.compile(r"^exporting layers")),
+    ("export: unpack", re.compile(r"^unpacking to ")),
+)
+
 
 def _seconds(stamp: str) -> float:
     """An RFC 3339 time of BuildKit's (nanoseconds) as POSIX seconds."""
@@ -214,22 +222,34 @@ def _seconds(stamp: str) -> float:
 
 class Phases:
     """Where a build's time went, from BuildKit's vertex events: each vertex's started-to-completed
-    seconds, summed per phase (:data:`PHASES`). Vertices that ran side by side (the contexts, say)
-    count each, so the phases can add up to more than the build's wall time."""
+    seconds, summed per phase (:data:`PHASES`), and two parts of the export from its statuses
+    (:data:`EXPORT_PARTS`). Vertices that ran side by side (the contexts, say) count each, so the
+    phases can add up to more than the build's wall time."""
 
     def __init__(self) -> None:
         self.spans: dict[str, tuple[str, str | None, str | None]] = {}  # digest: (name, started, completed)
+
+        self.statuses: dict[str, tuple[str, str | None, str | None]] = {}  # (vertex, id): the same
 
     def update(self, vertex: dict[str, Any]) -> None:
         key = vertex.get("digest") or vertex.get("name", "")
         name, started, completed = self.spans.get(key, (vertex.get("name", ""), None, None))
         self.spans[key] = (name, started or vertex.get("started"), vertex.get("completed") or completed)
 
+    def update_status(self, status: dict[str, Any]) -> None:
+        """A status within a vertex (a transfer, a part of the export): only :data:`EXPORT_PARTS` count."""
+        key = f"{status.get('vertex', '')}/{status.get('id', '')}"
+        name, started, completed = self.statuses.get(key, (status.get("id", ""), None, None))
+        self.statuses[key] = (name, started or status.get("started"), status.get("completed") or completed)
+
     def seconds(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for name, started, completed in self.spans.values():
+        spans = [(next((p for p, pattern in PHASES if pattern.match(name)), "other"), started, completed)
+                 for name, started, completed in self.spans.values()]
+        spans += [(part, started, completed) for name, started, completed in self.statuses.values()
+                  for part, pattern in EXPORT_PARTS if pattern.match(name)]
+        for phase, started, completed in spans:
             if started and completed:
-                phase = next((p for p, pattern in PHASES if pattern.match(name)), "other")
                 out[phase] = out.get(phase, 0.0) + max(0.0, _seconds(completed) - _seconds(started))
         return {k: round(v, 2) for k, v in out.items()}
 
@@ -339,6 +359,9 @@ def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], No
         if "text" in event:
             errors.append(event["text"])
             continue
+        if phases is not None:
+            for status in event.get("statuses") or []:
+                phases.update_status(status)
         for vertex in event.get("vertexes") or []:
             if phases is not None:
                 phases.update(vertex)
