@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -274,10 +275,8 @@ EXPORT_PARTS = (
 )
 
 
-def rawjson_phases(text: str) -> dict[str, float]:
-    """BuildKit's seconds per phase from ``--progress=rawjson`` output (pretty-printed JSON objects)."""
-    spans: dict[str, list[str]] = {}
-    parts: dict[str, list[str]] = {}  # the export's, from its statuses
+def _rawjson_events(text: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``--progress=rawjson`` output (pretty-printed, one after another)."""
     decoder, i = json.JSONDecoder(), 0
     while (start := text.find("{", i)) != -1:
         try:
@@ -285,27 +284,37 @@ def rawjson_phases(text: str) -> dict[str, float]:
         except ValueError:
             i = start + 1
             continue
+        yield event
+
+
+def _span(spans: dict[str, list[str]], key: str, name: str, item: dict[str, Any]) -> None:
+    """Keep *item*'s first start and last completion under *key*: [name, started, completed]."""
+    span = spans.setdefault(key, [name, "", ""])
+    span[1] = span[1] or item.get("started", "")
+    span[2] = item.get("completed") or span[2]
+
+
+def _at(stamp: str) -> float:
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
+
+
+def rawjson_phases(text: str) -> dict[str, float]:
+    """BuildKit's seconds per phase from ``--progress=rawjson`` output, and the export's parts."""
+    spans: dict[str, list[str]] = {}  # vertices: [name, started, completed]
+    parts: dict[str, list[str]] = {}  # the export's, from its statuses: [part, started, completed]
+    for event in _rawjson_events(text):
         for v in event.get("vertexes") or []:
-            span = spans.setdefault(v.get("digest") or v.get("name", ""), [v.get("name", ""), "", ""])
-            span[1] = span[1] or v.get("started", "")
-            span[2] = v.get("completed") or span[2]
+            _span(spans, v.get("digest") or v.get("name", ""), v.get("name", ""), v)
         for s in event.get("statuses") or []:
-            part = next((p for p, pattern in EXPORT_PARTS if pattern.match(s.get("id", ""))), None)
-            if part is not None:
-                span = parts.setdefault(f"{s.get('vertex', '')}/{s['id']}", [part, "", ""])
-                span[1] = span[1] or s.get("started", "")
-                span[2] = s.get("completed") or span[2]
-
-    def at(stamp: str) -> float:
-        head, _, frac = stamp.rstrip("Z").partition(".")
-        return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
-
-    out: dict[str, float] = {}
+            if (part := next((p for p, pattern in EXPORT_PARTS if pattern.match(s.get("id", ""))), None)) is not None:
+                _span(parts, f"{s.get('vertex', '')}/{s['id']}", part, s)
     named = [(next((p for p, pattern in PHASES if pattern.match(name)), "other"), started, completed)
              for name, started, completed in spans.values()]
+    out: dict[str, float] = {}
     for phase, started, completed in named + [tuple(span) for span in parts.values()]:
         if started and completed:
-            out[phase] = out.get(phase, 0.0) + max(0.0, at(completed) - at(started))
+            out[phase] = out.get(phase, 0.0) + max(0.0, _at(completed) - _at(started))
     return {k: round(v, 2) for k, v in out.items()}
 
 
