@@ -49,7 +49,8 @@ def bake_name(name: str) -> str:
 
 def bake_target(project: Project, view: TargetView, planned: ViewPlan | None = None) -> dict[str, Any]:
     """One bake target for a target view: the build ``builder build`` runs (its plan's request,
-    :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the published image."""
+    :mod:`builder.images.plan`), in bake's vocabulary; the cache comes from the registry (the
+    target's registry cache, then the published image)."""
     plan = planned or make_plan(project, [view]).views[0]
     request = replace(plan.request, cache_from=tuple(f"type=registry,ref={ref}"
                                                      for ref in (cache_ref(view), view.primary_ref)))

@@ -228,8 +228,7 @@ class Phases:
 
     def __init__(self) -> None:
         self.spans: dict[str, tuple[str, str | None, str | None]] = {}  # digest: (name, started, completed)
-
-        self.statuses: dict[str, tuple[str, str | None, str | None]] = {}  # (vertex, id): the same
+        self.parts: dict[str, tuple[str, str | None, str | None]] = {}  # vertex/status id: (part, started, completed)
 
     def update(self, vertex: dict[str, Any]) -> None:
         key = vertex.get("digest") or vertex.get("name", "")
@@ -237,18 +236,19 @@ class Phases:
         self.spans[key] = (name, started or vertex.get("started"), vertex.get("completed") or completed)
 
     def update_status(self, status: dict[str, Any]) -> None:
-        """A status within a vertex (a transfer, a part of the export): only :data:`EXPORT_PARTS` count."""
-        key = f"{status.get('vertex', '')}/{status.get('id', '')}"
-        name, started, completed = self.statuses.get(key, (status.get("id", ""), None, None))
-        self.statuses[key] = (name, started or status.get("started"), status.get("completed") or completed)
+        """A status within a vertex (a transfer, a part of the export): only :data:`EXPORT_PARTS` are kept."""
+        part = next((p for p, pattern in EXPORT_PARTS if pattern.match(status.get("id", ""))), None)
+        if part is None:
+            return
+        key = f"{status.get('vertex', '')}/{status['id']}"
+        _, started, completed = self.parts.get(key, (part, None, None))
+        self.parts[key] = (part, started or status.get("started"), status.get("completed") or completed)
 
     def seconds(self) -> dict[str, float]:
         out: dict[str, float] = {}
         spans = [(next((p for p, pattern in PHASES if pattern.match(name)), "other"), started, completed)
                  for name, started, completed in self.spans.values()]
-        spans += [(part, started, completed) for name, started, completed in self.statuses.values()
-                  for part, pattern in EXPORT_PARTS if pattern.match(name)]
-        for phase, started, completed in spans:
+        for phase, started, completed in spans + list(self.parts.values()):
             if started and completed:
                 out[phase] = out.get(phase, 0.0) + max(0.0, _seconds(completed) - _seconds(started))
         return {k: round(v, 2) for k, v in out.items()}
