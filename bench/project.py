@@ -245,12 +245,12 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     reference = base_pin(root)["reference"]
     # The other platforms' pins keep their digests, named in this registry (the emulated row moves its own).
     retarget_base_lock(root, root, new_registry, reference.split("@", 1)[1])
-    try:
-        tags = client.api.inspect_image(reference).get("RepoTags") or []
-    except docker.errors.ImageNotFound:
-        tags = []
-    # The bench's registry goes at the end: so do the base's tags in it.
-    made.refs += [*(t for t in tags if t.startswith(f"{new_registry}/base:")), reference]
+    # The bench's registry (a fresh loopback port, its own) goes at the end: so do the base's tags in
+    # it, on whichever image they are (a base bootstrapped here tags its platform's image, not the
+    # pinned index).
+    tags = [t for image in client.api.images() for t in image.get("RepoTags") or []
+            if t.startswith(f"{new_registry}/base:")]
+    made.refs += [*tags, reference]
     return root
 
 
