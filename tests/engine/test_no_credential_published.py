@@ -97,6 +97,18 @@ def _everything(repo: str, creds: dict[str, str]) -> dict[str, bytes]:
     return found
 
 
+def _refs_under(repo: str) -> list[str]:
+    """The engine's references under *repo*: each tag, or the digest where an image has no tag there
+    (the base pinned by digest alone), which ``docker rmi`` takes."""
+    listed = subprocess.run(["docker", "images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"],
+                            capture_output=True, text=True, check=False).stdout.splitlines()
+    refs = []
+    for name, tag, digest in (line.split() for line in listed if len(line.split()) == 3):
+        if name == repo or name.startswith(repo + "/"):
+            refs.append(f"{name}:{tag}" if tag != "<none>" else f"{name}@{digest}")
+    return refs
+
+
 @pytest.mark.timeout(2400)  # with the session's base and cpu build (cpu_project) on a fresh engine
 def test_no_credential_in_anything_published_or_printed(cpu_project, auth_registry, tmp_path):
     from cryptography.hazmat.primitives import serialization
@@ -124,9 +136,7 @@ def test_no_credential_in_anything_published_or_printed(cpu_project, auth_regist
     try:
         build = run_builder("build", "-t", "cpu", "--push", "--json", "--sign-key", str(key), cwd=root, env=env)
     finally:  # the tags this build gave under the test's registry (its image and the base) go with the test
-        listed = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
-                                text=True, check=False).stdout.split()
-        mine = [ref for ref in listed if ref.startswith((repo + ":", repo + "/"))]
+        mine = _refs_under(repo)
         if mine:
             subprocess.run(["docker", "rmi", *mine], capture_output=True, check=False)
     log = build.stdout + build.stderr
