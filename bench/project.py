@@ -248,7 +248,7 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     # The bench's registry (a fresh loopback port, its own) goes at the end: so do the base's tags in
     # it, on whichever image they are (a base bootstrapped here tags its platform's image, not the
     # pinned index).
-    tags = [t for image in client.api.images() for t in image.get("RepoTags") or []
+    tags = [t for image in client.api.images(name=f"{new_registry}/base") for t in image.get("RepoTags") or []
             if t.startswith(f"{new_registry}/base:")]
     made.refs += [*tags, reference]
     return root
