@@ -77,8 +77,9 @@ def test_rendered_dockerfile_has_one_step_per_layer_in_plan_order(project):
         mounts = [m for m in run.split() if m.startswith("--mount=type=bind,")]
         assert mounts == ["--mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv",
                           f"--mount=type=bind,from=wheels-{layer},target=/tmp/wheels/{layer}"], mounts
-    # uv is installed once, in the tools stage, which no other stage is built on.
-    assert text.count("--target /opt/uv") == 1 and "FROM tools" not in text
+    # uv is installed once, in the tools stage (its locked wheel checked, its binary taken out), which no
+    # other stage is built on.
+    assert text.count("/opt/uv/bin/uv\n") == 1 and text.count("sha256sum --check") == 1 and "FROM tools" not in text
     # No lock file is copied in: a layer's cache key is its own wheels (and those below), nothing else.
     assert ".lock /opt/" not in text
 
@@ -121,6 +122,8 @@ def test_plan_from_given_pins_keeps_lock_order(project):
 
 @pytest.mark.parametrize(("plan", "message"), [
     ([{"name": "packages", "match": ["x"]}], "'packages' is used twice or reserved"),
+    ([{"name": "tools", "match": ["x"]}], "'tools' is used twice or reserved"),
+    ([{"name": "common", "match": ["x"]}], "'common' is used twice or reserved"),
     ([{"name": "a", "match": ["x"]}, {"name": "a", "match": ["y"]}], "'a' is used twice or reserved"),
     ([{"name": "Bad_Name", "match": ["x"]}], "a layer name like cuda-dnn"),
     ([{"name": "a", "match": ["x y"]}], "a wheel-name pattern like nvidia-cublas*"),

@@ -150,6 +150,10 @@ class Layer(_Strict):
 
 #: The plan's last layer, implicit: every locked wheel no layer matched (torch_packages, a target's packages).
 PACKAGES_LAYER = "packages"
+#: Names no layer of the plan may take: the last layer's, and those of the layers of wheels the Dockerfile has
+#: besides the plan (each a build argument ``WHEELS_<NAME>`` and a context ``wheels-<name>``): the installer's
+#: ``tools`` and the shared ``common``.
+RESERVED_LAYERS = (PACKAGES_LAYER, "tools", "common")
 
 
 #: zstd (the default): Docker >= 23.0, containerd >= 1.5, CRI-O, podman and enroot >= 4.0.0 (Slurm's
@@ -310,11 +314,11 @@ def _platforms_twice(m: Matrix) -> list[str]:
 
 
 def _layer_names(layers: list[Layer]) -> list[str]:
-    """Layer names used twice, or the reserved last layer's."""
+    """Layer names used twice, or reserved (:data:`RESERVED_LAYERS`)."""
     names = [layer.name for layer in layers]
-    return [f"layers: {name!r} is used twice or reserved ({PACKAGES_LAYER!r} is the implicit last "
-            "layer); give each layer its own name"
-            for name in sorted({n for n in names if names.count(n) > 1 or n == PACKAGES_LAYER})]
+    return [f"layers: {name!r} is used twice or reserved ({', '.join(map(repr, RESERVED_LAYERS))} name the "
+            "Dockerfile's own layers); give each layer its own name"
+            for name in sorted({n for n in names if names.count(n) > 1 or n in RESERVED_LAYERS})]
 
 
 def _group_problems(groups: dict[str, list[str]], names: list[str]) -> list[str]:

@@ -90,6 +90,20 @@ def test_rebuild_really_builds(cpu_project, engine):
     assert cpu["steps"] > 0 and cpu["cached_steps"] == 0  # no layer cache either
 
 
+def test_tools_stage_refuses_a_uv_wheel_that_is_not_the_locked_one(cpu_project, engine):
+    """The tools stage takes uv's binary out of its wheel itself (no pip): a wheel whose sha256 is not the
+    locked one stops the build there. The staged uv wheel is real; the lock given for it is not."""
+    bake = json.loads(run_builder("bake", "-t", "cpu", "--print", cwd=cpu_project).stdout)["target"]["cpu"]
+    args = dict(bake["args"])
+    args["WHEELS_TOOLS"] = re.sub(r"sha256:[0-9a-f]{64}", "sha256:" + "0" * 64, args["WHEELS_TOOLS"])
+    argv = ["docker", "buildx", "build", "--target", "tools", "--output", "type=cacheonly", "--progress", "plain",
+            "--file", bake["dockerfile"], *[f"--build-arg={k}={v}" for k, v in args.items()],
+            f"--build-context=wheels-tools={bake['contexts']['wheels-tools']}", "."]
+    proc = subprocess.run(argv, cwd=cpu_project, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert re.search(r"uv-[^ ]+\.whl: FAILED", proc.stderr), proc.stderr[-2000:]
+
+
 @pytest.mark.classic
 def test_no_wheel_cache_or_credential_in_any_layer(cpu_project, engine, tmp_path):
     """docker save the image and read every layer above the base: no .whl, no pip/uv cache,
