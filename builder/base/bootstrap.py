@@ -306,13 +306,13 @@ def drift_report(old: dict[str, str], new: dict[str, str], recipe: bool | None) 
     moved = [f"  {name}: {old.get(name, '(absent)')} -> {new.get(name, '(absent)')}"
              for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
     if recipe is False:
-        return ["  this builder bootstraps otherwise than the one that wrote the lock (its mmdebstrap arguments, "
-                "hooks or tarball format changed: expected after an upgrade of the builder)",
+        return [("  this builder bootstraps otherwise than the one that wrote the lock (its mmdebstrap arguments, "
+                 "hooks or tarball format changed: expected after an upgrade of the builder)"),
                 *(["  and the Debian mirror moved:", *moved] if moved else ["  no package moved"])]
     if moved:
         return ["  the Debian mirror moved since the lock was written:", *moved]
     if recipe is None:
-        return ["  no package moved; the lock does not record the builder's recipe (written before it did), so "
-                "an upgrade of the builder may have changed the bytes"]
+        return [("  no package moved; the lock does not record the builder's recipe (written before it did), so "
+                 "an upgrade of the builder may have changed the bytes")]
     return [("  no package moved, yet the bytes differ: a bug of the builder (the base must not depend on "
              "the host that made it); report it with both hosts' `mmdebstrap --version` and `tar --version`")]

@@ -98,6 +98,11 @@ def _exists(engine, image: str) -> bool:
     return engine.image(image) is not None
 
 
+def _pruned(report: dict) -> set[str]:
+    """The build cache records a gc run removed."""
+    return {i["name"] for i in report["items"] if i["store"] == "build cache"}
+
+
 def _kept(report: dict, name: str) -> str | None:
     return next((i["note"] for i in report["kept"] if i["name"] == name), None)
 
@@ -273,11 +278,15 @@ def test_another_clones_image_and_wheel_copies_survive_gc_within_keep_days(engin
         report = _gc(a)
         assert _exists(engine, b_image) and b_tag in {t for i in engine.client.images.list() for t in i.tags}
         assert _kept(report, b_image) == f"{b_tag}: clone {clone_id(b)} used it 0.0 days ago (--keep-days 7)"
-        assert b_copies <= {r.id for r in engine.build_cache()}, "A's gc pruned B's copies of the wheel contexts"
+        assert not b_copies & _pruned(report), "A's gc pruned B's copies of the wheel contexts"
+        # What A's gc did, not what the engine holds: BuildKit's own GC may drop some of B's copies meanwhile on
+        # an engine holding other contexts too (Docker's first GC rule keeps 4.1 GiB of build contexts with
+        # defaultKeepStorage 30GB, the least recently used go first: a fresh clone's CI run exceeded it).
+        left = b_copies & {r.id for r in engine.build_cache()}
 
         report = _gc(a, "--keep-days", "0")
         assert not _exists(engine, b_image)
-        assert b_copies <= {i["name"] for i in report["items"] if i["store"] == "build cache"}
+        assert left <= _pruned(report)
         assert not b_copies & {r.id for r in engine.build_cache()}
         assert _exists(engine, a_image), "A's current image went"
     finally:
