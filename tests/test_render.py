@@ -51,7 +51,8 @@ def test_dockerfile_contract(golden_project):
     froms = [line.split() for line in text.splitlines() if line.startswith("FROM ")]
     assert text.startswith("# ") and "\nARG BASE\n" in text.split("\nFROM ", 1)[0]
     assert [f[1:] for f in froms] == [["${BASE}", "AS", "tools"], ["${BASE}", "AS", "common"],
-                                      ["common", "AS", "torch"], ["torch", "AS", "runtime"]], froms
+                                      ["common", "AS", "torch"], ["common", "AS", "runtime-files"],
+                                      ["torch", "AS", "runtime"]], froms
     # No step reaches a network, and every RUN has /tmp on a tmpfs (nothing of a step's stays there).
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]
     assert runs and all(line.startswith("RUN --network=none --mount=type=tmpfs,target=/tmp ") for line in runs), runs

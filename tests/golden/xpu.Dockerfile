@@ -3,7 +3,8 @@
 #
 # Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
 # wheels, one layer per group of the layer plan) -> runtime (the in-image runtime, the layer that
-# changes most); beside them tools (the installer, in no layer). Each layer's wheels come from a
+# changes most); beside them tools (the installer, in no layer) and runtime-files (the runtime,
+# built while torch installs). Each layer's wheels come from a
 # named build context of their own, `wheels-<layer>` (bind-mounted for the RUN that installs them:
 # no network, no server), are checked against the hash locks and never stay in a layer; no cache,
 # CA bundle or credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
@@ -49,9 +50,9 @@ ARG WHEELS_COMMON
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-common,target=/tmp/wheels/common \
     touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_COMMON > /tmp/common.lock \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
+ && UV_CACHE_DIR=/opt/venv/.uv-cache /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=hardlink --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/common -r /tmp/common.lock \
- && rm -f /opt/venv/.lock && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
+ && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM common AS torch
@@ -62,9 +63,9 @@ ARG WHEELS_TORCH
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-torch,target=/tmp/wheels/torch \
     if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_TORCH > /tmp/torch.lock \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
+ && UV_CACHE_DIR=/opt/venv/.uv-cache /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=hardlink --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
- && rm -f /opt/venv/.lock && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
+ && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
@@ -92,29 +93,36 @@ for p in u.find_spec(m).submodule_search_locations]" torch; fi \
  && python -c "import compileall, importlib.util as u; s = u.find_spec('pynvml'); s and compileall.compile_file(s.origin, quiet=2)" \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
-FROM torch AS runtime
-# The in-image runtime and the examples come from the build context as bind mounts, not COPY:
-# no source tree (or its checkout times) in a layer, so these layers are reproducible too. Both are
-# read-only: pip builds a copy of the runtime in /tmp, so the build writes nothing into the checkout.
-# pip byte-compiles what it installs, so the runtime starts without compiling; with
-# SOURCE_DATE_EPOCH set it writes hash-checked .pyc files, valid whatever the files' times.
-# The runtime then validates its default spec once (a start that uses it unchanged reads the
-# record: no pydantic, no YAML); torch's facts were recorded in the torch stage, above.
+# The in-image runtime and the examples, built beside the torch stage: they need only the common
+# stage's Python, pip and pydantic, so a cold build does not wait for pip after torch (1.8 s here).
+# pip installs under /layer as if it were / (--root); the runtime stage copies that tree in. Both
+# come from the build context as read-only bind mounts, not COPY: no source tree (or its checkout
+# times) in a layer, and pip builds a copy of the runtime in /tmp, so the build writes nothing into
+# the checkout. The runtime's bytecode is compiled for where it runs (/opt/venv, not /layer), with
+# SOURCE_DATE_EPOCH set: hash-checked .pyc files, valid whatever the files' times. The runtime then
+# validates its default spec once (a start that uses it unchanged reads the record: no pydantic, no
+# YAML); torch's facts were recorded in the torch stage, above.
+FROM common AS runtime-files
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runtime,target=/tmp/src/runtime --mount=type=bind,source=examples,target=/tmp/examples \
     touch /tmp/.layer \
  && cp -R /tmp/src/runtime /tmp/runtime \
- && SOURCE_DATE_EPOCH=1735689600 pip install --no-index --no-deps --no-build-isolation /tmp/runtime \
- && cp -R /tmp/examples /opt/examples \
- && python -m ml_runtime.contract.record /opt/venv/share/ml-runtime/default-spec.json \
+ && pip install --root /layer --no-compile --no-warn-script-location --no-index --no-deps --no-build-isolation /tmp/runtime \
+ && cp -R /tmp/examples /layer/opt/examples \
+ && SOURCE_DATE_EPOCH=1735689600 python -m compileall -q -s /layer -p / /layer/opt/venv/lib \
+ && PYTHONPATH="$(echo /layer/opt/venv/lib/python3*/site-packages)" \
+    python -m ml_runtime.contract.record /layer/opt/venv/share/ml-runtime/default-spec.json \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
+
+FROM torch AS runtime
+COPY --from=runtime-files /layer/ /
 # The target's own packages last: targets that differ only in them share every layer below.
 ARG WHEELS_PACKAGES
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-packages,target=/tmp/wheels/packages \
     if [ -n "$WHEELS_PACKAGES" ]; then touch /tmp/.layer \
  && printf '%s %s\n' $WHEELS_PACKAGES > /tmp/packages.lock \
- && /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --no-cache --link-mode=copy --no-index --no-deps --require-hashes \
+ && UV_CACHE_DIR=/opt/venv/.uv-cache /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=hardlink --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/packages -r /tmp/packages.lock \
- && rm -f /opt/venv/.lock && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
+ && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 LABEL \
       org.opencontainers.image.title="ml-runtime xpu" \
