@@ -8,6 +8,10 @@ Build avoidance (content tags), measured as users run it, smoke test on: a no-op
 registry: reused-registry), a runtime/ change (rebuild + smoke) and ``make images`` with nothing
 changed. ``--only avoidance`` runs just those rows (one cold build per target first).
 
+Contexts pruned (``--only cold-pruned``): cold builds, ours against the hand-written Dockerfile exported
+with zstd, each after BuildKit's copies of its wheel contexts were pruned (as its GC and ``builder gc``
+do), so both send their wheels again.
+
 Bounded state (``--only disk``): on an empty second dockerd, with a wheelhouse of its own and a local
 index on loopback, the disk the builder's stores hold after 10 cycles of "the index gains a release of a
 shared dependency, cpu gets one more package that needs it, build" against after the first build, then
@@ -17,6 +21,7 @@ Example:
     $ python -m bench --quick                          # cpu only, for trying it out
     $ python -m bench --targets cpu,nvidia-cu130       # the full run (several GB, ~20 min)
     $ python -m bench --only avoidance --targets cpu   # only the build-avoidance rows (~6 min)
+    $ python -m bench --only cold-pruned               # cold builds after the contexts' copies were pruned
     $ python -m bench --only disk                      # the stores' disk over 10 cycles, then gc (~15 min)
 """
 
@@ -39,14 +44,14 @@ from bench import registry
 from bench.project import Made, Project, Target, load, lock_and_render, setup_project
 from bench.report import goals, markdown
 from bench.rows.avoidance import avoidance
-from bench.rows.baseline import measure
+from bench.rows.baseline import cold_pruned, measure
 from bench.rows.disk import CYCLES, disk
 from bench.rows.fresh_node import fresh_node
 from bench.rows.start import emulated, start_cost
 from devtools.support import REPO
 
 #: The rows ``--only`` can pick, in the order they run.
-ROWS = ("baseline", "avoidance", "emulated", "start", "fresh-node", "disk")
+ROWS = ("baseline", "cold-pruned", "avoidance", "emulated", "start", "fresh-node", "disk")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=str(REPO / "bench" / "out"), help="output folder (default: bench/out)")
     parser.add_argument("--only", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=None,
                         help="comma-separated rows: " + ", ".join(ROWS) + " (baseline: cold, no-op and "
-                        "runtime-change builds against the one-Dockerfile baseline, sizes, sharing; avoidance: the "
+                        "runtime-change builds against the one-Dockerfile baseline, sizes, sharing; cold-pruned: cold builds, ours "
+                        "against the baseline exported with zstd, each after its wheel contexts' copies were pruned; avoidance: the "
                         "build-avoidance ones; emulated: nvidia-cu130 on the foreign platform under qemu; fresh-node: "
                         "nvidia-cu130 pulled and started on an empty engine, zstd vs gzip layers; start: what the "
                         "contract check adds to a container start; disk: the builder's stores over 10 cycles of index release, "
@@ -108,6 +114,7 @@ def _rows(client: docker.DockerClient, project: Project, targets: list[Target], 
     views = [t.default_view for t in targets]  # each on its default platform: what was locked
     results = measure(client, project, views, tmp, made) if "baseline" in rows else {}
     others: dict[str, Callable[[], Any]] = {
+        "cold-pruned": lambda: cold_pruned(project, views, tmp, made),
         "avoidance": lambda: avoidance(project, targets, tmp, made),
         "emulated": lambda: emulated(client, project, made),
         "start": lambda: start_cost(project, targets, made),

@@ -11,6 +11,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from builder.oci import buildkit
 from builder.oci.engine import BuildRequest
 
@@ -132,3 +134,17 @@ def test_the_bench_reads_the_baselines_phases_as_the_builder_reads_its_own():
             phases.update_status(status)
     assert rawjson_phases(RECORDING.read_text()) == phases.seconds()
     assert "export: layers" in phases.seconds()
+
+
+def test_a_build_without_buildx_says_how_to_install_it(tmp_path, monkeypatch):
+    """A docker CLI without the buildx plugin (a stand-in script answering as Docker 26's CLI does):
+    the failed build is reported as buildx missing, with the package to install, not as docker's usage text."""
+    from builder.config.errors import UserError
+
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"docker: 'buildx' is not a docker command.\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake.parent))
+    with pytest.raises(UserError, match="docker buildx is not installed"):
+        buildkit.run(BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64"), cwd=tmp_path)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,3 +190,57 @@ def _paired(run: _Bench, t: Target, tag: str,
         theirs_samples.append(seconds)
         run.made.ids.append(image_id)
     return samples, theirs_samples, cached
+
+
+#: The sides of the pruned-contexts row: ours and the hand-written Dockerfile exported with zstd.
+PRUNED_SIDES = ("ours", "baseline_zstd")
+#: What BuildKit calls its copy of each side's wheel contexts: ours' ``wheels-<layer>``, the
+#: hand-written file's one ``wheels``.
+WHEEL_COPIES = {"ours": "local source for wheels-", "baseline_zstd": "local source for wheels"}
+
+
+def cold_pruned(project: Project, views: list[TargetView], tmp: Path, made: Made) -> dict[str, Any]:
+    """Cold builds after the wheel contexts' copies were pruned (as BuildKit's GC and ``builder gc`` do):
+    before each build, BuildKit's copies of that side's wheel contexts are removed by ID, so the build
+    sends its wheels again; REPEATS rounds, each round's order rotated, whole processes as in the cold
+    row (:func:`_cold`). The copies pruned are every clone's of those context names on this engine:
+    another clone's next build sends them again, nothing else."""
+    client = docker.from_env(timeout=3600)
+    run = _Bench(client, project.root, {t.name: baseline_for(project, t, tmp / f"pruned-{t.name}") for t in views},
+                 project.base_for(host_platform()), made)
+    out: dict[str, Any] = {side: {"cold_build_s": {}, "cold_samples_s": {}, "cold_phases_s": {}, "pruned": {}}
+                           for side in PRUNED_SIDES}
+    for t in views:
+        samples: dict[str, list[float]] = {side: [] for side in PRUNED_SIDES}
+        phases: dict[str, list[dict[str, float]]] = {side: [] for side in PRUNED_SIDES}
+        pruned: dict[str, list[int]] = {side: [] for side in PRUNED_SIDES}
+        for i in range(REPEATS):
+            for who in PRUNED_SIDES[i % 2:] + PRUNED_SIDES[:i % 2]:
+                pruned[who].append(_prune_copies(client, WHEEL_COPIES[who], exact=who != "ours"))
+                seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t, zstd=True)
+                samples[who].append(seconds)
+                phases[who].append(where)
+        for side in PRUNED_SIDES:
+            out[side]["cold_samples_s"][t.name] = samples[side]
+            out[side]["cold_build_s"][t.name] = median(samples[side])
+            out[side]["pruned"][t.name] = pruned[side]
+            out[side]["cold_phases_s"][t.name] = {
+                k: median([p.get(k, 0.0) for p in phases[side]]) for k in sorted({k for p in phases[side] for k in p})}
+        say(f"{t.name}: cold build, wheel contexts pruned first: {samples['ours']} s, "
+            f"baseline (zstd) {samples['baseline_zstd']} s")
+    return out
+
+
+def _prune_copies(client: docker.DockerClient, description: str, exact: bool) -> int:
+    """Remove BuildKit's copies whose description is *description* (or, not *exact*, starts with it);
+    how many went. A copy in use by another build stays (BuildKit keeps it), and is not counted."""
+    def copies() -> set[str]:
+        api = client.api  # API 1.42+: ?type= lists the build cache alone (docker-py's df() takes no type)
+        answer = api._result(api._get(api._url("/system/df"), params={"type": "build-cache"}), json=True)
+        return {r["ID"] for r in answer.get("BuildCache") or () if r.get("Type") == "source.local" and (
+            r.get("Description") == description if exact else str(r.get("Description")).startswith(description))}
+    before = copies()
+    for record in before:  # buildx 0.13's prune filters are ANDed: one record a call
+        subprocess.run(["docker", "buildx", "prune", "--force", "--filter", f"id={record}"], capture_output=True,
+                       check=False)
+    return len(before - copies())
