@@ -208,6 +208,12 @@ class Made:
             return False  # a child still uses it: retried after the others
         return True
 
+    def drop(self, ref: str) -> None:
+        """Remove *ref* now (a measured image nothing later reads), so its layers do not hold the disk
+        through the rest of the run; left to :meth:`close` if the engine refuses."""
+        if not self._remove(ref):
+            self.refs.append(ref)
+
     def close(self) -> None:
         """Remove what the bench made; an engine that stopped answering is said in one line, so the
         figures measured so far are still written."""

@@ -146,9 +146,11 @@ def _cold_ours(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
 def _cold_baseline(run: _Bench, t: TargetView, zstd: bool) -> tuple[float, dict[str, float]]:
     """One cold build of the baseline (gzip, or *zstd*): its seconds and BuildKit's seconds per phase."""
     tag = f"{BASELINE_REPO}:{t.name}-cold{'-zstd' if zstd else ''}-{os.getpid()}"
-    run.made.refs.append(tag)
     flags = ["--no-cache", *(["--output", ZSTD_OUTPUT] if zstd else [])]
-    seconds, _, where = docker_cli_build_phases(run.contexts[t.name], run.base, t.backend, tag, *flags)
+    try:
+        seconds, _, where = docker_cli_build_phases(run.contexts[t.name], run.base, t.backend, tag, *flags)
+    finally:  # every round makes another (its times differ): nvidia-cu130's held ~9 GB each
+        run.made.drop(tag)
     return seconds, where
 
 
