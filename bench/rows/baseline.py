@@ -80,7 +80,7 @@ def measure(client: docker.DockerClient, project: Project, views: list[TargetVie
     ours["cold_samples_s"], theirs["cold_samples_s"] = {}, {}
     zstd: dict[str, Any] = {"cold_build_s": {}, "cold_samples_s": {}}
     for t in views:
-        _cold(run, t, {"ours": ours, "baseline": theirs, "baseline_zstd": zstd})
+        _cold(run, t, dict(zip(COLD_SIDES, (ours, theirs, zstd), strict=True)))
     tags = {t.name: f"{BASELINE_REPO}:{t.name}-{os.getpid()}" for t in views}
     stacks = _settle(run, project, views, tags, ours, theirs)
     # No-op, then a runtime change (a comment in the in-image runtime): whole processes, ours the CLI,
@@ -112,26 +112,36 @@ ZSTD_OUTPUT = "type=image,compression=zstd,force-compression=true,oci-mediatypes
 
 
 def _cold(run: _Bench, t: TargetView, records: dict[str, dict[str, Any]]) -> None:
-    """Cold builds of *t*: whole processes as users run them, no layer cache, REPEATS rounds, each
-    round's order rotated so every side sees the same load: ours `builder build -t T --rebuild
-    --no-smoke -q --json` (zstd, the default), the baseline `docker buildx build --no-cache` of its
-    Dockerfile (gzip, Docker's) and the same exported with zstd. Their seconds, and where the time
-    went, go into *records* (per side)."""
-    samples: dict[str, list[float]] = {side: [] for side in COLD_SIDES}
-    phases: dict[str, list[dict[str, float]]] = {side: [] for side in COLD_SIDES}
+    """Cold builds of *t*: whole processes as users run them, no layer cache, REPEATS rounds
+    (:func:`_rounds`): ours `builder build -t T --rebuild --no-smoke -q --json` (zstd, the default),
+    the baseline `docker buildx build --no-cache` of its Dockerfile (gzip, Docker's) and the same
+    exported with zstd. Their seconds, and where the time went, go into *records* (per side)."""
+    samples = _rounds(run, t, records)
+    say(f"{t.name}: cold build {samples['ours']} s, baseline {samples['baseline']} s (gzip), "
+        f"{samples['baseline_zstd']} s (zstd)")
+
+
+def _rounds(run: _Bench, t: TargetView, records: dict[str, dict[str, Any]],
+            before: Callable[[str], None] = lambda side: None) -> dict[str, list[float]]:
+    """REPEATS rounds of one cold build of *t* per side of *records* (ours, baseline, baseline_zstd),
+    each round's order rotated so every side sees the same load, each build after *before* (its
+    side). Into each side's record: the samples, their median and, per phase, the median of BuildKit's
+    seconds. Returns the samples per side."""
+    sides = list(records)
+    samples: dict[str, list[float]] = {side: [] for side in sides}
+    phases: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     for i in range(REPEATS):
-        for who in COLD_SIDES[i % len(COLD_SIDES):] + COLD_SIDES[:i % len(COLD_SIDES)]:
+        for who in sides[i % len(sides):] + sides[:i % len(sides)]:
+            before(who)
             seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t, who == "baseline_zstd")
             samples[who].append(seconds)
             phases[who].append(where)
     for side, record in records.items():
         record["cold_samples_s"][t.name] = samples[side]
-        # where the time went (BuildKit's seconds per phase), per phase the median of the samples
         record.setdefault("cold_phases_s", {})[t.name] = {
             k: median([p.get(k, 0.0) for p in phases[side]]) for k in sorted({k for p in phases[side] for k in p})}
         record["cold_build_s"][t.name] = median(samples[side])
-    say(f"{t.name}: cold build {samples['ours']} s, baseline {samples['baseline']} s (gzip), "
-        f"{samples['baseline_zstd']} s (zstd)")
+    return samples
 
 
 def _cold_ours(run: _Bench, t: TargetView) -> tuple[float, dict[str, float]]:
@@ -213,21 +223,13 @@ def cold_pruned(project: Project, views: list[TargetView], tmp: Path, made: Made
     out: dict[str, Any] = {side: {"cold_build_s": {}, "cold_samples_s": {}, "cold_phases_s": {}, "pruned": {}}
                            for side in PRUNED_SIDES}
     for t in views:
-        samples: dict[str, list[float]] = {side: [] for side in PRUNED_SIDES}
-        phases: dict[str, list[dict[str, float]]] = {side: [] for side in PRUNED_SIDES}
-        pruned: dict[str, list[int]] = {side: [] for side in PRUNED_SIDES}
-        for i in range(REPEATS):
-            for who in PRUNED_SIDES[i % 2:] + PRUNED_SIDES[:i % 2]:
-                pruned[who].append(_prune_copies(client, WHEEL_COPIES[who], exact=who != "ours"))
-                seconds, where = _cold_ours(run, t) if who == "ours" else _cold_baseline(run, t, zstd=True)
-                samples[who].append(seconds)
-                phases[who].append(where)
         for side in PRUNED_SIDES:
-            out[side]["cold_samples_s"][t.name] = samples[side]
-            out[side]["cold_build_s"][t.name] = median(samples[side])
-            out[side]["pruned"][t.name] = pruned[side]
-            out[side]["cold_phases_s"][t.name] = {
-                k: median([p.get(k, 0.0) for p in phases[side]]) for k in sorted({k for p in phases[side] for k in p})}
+            out[side]["pruned"][t.name] = []
+
+        def prune(side: str, t: TargetView = t) -> None:
+            out[side]["pruned"][t.name].append(_prune_copies(client, WHEEL_COPIES[side], exact=side != "ours"))
+
+        samples = _rounds(run, t, out, before=prune)
         say(f"{t.name}: cold build, wheel contexts pruned first: {samples['ours']} s, "
             f"baseline (zstd) {samples['baseline_zstd']} s")
     return out
