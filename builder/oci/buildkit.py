@@ -95,6 +95,10 @@ def argv(request: BuildRequest, iidfile: str | None = None, metadata: str | None
     return line
 
 
+#: Why no build can start: the one message for it (:func:`available`, :func:`run`).
+NO_DOCKER_CLI = "the docker CLI is not installed (apt-get install docker.io)"
+
+
 def version() -> str:
     """``docker buildx version``'s line (empty when buildx is missing)."""
     if shutil.which("docker") is None:
@@ -130,7 +134,7 @@ def builder_problem(name: str, docker_host: str) -> str | None:
 def available() -> str | None:
     """Why builds can't run here (no buildx), or None."""
     if shutil.which("docker") is None:
-        return "the docker CLI is not installed (apt-get install docker.io)"
+        return NO_DOCKER_CLI
     proc = subprocess.run(["docker", "buildx", "version"], capture_output=True, text=True, check=False, env=child_env(ENGINE))
     if proc.returncode != 0:
         return "docker buildx is not installed (apt-get install docker-buildx): builds need BuildKit"
@@ -327,7 +331,7 @@ def run(
     or half-made image stays), then SIGKILL if it has not stopped within CANCEL_S.
     """
     if shutil.which("docker") is None:
-        raise UserError(available() or "the docker CLI is not installed")
+        raise UserError(NO_DOCKER_CLI)
     steps, phases = Steps(), Phases()
     with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
         metadata = Path(tmp) / "metadata.json"
