@@ -1,6 +1,7 @@
 """``python -m bench``: cold, no-op and runtime-change builds, image size and layer sharing, ours vs. baseline.
 
-Writes bench/out/results.json and bench/out/results.md. Runs on a temporary copy of the project
+Writes bench/out/results.json and bench/out/results.md (and, as each row ends, the figures so far to
+bench/out/results.partial.json, removed once those are written). Runs on a temporary copy of the project
 (own registry on a free loopback port, own wheel-server port) and removes every image it made.
 
 Build avoidance (content tags), measured as users run it, smoke test on: a no-op ``builder build``
@@ -65,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     names = ["cpu"] if args.quick else [n.strip() for n in args.targets.split(",") if n.strip()]
     client = docker.from_env(timeout=3600)
     started = time.monotonic()
-    results = _measure(client, parser, args.only or list(ROWS), names, args.cycles)
+    partial = Path(args.out) / "results.partial.json"
+    results = _measure(client, parser, args.only or list(ROWS), names, args.cycles, partial)
     _write(Path(args.out), results, names, bool(args.only), client.version()["Version"], started)
+    partial.unlink(missing_ok=True)
     return 0
 
 
@@ -88,8 +91,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _measure(client: docker.DockerClient, parser: argparse.ArgumentParser, rows: list[str], names: list[str],
-             cycles: int) -> dict[str, Any]:
-    """The *rows* on a copy of the project with its own registry; every image made is removed after."""
+             cycles: int, partial: Path) -> dict[str, Any]:
+    """The *rows* on a copy of the project with its own registry; every image made is removed after.
+    The figures so far are in *partial* after each row: a run that stops (a full disk, Ctrl-C) keeps
+    what it measured."""
     made = Made(client)
     with tempfile.TemporaryDirectory(prefix="ml-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -103,16 +108,23 @@ def _measure(client: docker.DockerClient, parser: argparse.ArgumentParser, rows:
                 project = lock_and_render(root, [project.target(n).default_view for n in names])
                 targets = [project.target(n) for n in names]
                 made.refs += [ref for t in targets for view in t.views() for ref in view.local_refs]
-                return _rows(client, project, targets, host, tmp, made, rows, cycles)
+                return _rows(client, project, targets, host, tmp, made, rows, cycles, partial)
         finally:
             made.close()
 
 
 def _rows(client: docker.DockerClient, project: Project, targets: list[Target], host: str, tmp: Path, made: Made,
-          rows: list[str], cycles: int) -> dict[str, Any]:
-    """The figures of each of *rows*, in :data:`ROWS`' order (``baseline``'s at the top level)."""
+          rows: list[str], cycles: int, partial: Path) -> dict[str, Any]:
+    """The figures of each of *rows*, in :data:`ROWS`' order (``baseline``'s at the top level), written
+    to *partial* as each row ends."""
     views = [t.default_view for t in targets]  # each on its default platform: what was locked
+
+    def keep(so_far: dict[str, Any]) -> None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({**so_far, "targets": [t.name for t in targets]}, indent=2) + "\n")
+
     results = measure(client, project, views, tmp, made) if "baseline" in rows else {}
+    keep(results)
     others: dict[str, Callable[[], Any]] = {
         "cold-pruned": lambda: cold_pruned(project, views, tmp, made),
         "avoidance": lambda: avoidance(project, targets, tmp, made),
@@ -124,6 +136,7 @@ def _rows(client: docker.DockerClient, project: Project, targets: list[Target], 
     for row in ROWS:
         if row in others and row in rows:
             results[row.replace("-", "_")] = others[row]()
+            keep(results)
     return results
 
 

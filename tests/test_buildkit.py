@@ -7,8 +7,12 @@ steps cached, the last printing a line with terminal colour codes.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +152,83 @@ def test_a_build_without_buildx_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(fake.parent))
     with pytest.raises(UserError, match="docker buildx is not installed"):
         buildkit.run(BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64"), cwd=tmp_path)
+
+
+#: A stand-in ``docker`` CLI (Python): ``buildx build`` of the image prints one step of the
+#: wheel-layers stage (cached when the file ``cached`` is in its folder), then the export, and names
+#: its image; the early export (``--target wheel-layers``) records its argv and pid and runs until
+#: stopped (fails at once when ``early-fails`` is there). Its folder is written into it: the builder
+#: hands a child only the environment its tool reads. What BuildKit does with both builds is the
+#: engine tests' (tests/engine/test_build.py).
+FAKE_DOCKER = '''#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+out = {out!r}
+if "--target" in args and args[args.index("--target") + 1] == "wheel-layers":
+    with open(os.path.join(out, "early.json"), "w") as f:
+        json.dump({{"argv": args, "pid": os.getpid()}}, f)
+    if os.path.exists(os.path.join(out, "early-fails")):
+        sys.exit(1)
+    time.sleep(60)
+    sys.exit(0)
+cached = os.path.exists(os.path.join(out, "cached"))
+step = {{"digest": "sha256:s", "name": "[wheel-layers 1/2] RUN install", "started": "2026-12-07T05:00:00.0Z"}}
+print(json.dumps({{"vertexes": [dict(step, cached=True, completed="2026-12-07T05:00:00.0Z") if cached else step]}}),
+      file=sys.stderr, flush=True)
+time.sleep(0.5)  # the early export starts meanwhile
+print(json.dumps({{"vertexes": [dict(step, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
+with open(args[args.index("--metadata-file") + 1], "w") as f:
+    json.dump({{"containerimage.digest": "sha256:" + "a" * 64}}, f)
+'''
+
+
+@pytest.fixture
+def fake_docker(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_DOCKER.format(python=sys.executable, out=str(tmp_path)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    return tmp_path
+
+
+def _early_request() -> BuildRequest:
+    return BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64", compression="zstd",
+                        build_args={"WHEELS_TORCH": "torch==2.13.0+cpu --hash=sha256:ab"},
+                        contexts={"wheels-torch": "/w/torch"}, labels={"a": "b"}, tags=("r:cpu",),
+                        cache_from=("type=registry,ref=r:cache",), cache_to=("type=inline",),
+                        early_stage="wheel-layers")
+
+
+def test_the_wheel_layers_are_exported_early_and_that_build_stopped_with_the_image(fake_docker):
+    """The wheel-layers stage's first step runs: a second build of the same arguments and contexts to
+    that stage starts, its layers compressed as the image's and nothing stored (no tag, label or
+    cache export); once the image's build ends, it is stopped (it was still running), at once."""
+    started = time.monotonic()
+    result = buildkit.run(_early_request(), cwd=fake_docker)
+    assert result.ids == ("sha256:" + "a" * 64,)
+    early = json.loads((fake_docker / "early.json").read_text())
+    argv = early["argv"]
+    assert argv[argv.index("--target") + 1] == "wheel-layers"
+    assert argv[argv.index("--output") + 1] == "type=image,store=false,compression=zstd,force-compression=true,oci-mediatypes=true"
+    assert "WHEELS_TORCH=torch==2.13.0+cpu --hash=sha256:ab" in argv and "wheels-torch=/w/torch" in argv
+    assert not {"--tag", "--label", "--cache-from", "--cache-to", "--metadata-file"} & set(argv), argv
+    assert not Path(f"/proc/{early['pid']}").exists(), "the early export is stopped when the image's build ends"
+    assert time.monotonic() - started < 10  # SIGINT stopped it: not CANCEL_S, not its 60 s
+
+
+def test_no_early_export_when_the_wheel_layers_are_cached_or_not_asked_for(fake_docker):
+    (fake_docker / "cached").touch()
+    buildkit.run(_early_request(), cwd=fake_docker)
+    assert not (fake_docker / "early.json").exists(), "a cached step's layer has its blob already"
+    (fake_docker / "cached").unlink()
+    buildkit.run(dataclasses.replace(_early_request(), early_stage=None), cwd=fake_docker)
+    buildkit.run(dataclasses.replace(_early_request(), stage="common"), cwd=fake_docker)  # a stage's own build
+    assert not (fake_docker / "early.json").exists()
+
+
+def test_a_failed_early_export_fails_nothing(fake_docker):
+    (fake_docker / "early-fails").touch()
+    result = buildkit.run(_early_request(), cwd=fake_docker)
+    assert (fake_docker / "early.json").exists() and result.ids == ("sha256:" + "a" * 64,)
+    assert "export: early" not in result.phases

@@ -37,9 +37,10 @@ def test_golden_dockerfile(golden_project, name):
 
 
 def test_shared_layers_identical_across_targets(golden_project):
-    """Everything before the torch stage is byte-identical in every target (cache reuse)."""
+    """Everything before the wheel layers is byte-identical in every target (cache reuse)."""
     texts = render.render(golden_project, golden_project.targets).values()
-    heads = {t.split("\nFROM common AS torch")[0].split("\nFROM ", 1)[1] for t in texts}
+    assert all("\nFROM common AS wheel-layers\n" in t for t in texts)
+    heads = {t.split("\nFROM common AS wheel-layers")[0].split("\nFROM ", 1)[1] for t in texts}
     assert len(heads) == 1
 
 
@@ -51,7 +52,8 @@ def test_dockerfile_contract(golden_project):
     froms = [line.split() for line in text.splitlines() if line.startswith("FROM ")]
     assert text.startswith("# ") and "\nARG BASE\n" in text.split("\nFROM ", 1)[0]
     assert [f[1:] for f in froms] == [["${BASE}", "AS", "tools"], ["${BASE}", "AS", "common"],
-                                      ["common", "AS", "torch"], ["common", "AS", "runtime-files"],
+                                      ["common", "AS", "wheel-layers"], ["wheel-layers", "AS", "torch"],
+                                      ["common", "AS", "runtime-files"],
                                       ["torch", "AS", "runtime"]], froms
     # No step reaches a network, and every RUN has /tmp on a tmpfs (nothing of a step's stays there).
     runs = [line for line in text.splitlines() if line.startswith("RUN ")]

@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -61,7 +62,10 @@ def compression_options(compression: str) -> str:
 
 
 def output(request: BuildRequest) -> str:
-    """The ``--output`` of *request*: into the engine's image store, in the request's compression."""
+    """The ``--output`` of *request*: into the engine's image store, in the request's compression;
+    for an early export (:class:`EarlyExport`), its layers compressed alike and nothing stored."""
+    if request.early_stage is not None and request.stage == request.early_stage:
+        return f"type=image,store=false,{compression_options(request.compression)}"
     return f"type=docker,{compression_options(request.compression)}"
 
 def argv(request: BuildRequest, iidfile: str | None = None, metadata: str | None = None) -> list[str]:
@@ -315,6 +319,50 @@ def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[di
         yield child_env(ENGINE, {"DOCKER_CONFIG": tmp})
 
 
+class EarlyExport:
+    """The early export of :attr:`BuildRequest.early_stage`: a second ``docker buildx build`` of the
+    same Dockerfile, arguments and contexts to that stage, its layers compressed as the image's and
+    nothing stored (``type=image,store=false``). BuildKit runs a step both builds ask for once, and
+    computes a layer's blob once, for whichever export asks first: the stage's layers are compressed
+    while the steps above it run, and the image's export reuses them. It starts with the stage's
+    first step that runs (a cached step's layer has its blob), and is stopped when the image's
+    build ends (its work done or no longer wanted; it stores nothing). Its failure fails nothing.
+    Its contexts are BuildKit's same copies (a ``buildx bake`` target, a session of its own, sent
+    them again)."""
+
+    def __init__(self, request: BuildRequest, env: dict[str, str], cwd: Path | None, log: Path) -> None:
+        assert request.early_stage is not None
+        self.request = replace(request, stage=request.early_stage, labels={}, tags=(), cache_from=(), cache_to=())
+        self.step = re.compile(rf"^\[{re.escape(request.early_stage)} \d+/\d+\] ")
+        self.env, self.cwd, self.log = env, cwd, log
+        self.proc: subprocess.Popen[str] | None = None
+
+    def see(self, vertex: dict[str, Any]) -> None:
+        """One vertex event of the image's build: the early export starts with the stage's first step that runs."""
+        if self.proc is not None or vertex.get("cached") or vertex.get("completed") or not vertex.get("started"):
+            return
+        if self.step.match(vertex.get("name", "")):
+            with self.log.open("w") as log:
+                self.proc = subprocess.Popen(argv(self.request), stdout=subprocess.DEVNULL, stderr=log, text=True,
+                                             env=self.env, cwd=self.cwd, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def seconds(self) -> dict[str, float]:
+        """Its export's seconds (``export: early``), from its own events; none when it did not run."""
+        if self.proc is None:
+            return {}
+        phases = Phases()
+        with contextlib.suppress(OSError), self.log.open() as stream:
+            for event in _events(stream):
+                for status in event.get("statuses") or []:
+                    phases.update_status(status)
+        seconds = phases.seconds().get("export: layers")
+        return {"export: early": seconds} if seconds is not None else {}
+
+
 def run(
     request: BuildRequest,
     *,
@@ -336,12 +384,19 @@ def run(
     with tempfile.TemporaryDirectory(prefix="builder-build-") as tmp, docker_config(registry_host, creds) as env:
         metadata = Path(tmp) / "metadata.json"
         # BUILDX_GIT_INFO=0: buildx would run seven git commands (0.17 s) for provenance this build does not make.
+        env = {**env, "BUILDX_GIT_INFO": "0"}
         proc = subprocess.Popen(argv(request, metadata=str(metadata)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**env, "BUILDX_GIT_INFO": "0"}, cwd=cwd,
+                                env=env, cwd=cwd,
                                 start_new_session=True)  # a terminal's Ctrl-C reaches us, and we cancel it
         stderr = proc.stderr
         assert stderr is not None
-        errors, code = supervised(proc, cancel, lambda: _follow(stderr, steps, on_step, on_log, phases=phases))
+        early = EarlyExport(request, env, cwd, Path(tmp) / "early.log") if request.early_stage and not request.stage else None
+        try:
+            errors, code = supervised(proc, cancel, lambda: _follow(stderr, steps, on_step, on_log, phases=phases, early=early))
+        finally:
+            if early is not None:
+                early.stop()
+        early_seconds = early.seconds() if early is not None else {}
         if code != 0:
             # buildx is asked only now, after a failure: asking before every build cost 0.2 s each.
             if (problem := available()) is not None:
@@ -354,13 +409,15 @@ def run(
     ids = tuple(d for key in ("containerimage.digest", "containerimage.config.digest") if (d := made.get(key)))
     if not ids:
         raise TargetFailed("BuildKit finished the build without naming the image it made")
-    return BuildResult(ids, len(steps.names), len(steps.cached), tuple(steps.cache_read), phases.seconds())
+    return BuildResult(ids, len(steps.names), len(steps.cached), tuple(steps.cache_read),
+                       {**phases.seconds(), **early_seconds})
 
 
 def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], None],
-            on_log: Callable[[str], None], *, phases: Phases | None = None) -> list[str]:
-    """Read buildx's progress to its end, *steps*, *phases* and the callbacks following it; return the
-    errors it reported."""
+            on_log: Callable[[str], None], *, phases: Phases | None = None,
+            early: EarlyExport | None = None) -> list[str]:
+    """Read buildx's progress to its end, *steps*, *phases*, *early* and the callbacks following it;
+    return the errors it reported."""
     lines = Lines()
     errors: list[str] = []
     current = "starting"
@@ -374,6 +431,8 @@ def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], No
         for vertex in event.get("vertexes") or []:
             if phases is not None:
                 phases.update(vertex)
+            if early is not None:
+                early.see(vertex)
             if (started := steps.update(vertex)) is not None:
                 current = started
                 on_log(f"#{len(steps.names)} {' '.join(started.split())}")  # a step's own line

@@ -22,6 +22,7 @@ from doubles import Silent
 from helpers import bare_build_project, fake_view, publish_base_to, run_builder
 
 from builder.images.smoke import SMOKE_LABEL
+from builder.oci.docker import image_store
 from devtools.support import base_pin, copy_project, edit_matrix, free_port, layer_tar, registry_of
 
 pytestmark = pytest.mark.engine
@@ -83,11 +84,30 @@ def test_content_tag_follows_what_goes_into_the_image(tmp_path):
 
 
 def test_rebuild_really_builds(cpu_project, engine):
+    """Every step runs again. Where the image store keeps layers compressed (containerd), the wheel
+    layers are exported early, beside the build, and that second buildx build is gone when the
+    build ends; that it changes no byte of the image is test_verify_rebuild's (an image built this
+    way, rebuilt on a classic store, where nothing is exported early, is the same bit for bit)."""
     proc, out = build_json(cpu_project, "-t", "cpu", "--rebuild")
     assert proc.returncode == 0, proc.stderr[-2000:]
     cpu = out["cpu"]
     assert cpu["result"] == "built" and cpu["smoke"] == "passed"
     assert cpu["steps"] > 0 and cpu["cached_steps"] == 0  # no layer cache either
+    assert ("export: early" in cpu["phases"]) == (image_store(engine.client.info()) == "containerd"), cpu["phases"]
+    assert not _early_exports(cpu_project), "an early export is still running"
+
+
+def _early_exports(root: Path) -> list[int]:
+    """The running ``buildx build --target wheel-layers`` processes started in *root*."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"buildx" in argv and b"wheel-layers" in argv and Path(os.readlink(proc / "cwd")) == root.resolve():
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found
 
 
 def test_tools_stage_refuses_a_uv_wheel_that_is_not_the_locked_one(cpu_project, engine):

@@ -1,13 +1,13 @@
 # Rendered by `builder render` from templates/: do not edit; change matrix.yaml or templates/.
 # Target cpu: backend cpu, torch 2.13.0+cpu
 #
-# Stages, in cache order: common (byte-identical in every target) -> torch (this backend's
-# wheels, one layer per group of the layer plan) -> runtime (the in-image runtime, the layer that
-# changes most); beside them tools (the installer, in no layer) and runtime-files (the runtime,
-# built while torch installs). Each layer's wheels come from a
-# named build context of their own, `wheels-<layer>` (bind-mounted for the RUN that installs them:
-# no network, no server), are checked against the hash locks and never stay in a layer; no cache,
-# CA bundle or credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
+# Stages, in cache order: common (byte-identical in every target) -> wheel-layers (this backend's
+# wheels, one layer per group of the layer plan) -> torch (start-up bytecode, torch's facts) ->
+# runtime (the in-image runtime, the layer that changes most); beside them tools (the installer, in
+# no layer) and runtime-files (the runtime, built while torch installs). Each layer's wheels come
+# from a named build context of their own, `wheels-<layer>` (bind-mounted for the RUN that
+# installs them: no network, no server), are checked against the hash locks and never stay in a
+# layer; no cache, CA bundle or credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
 
 # The shared base, pinned by digest per platform in base.lock.json (not here: a re-pin changes
 # that file alone). `builder build` passes the platform's pin as BASE; `builder print` shows it.
@@ -55,7 +55,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
-FROM common AS torch
+FROM common AS wheel-layers
 # The layer plan (matrix.yaml's layers): one layer per group of the target's locked wheels, by what
 # changes together and about 1 GB at most, so a change to one group rebuilds, pushes and pulls that
 # layer and those above it, and the engine fetches the layers side by side.
@@ -67,6 +67,11 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
+# The stage above the wheel layers. Where the image store keeps layers compressed, `builder build`
+# exports the wheel-layers stage beside the build as soon as its first step runs (a second buildx
+# build with nothing stored: BuildKit runs each step once for both): the wheel layers are then
+# compressed while torch is imported below, and the image's export finds them done.
+FROM wheel-layers AS torch
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
 # the image; pynvml's too where the image has it (the runtime's check asks NVML at every start,
@@ -93,7 +98,7 @@ for p in u.find_spec(m).submodule_search_locations]" torch; fi \
  && python -c "import compileall, importlib.util as u; s = u.find_spec('pynvml'); s and compileall.compile_file(s.origin, quiet=2)" \
  && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
-# The in-image runtime and the examples, built beside the torch stage: they need only the common
+# The in-image runtime and the examples, built beside the wheel layers: they need only the common
 # stage's Python, pip and pydantic, so a cold build does not wait for pip after torch (1.8 s here).
 # pip installs under /layer as if it were / (--root); the runtime stage copies that tree in. Both
 # come from the build context as read-only bind mounts, not COPY: no source tree (or its checkout
