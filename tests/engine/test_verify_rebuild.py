@@ -1,7 +1,7 @@
 """``builder verify --rebuild``: a consumer rebuilds a published image from its signed provenance.
 
-The cpu image is built, pushed and signed from a git repository (a copy of the project at one
-commit) on the session's engine (the containerd store). A fresh clone of it then rebuilds that image
+The cpu image is built (every step run: its wheel layers exported early), pushed and signed from a
+git repository (a copy of the project at one commit) on the session's engine (the containerd store). A fresh clone of it then rebuilds that image
 on a second, empty engine of each of Docker's stores (a dockerd of its own: another machine's
 engine, with no build cache and no image but the base it pulls by digest) and gets every layer and
 the configuration of the published image: the engines agree, bit for bit. On the containerd store
@@ -20,11 +20,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import docker
 import pytest
 from helpers import run_builder
 
 from builder.base.blobs import copy_base
 from builder.oci import registry as oci
+from builder.oci.docker import image_store
 from builder.supply import rebuild
 from devtools.dockerd import DockerdUnavailable, extra_dockerd
 from devtools.support import base_pin, edit_matrix, fail_or_skip, retarget_base_lock
@@ -56,11 +58,15 @@ def published(based_project, registry, signing_key, tmp_path_factory) -> tuple[P
     git("init", "-q", "-b", "main", cwd=origin)
     git("add", "-A", cwd=origin)
     git("commit", "-q", "-m", "the published commit", cwd=origin)
-    build = run_builder("build", "-t", "cpu", "--push", "--json", "-q", "--sign-key", str(signing_key["private"]),
-                        cwd=origin)
+    # --rebuild: every step runs, so on the containerd store the wheel layers are exported early (a
+    # second buildx build): the classic store's rebuild below, which exports nothing early, checks
+    # that this changes no byte of the image.
+    build = run_builder("build", "-t", "cpu", "--push", "--rebuild", "--json", "-q", "--sign-key",
+                        str(signing_key["private"]), cwd=origin)
     assert build.returncode == 0, build.stderr[-3000:] + build.stdout
     [outcome] = json.loads(build.stdout)
     assert outcome["result"] == "built", outcome
+    assert ("export: early" in outcome["phases"]) == (image_store(docker.from_env().info()) == "containerd"), outcome
     return origin, f"{registry}/rebuild-me:cpu"
 
 
