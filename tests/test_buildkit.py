@@ -172,10 +172,19 @@ if "--target" in args and args[args.index("--target") + 1] == "wheel-layers":
     time.sleep(60)
     sys.exit(0)
 cached = os.path.exists(os.path.join(out, "cached"))
+sending = os.path.exists(os.path.join(out, "sending"))
+context = {{"digest": "sha256:c", "name": "[context wheels-torch] load from client", "started": "2026-12-07T05:00:00.0Z"}}
 step = {{"digest": "sha256:s", "name": "[wheel-layers 1/2] RUN install", "started": "2026-12-07T05:00:00.0Z"}}
+if sending:  # another layer's context still on its way when the step starts
+    print(json.dumps({{"vertexes": [context]}}), file=sys.stderr, flush=True)
 print(json.dumps({{"vertexes": [dict(step, cached=True, completed="2026-12-07T05:00:00.0Z") if cached else step]}}),
       file=sys.stderr, flush=True)
-time.sleep(0.5)  # the early export starts meanwhile
+time.sleep(0.5)  # the early export starts meanwhile, unless a context is being sent
+if sending:
+    if os.path.exists(os.path.join(out, "early.json")):
+        open(os.path.join(out, "early-during-send"), "w").close()
+    print(json.dumps({{"vertexes": [dict(context, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
+    time.sleep(0.5)
 print(json.dumps({{"vertexes": [dict(step, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
 with open(args[args.index("--metadata-file") + 1], "w") as f:
     json.dump({{"containerimage.digest": "sha256:" + "a" * 64}}, f)
@@ -232,3 +241,12 @@ def test_a_failed_early_export_fails_nothing(fake_docker):
     result = buildkit.run(_early_request(), cwd=fake_docker)
     assert (fake_docker / "early.json").exists() and result.ids == ("sha256:" + "a" * 64,)
     assert "export: early" not in result.phases
+
+
+def test_the_early_export_waits_for_the_contexts_being_sent(fake_docker):
+    """A step of the stage runs while another layer's context is still on its way (its copy was
+    pruned): the early export starts once that transfer is done, not beside it (it would send it again)."""
+    (fake_docker / "sending").touch()
+    buildkit.run(_early_request(), cwd=fake_docker)
+    assert (fake_docker / "early.json").exists(), "it started once the context was in"
+    assert not (fake_docker / "early-during-send").exists(), "it started while a context was being sent"

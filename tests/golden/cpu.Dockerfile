@@ -33,8 +33,9 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-# Every RUN ends with fixed times: what it created or changed (found by ctime, which no tool
-# sets) gets the mtime 1735689600, so a layer's digest depends on its content alone, on any machine.
+# Every RUN ends with fixed times: what it created or changed in the folder it writes in (found by
+# ctime, which no tool sets) gets the mtime 1735689600, so a layer's digest depends on its content
+# alone, on any machine.
 RUN --network=none --mount=type=tmpfs,target=/tmp touch /tmp/.layer \
  && SOURCE_DATE_EPOCH=1735689600 groupadd --gid 1001 app \
  && SOURCE_DATE_EPOCH=1735689600 useradd --uid 1001 --gid 1001 --create-home --shell /bin/bash app \
@@ -53,7 +54,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && UV_CACHE_DIR=/opt/venv/.uv-cache /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=hardlink --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/common -r /tmp/common.lock \
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
+ && find /opt/venv -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM common AS wheel-layers
 # The layer plan (matrix.yaml's layers): one layer per group of the target's locked wheels, by what
@@ -66,7 +67,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && UV_CACHE_DIR=/opt/venv/.uv-cache /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=hardlink --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
+ && find /opt/venv -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 # The stage above the wheel layers. Where the image store keeps layers compressed, `builder build`
 # exports the wheel-layers stage beside the build as soon as its first step runs (a second buildx
 # build with nothing stored: BuildKit runs each step once for both): the wheel layers are then
@@ -96,7 +97,7 @@ runpy.run_path('/tmp/facts.py', run_name='__main__')"; \
 [compileall.compile_dir(p, quiet=2, workers=0) for m in sys.argv[1:] \
 for p in u.find_spec(m).submodule_search_locations]" torch; fi \
  && python -c "import compileall, importlib.util as u; s = u.find_spec('pynvml'); s and compileall.compile_file(s.origin, quiet=2)" \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
+ && find /opt/venv -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 # The in-image runtime and the examples, built beside the wheel layers: they need only the common
 # stage's Python, pip and pydantic, so a cold build does not wait for pip after torch (1.8 s here).
@@ -116,7 +117,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,source=runti
  && SOURCE_DATE_EPOCH=1735689600 python -m compileall -q -s /layer -p / /layer/opt/venv/lib \
  && PYTHONPATH="$(echo /layer/opt/venv/lib/python3*/site-packages)" \
     python -m ml_runtime.contract.record /layer/opt/venv/share/ml-runtime/default-spec.json \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
+ && find /layer -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
 FROM torch AS runtime
 COPY --from=runtime-files /layer/ /
@@ -128,7 +129,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && UV_CACHE_DIR=/opt/venv/.uv-cache /tmp/uv/bin/uv pip install --python /opt/venv/bin/python --link-mode=hardlink --no-index --no-deps --require-hashes \
       --find-links /tmp/wheels/packages -r /tmp/packages.lock \
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
- && find / -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
+ && find /opt/venv -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
 LABEL \
       org.opencontainers.image.title="ml-runtime cpu" \
       org.opencontainers.image.version="cpu-torch2.13.0" \
