@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.oci import buildkit
+from builder.oci import buildevents, buildkit
 from builder.oci.engine import BuildRequest
 
 RECORDING = Path(__file__).parent / "fixtures" / "buildkit" / "rawjson-4-steps-2-cached.txt"
@@ -43,10 +43,10 @@ def test_argv_passes_every_value_as_one_argument_and_no_network_flag():
 
 
 def test_the_recorded_events_give_the_steps_and_the_cached_ones():
-    steps, reader = buildkit.Steps(), buildkit.Lines()
+    steps, reader = buildevents.Steps(), buildevents.Lines()
     started: list[str] = []
     lines: list[str] = []
-    for event in buildkit._events(io.StringIO(RECORDING.read_text())):
+    for event in buildevents.events(io.StringIO(RECORDING.read_text())):
         assert "text" not in event, event  # every object of the recording parses, pretty-printed as it is
         for vertex in event.get("vertexes") or []:
             if (name := steps.update(vertex)) is not None:
@@ -62,7 +62,7 @@ def test_the_recorded_events_give_the_steps_and_the_cached_ones():
 def test_following_the_recorded_progress_logs_each_step_once_and_returns_the_errors():
     """What ``run`` reads from buildx (``_follow``): a line per step as it starts, the steps' output, the
     progress ending on BuildKit's own work, and buildx's plain text as the errors."""
-    steps = buildkit.Steps()
+    steps = buildevents.Steps()
     progress: list[tuple[int, int, str]] = []
     logged: list[str] = []
     errors = buildkit._follow(io.StringIO(RECORDING.read_text() + "ERROR: boom\n"), steps,
@@ -81,7 +81,7 @@ def test_a_line_written_a_token_at_a_time_is_one_line():
     def log(text: str) -> dict:
         return {"logs": [{"vertex": "sha256:v", "stream": 1, "data": base64.b64encode(text.encode()).decode()}]}
 
-    reader = buildkit.Lines()
+    reader = buildevents.Lines()
     got = [line for text in (" \x1b[32m+\x1b[39m ", "\x1b[1maccelerate", "==", "1.15.0\nnext", " line\n", "tail")
            for line in reader.feed(log(text))]
     assert got == [" + accelerate==1.15.0", "next line"] and list(reader.rest()) == ["tail"]
@@ -89,7 +89,7 @@ def test_a_line_written_a_token_at_a_time_is_one_line():
 
 def test_plain_text_from_buildx_passes_as_text():
     text = 'ERROR: failed to solve: process "/bin/sh -c false" did not complete successfully: exit code: 1\n'
-    events = list(buildkit._events(io.StringIO('{\n  "vertexes": []\n}\n' + text)))
+    events = list(buildevents.events(io.StringIO('{\n  "vertexes": []\n}\n' + text)))
     assert events == [{"vertexes": []}, {"text": text.strip()}]
     assert "exit code: 1" in buildkit._build_error([e["text"] for e in events if "text" in e], 1)
 
@@ -110,8 +110,8 @@ def test_credentials_reach_buildx_in_a_private_config_only(tmp_path, monkeypatch
 def test_the_recorded_events_say_where_the_time_went():
     """Each vertex's started-to-completed seconds, summed per phase: the recording's four steps (FROM
     aside: the base lookup), its two contexts and the Dockerfile, the base's metadata, the export."""
-    phases = buildkit.Phases()
-    for event in buildkit._events(io.StringIO(RECORDING.read_text())):
+    phases = buildevents.Phases()
+    for event in buildevents.events(io.StringIO(RECORDING.read_text())):
         for vertex in event.get("vertexes") or []:
             phases.update(vertex)
         for status in event.get("statuses") or []:
@@ -130,8 +130,8 @@ def test_the_bench_reads_the_baselines_phases_as_the_builder_reads_its_own():
     """bench/ imports nothing of builder, so it parses the baseline's rawjson itself: the same phases."""
     from bench.project import rawjson_phases
 
-    phases = buildkit.Phases()
-    for event in buildkit._events(io.StringIO(RECORDING.read_text())):
+    phases = buildevents.Phases()
+    for event in buildevents.events(io.StringIO(RECORDING.read_text())):
         for vertex in event.get("vertexes") or []:
             phases.update(vertex)
         for status in event.get("statuses") or []:
@@ -172,19 +172,10 @@ if "--target" in args and args[args.index("--target") + 1] == "wheel-layers":
     time.sleep(60)
     sys.exit(0)
 cached = os.path.exists(os.path.join(out, "cached"))
-sending = os.path.exists(os.path.join(out, "sending"))
-context = {{"digest": "sha256:c", "name": "[context wheels-torch] load from client", "started": "2026-12-07T05:00:00.0Z"}}
 step = {{"digest": "sha256:s", "name": "[wheel-layers 1/2] RUN install", "started": "2026-12-07T05:00:00.0Z"}}
-if sending:  # another layer's context still on its way when the step starts
-    print(json.dumps({{"vertexes": [context]}}), file=sys.stderr, flush=True)
 print(json.dumps({{"vertexes": [dict(step, cached=True, completed="2026-12-07T05:00:00.0Z") if cached else step]}}),
       file=sys.stderr, flush=True)
-time.sleep(0.5)  # the early export starts meanwhile, unless a context is being sent
-if sending:
-    if os.path.exists(os.path.join(out, "early.json")):
-        open(os.path.join(out, "early-during-send"), "w").close()
-    print(json.dumps({{"vertexes": [dict(context, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
-    time.sleep(0.5)
+time.sleep(0.5)  # the early export starts meanwhile
 print(json.dumps({{"vertexes": [dict(step, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
 with open(args[args.index("--metadata-file") + 1], "w") as f:
     json.dump({{"containerimage.digest": "sha256:" + "a" * 64}}, f)
@@ -242,11 +233,3 @@ def test_a_failed_early_export_fails_nothing(fake_docker):
     assert (fake_docker / "early.json").exists() and result.ids == ("sha256:" + "a" * 64,)
     assert "export: early" not in result.phases
 
-
-def test_the_early_export_waits_for_the_contexts_being_sent(fake_docker):
-    """A step of the stage runs while another layer's context is still on its way (its copy was
-    pruned): the early export starts once that transfer is done, not beside it (it would send it again)."""
-    (fake_docker / "sending").touch()
-    buildkit.run(_early_request(), cwd=fake_docker)
-    assert (fake_docker / "early.json").exists(), "it started once the context was in"
-    assert not (fake_docker / "early-during-send").exists(), "it started while a context was being sent"

@@ -4,7 +4,8 @@ docker-py drives only the legacy builder (docker-py#2230), so builds go through 
 docker-py stays for everything else (inspect, tag, push, smoke runs). A
 :class:`~builder.oci.engine.BuildRequest` is a pure plan (what ``builder print`` and the bake file show);
 :func:`argv` is its command line, :func:`run` executes it, reads
-BuildKit's own progress events (``--progress=rawjson``) and returns the image's ID.
+BuildKit's own progress events (``--progress=rawjson``, :mod:`builder.oci.buildevents`) and returns
+the image's ID; :class:`EarlyExport` runs a second build beside it.
 
 The builder is the user's choice: ``--builder NAME`` or ``BUILDX_BUILDER`` (a team's remote
 BuildKit, a Kubernetes-driver farm); the default is the engine's own (the ``docker`` driver).
@@ -30,11 +31,11 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from builder.config.errors import TargetFailed, UserError
+from builder.oci.buildevents import Lines, Phases, Steps, events
 from builder.oci.engine import BuildRequest, BuildResult
 from builder.oci.secrets import ENGINE, child_env
 
@@ -144,152 +145,6 @@ def available() -> str | None:
     return None
 
 
-def _events(stream: IO[str]) -> Iterator[dict[str, Any]]:
-    """The JSON objects of ``--progress=rawjson`` (pretty-printed, one after another); other lines pass as text."""
-    decoder = json.JSONDecoder()
-    buffer = ""
-    for line in stream:
-        buffer += line
-        text = buffer.lstrip()
-        if not text:
-            buffer = ""
-            continue
-        if not text.startswith("{"):  # a plain message from buildx itself (an error, a warning)
-            yield {"text": text.rstrip()}
-            buffer = ""
-            continue
-        try:
-            event, _ = decoder.raw_decode(text)
-        except json.JSONDecodeError:
-            continue  # the object goes on in the next lines
-        buffer = ""
-        yield event
-
-
-#: A Dockerfile step's vertex: ``[stage n/m] INSTRUCTION ...`` (``[internal]``, ``[context x]`` and
-#: ``[auth]`` vertices are BuildKit's own work, no step).
-STEP = re.compile(r"^\[[^\]]* \d+/\d+\] (?!FROM )")
-#: BuildKit's vertex for a named context's transfer from the client (``[context NAME] load from client``).
-CONTEXT_SENT = re.compile(r"^\[context [^\]]+\] load from client")
-#: BuildKit's vertex for reading a registry cache (``--cache-from type=registry,ref=REF``).
-CACHE_IMPORT = re.compile(r"^importing cache manifest from (?P<ref>\S+)")
-
-
-class Steps:
-    """The build's steps from BuildKit's vertex events: the Dockerfile's own (FROM aside), done and cached.
-
-    Keyed by the step's name (``[stage n/m] ...``): a step taken from a registry cache can show up
-    as two vertices (the cache's and the solve's), which is still one step.
-    """
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-        self.done: set[str] = set()
-        self.cached: set[str] = set()
-        self.cache_read: dict[str, None] = {}
-
-    def update(self, vertex: dict[str, Any]) -> str | None:
-        """Record one vertex event; return the step's name when it just started."""
-        name = vertex.get("name", "")
-        if (imported := CACHE_IMPORT.match(name)) and vertex.get("completed") and not vertex.get("error"):
-            self.cache_read[imported["ref"]] = None
-        if not STEP.match(name):
-            return None
-        started = name not in self.names
-        self.names.add(name)
-        if vertex.get("cached"):
-            self.cached.add(name)
-        if vertex.get("completed"):
-            self.done.add(name)
-        return name if started else None
-
-
-#: The phase of BuildKit's vertices by name: the Dockerfile's steps, the build contexts sent (the
-#: project's and the wheels'), the base and cache lookups, the export (layers compressed, image
-#: written or unpacked); anything else is "other".
-PHASES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("steps", STEP),
-    ("context", re.compile(r"^\[(internal\] load (build context|\.dockerignore|build definition)|context )")),
-    ("base and cache", re.compile(r"^(\[internal\] load metadata|\[auth\]|\[[^\]]* \d+/\d+\] FROM |importing cache)")),
-    ("export", re.compile(r"^(exporting|writing image|naming to|unpacking to|sending tarball)")),
-)
-
-#: Two parts of the export, from BuildKit's statuses within it (counted in "export" too): every new
-#: layer diffed and compressed (one status for them all), and the image unpacked into the containerd
-#: store (the classic store has no such status: its layers are its snapshots already).
-EXPORT_PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("export: layers", re.compile(r"^exporting layers")),
-    ("export: unpack", re.compile(r"^unpacking to ")),
-)
-
-
-def _seconds(stamp: str) -> float:
-    """An RFC 3339 time of BuildKit's (nanoseconds) as POSIX seconds."""
-    head, _, frac = stamp.rstrip("Z").partition(".")
-    return datetime.fromisoformat(head).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
-
-
-class Phases:
-    """Where a build's time went, from BuildKit's vertex events: each vertex's started-to-completed
-    seconds, summed per phase (:data:`PHASES`), and two parts of the export from its statuses
-    (:data:`EXPORT_PARTS`). Vertices that ran side by side (the contexts, say) count each, so the
-    phases can add up to more than the build's wall time."""
-
-    def __init__(self) -> None:
-        self.spans: dict[str, tuple[str, str | None, str | None]] = {}  # digest: (name, started, completed)
-        self.parts: dict[str, tuple[str, str | None, str | None]] = {}  # vertex/status id: (part, started, completed)
-
-    def update(self, vertex: dict[str, Any]) -> None:
-        key = vertex.get("digest") or vertex.get("name", "")
-        name, started, completed = self.spans.get(key, (vertex.get("name", ""), None, None))
-        self.spans[key] = (name, started or vertex.get("started"), vertex.get("completed") or completed)
-
-    def update_status(self, status: dict[str, Any]) -> None:
-        """A status within a vertex (a transfer, a part of the export): only :data:`EXPORT_PARTS` are kept."""
-        part = next((p for p, pattern in EXPORT_PARTS if pattern.match(status.get("id", ""))), None)
-        if part is None:
-            return
-        key = f"{status.get('vertex', '')}/{status['id']}"
-        _, started, completed = self.parts.get(key, (part, None, None))
-        self.parts[key] = (part, started or status.get("started"), status.get("completed") or completed)
-
-    def seconds(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        spans = [(next((p for p, pattern in PHASES if pattern.match(name)), "other"), started, completed)
-                 for name, started, completed in self.spans.values()]
-        for phase, started, completed in spans + list(self.parts.values()):
-            if started and completed:
-                out[phase] = out.get(phase, 0.0) + max(0.0, _seconds(completed) - _seconds(started))
-        return {k: round(v, 2) for k, v in out.items()}
-
-
-class Lines:
-    """A step's output, one line per line: BuildKit sends what each write wrote (uv writes a token at
-    a time), so the text of a line is kept per step until its newline; escape codes are removed."""
-
-    def __init__(self) -> None:
-        self.pending: dict[str, str] = {}
-
-    def feed(self, event: dict[str, Any]) -> Iterator[str]:
-        for log in event.get("logs") or []:
-            try:
-                text = base64.b64decode(log.get("data", "")).decode("utf-8", "replace")
-            except (ValueError, TypeError):
-                continue
-            key = f"{log.get('vertex', '')}/{log.get('stream', '')}"
-            *done, self.pending[key] = (self.pending.get(key, "") + text).split("\n")
-            yield from filter(None, (_strip_ansi(line).rstrip() for line in done))
-
-    def rest(self) -> Iterator[str]:
-        """What is left without a newline at the end of the build."""
-        yield from filter(None, (_strip_ansi(text).rstrip() for text in self.pending.values()))
-        self.pending.clear()
-
-
-def _strip_ansi(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\r", "", text)
-
-
 @contextlib.contextmanager
 def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[dict[str, str]]:
     """The environment for buildx: without the registry and signing secrets (secrets.child_env); with
@@ -325,7 +180,8 @@ class EarlyExport:
     stage, its layers compressed as the image's, nothing stored. BuildKit runs a step both builds ask
     for once and computes a layer's blob once, so the stage's layers are compressed while the steps
     above it run and the image's export reuses them. Stopped when the image's build ends; its
-    failure fails nothing. Its contexts are BuildKit's same copies (a bake target's are not)."""
+    failure fails nothing. BuildKit keeps a copy of each context for its session as for the image's
+    (docs/speed.md): the first early export after those copies were pruned sends them again."""
 
     def __init__(self, request: BuildRequest, env: dict[str, str], cwd: Path | None, log: Path) -> None:
         assert request.early_stage is not None
@@ -333,20 +189,13 @@ class EarlyExport:
         self.step = re.compile(rf"^\[{re.escape(request.early_stage)} \d+/\d+\] ")
         self.env, self.cwd, self.log = env, cwd, log
         self.proc: subprocess.Popen[str] | None = None
-        self.wanted, self.loading = False, set[str]()  # a step of the stage ran; the context transfers under way
 
     def see(self, vertex: dict[str, Any]) -> None:
-        """One vertex event of the image's build: the early export starts once one of the stage's steps
-        runs (not cached: its layer has a blob) and no context is being sent (started during the sends,
-        it sent them again beside them: nvidia-cu130's steps took 38.7 s, not 25)."""
-        if self.proc is not None:
+        """One vertex event of the image's build: the early export starts with the stage's first step
+        that runs (not cached: a cached step's layer has its blob)."""
+        if self.proc is not None or vertex.get("cached") or vertex.get("completed") or not vertex.get("started"):
             return
-        name, key = vertex.get("name", ""), vertex.get("digest") or vertex.get("name", "")
-        if CONTEXT_SENT.match(name):
-            (self.loading.discard if vertex.get("completed") else self.loading.add)(key)
-        elif self.step.match(name) and vertex.get("started") and not vertex.get("cached") and not vertex.get("completed"):
-            self.wanted = True
-        if self.wanted and not self.loading:
+        if self.step.match(vertex.get("name", "")):
             with self.log.open("w") as log:
                 self.proc = subprocess.Popen(argv(self.request), stdout=subprocess.DEVNULL, stderr=log, text=True,
                                              env=self.env, cwd=self.cwd, start_new_session=True)
@@ -359,7 +208,7 @@ class EarlyExport:
         """Its export's seconds (``export: early``), from its own events; none when it did not run."""
         phases = Phases()
         with contextlib.suppress(OSError), self.log.open() as stream:
-            for event in _events(stream):
+            for event in events(stream):
                 for status in event.get("statuses") or []:
                     phases.update_status(status)
         seconds = phases.seconds().get("export: layers") if self.proc is not None else None
@@ -424,7 +273,7 @@ def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], No
     lines = Lines()
     errors: list[str] = []
     current = "starting"
-    for event in _events(stream):
+    for event in events(stream):
         if "text" in event:
             errors.append(event["text"])
             continue

@@ -102,7 +102,7 @@ class BuildResult:
     cached: int
     #: the registry caches BuildKit read (its "importing cache manifest from REF" steps)
     cache_read: tuple[str, ...] = ()
-    #: where the build's time went: BuildKit's own seconds per phase (:class:`builder.oci.buildkit.Phases`)
+    #: where the build's time went: BuildKit's own seconds per phase (:class:`builder.oci.buildevents.Phases`)
     phases: dict[str, float] = field(default_factory=dict)
 
 
