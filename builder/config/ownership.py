@@ -217,7 +217,16 @@ class Ledger:
 
     def _write(self, records: dict[str, Record]) -> None:
         data = {"store": self.store, "records": {k: vars(r) for k, r in sorted(records.items())}}
-        atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        # Compact: Python's C encoder (three times faster here than with indent), and a build writes
+        # its ledgers a dozen times.
+        atomic_write(self.path, json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n")
+
+    def discard(self) -> None:
+        """Remove the ledger (and its own lock file): the store it is about is gone."""
+        with locked(self._lock()):
+            self.path.unlink(missing_ok=True)
+        if self.lock is None:
+            self._lock().unlink(missing_ok=True)
 
     def records(self) -> dict[str, Record]:
         with locked(self._lock(), shared=True):
