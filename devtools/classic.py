@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from devtools.dockerd import DockerdUnavailable, extra_dockerd
+from devtools.dockerd import THROWAWAY_ENV, DockerdUnavailable, extra_dockerd
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
             info = subprocess.run(["docker", "-H", host, "info", "--format", "{{.ServerVersion}} {{.Driver}}"],
                                   capture_output=True, text=True, check=False).stdout.strip()
             print(f"classic image store: Docker {info} at {host}", flush=True)
-            return subprocess.run([sys.executable, "-m", "pytest", *argv], env={**os.environ, "DOCKER_HOST": host},
+            return subprocess.run([sys.executable, "-m", "pytest", *argv], env={**os.environ, "DOCKER_HOST": host, THROWAWAY_ENV: host},
                                   check=False).returncode
     except DockerdUnavailable as exc:
         print(f"classic store: {exc}", file=sys.stderr)

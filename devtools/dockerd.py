@@ -25,6 +25,13 @@ from pathlib import Path
 import docker
 
 
+#: The DOCKER_HOST of every engine :func:`extra_dockerd` started in this process, and the variable
+#: that names one a parent process started for this one (:mod:`devtools.classic`): the builder's
+#: records of what it made there go with the engine (tests/conftest.py).
+STARTED: list[str] = []
+THROWAWAY_ENV = "MLB_THROWAWAY_DOCKER_HOST"
+
+
 class DockerdUnavailable(RuntimeError):
     """A second engine can't be started here; the message names the fix."""
 
@@ -99,6 +106,7 @@ def extra_dockerd(folder: Path, label: str, store: str = "classic",
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise DockerdUnavailable(f"dockerd {label} did not come up on {host}: {log.read_text()[-1500:]}")
             time.sleep(0.5)
+        STARTED.append(host)
         yield host
     finally:
         _stop(proc, pidfile, [data / "root", short], sudo)

@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import run_builder
+from helpers import forget_engines, registry_folders, remove_lock_only_folders, run_builder
 
+from devtools import dockerd
 from devtools.support import (
     copy_project,
     docker_config,
@@ -45,6 +46,17 @@ atexit.register(shutil.rmtree, _DOCKER_CONFIG, True)
 # processes they start, which inherit the default once a handler is set here.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_state_of_removed_engines() -> Iterator[None]:
+    """The builder records what it makes in the user's state (~/.cache/ml-image-builder): the
+    ledgers of the engines this session started and removed go with them, and so do the registry
+    folders it made for the session's own registries (a lock, nothing more)."""
+    before = registry_folders()
+    yield
+    forget_engines({*dockerd.STARTED, *filter(None, [os.environ.get(dockerd.THROWAWAY_ENV)])})
+    remove_lock_only_folders(before)
 
 
 @pytest.fixture

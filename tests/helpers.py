@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
@@ -223,3 +223,55 @@ def fetch_wheels(files: Mapping[str, bytes | Path], clone: str | None = None, ho
             wheelhouse.adopt(Path(downloads), clone)
         if hasattr(wheelhouse, "release"):
             wheelhouse.release()  # a fetch of a run that has ended: it holds them no more
+
+
+class _DockerAt:
+    """The two facts the builder keys its ledgers of an engine on (builder/gc/owned.py's engine_key)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    def name(self) -> str:
+        return "docker"
+
+    def address(self) -> str:
+        return self.host
+
+
+def forget_engines(hosts: Iterable[str]) -> None:
+    """Remove the builder's ledgers (images, build cache) of the Docker engines at *hosts*, which a test
+    started and removed (devtools/dockerd.py): what they name went with the engine."""
+    from builder.gc import owned
+    from builder.oci.engine import Engine
+
+    for host in hosts:
+        engine = cast(Engine, _DockerAt(host))
+        owned.images_ledger(engine).discard()
+        owned.build_cache_ledger(engine).discard()
+
+
+def registry_folders() -> set[Path]:
+    """The builder's registry folders in the user's state (builder/oci/loopback.py), one per loopback port."""
+    from builder.config.state import state_dir
+
+    return set(state_dir().glob("registry-*"))
+
+
+def remove_lock_only_folders(before: set[Path]) -> list[Path]:
+    """Remove the registry folders made since *before* that hold nothing but their lock, which no process
+    holds: the builder made them for a test's own registry and started none there. Returns them."""
+    import fcntl
+    import shutil
+
+    removed = []
+    for folder in sorted(registry_folders() - before):
+        if [p.name for p in folder.iterdir()] != [".lock"]:
+            continue
+        with open(folder / ".lock", "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a run holds it: its folder, in use
+                continue
+            shutil.rmtree(folder)
+            removed.append(folder)
+    return removed

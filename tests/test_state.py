@@ -141,3 +141,40 @@ def test_a_run_waiting_for_a_lock_another_process_holds_says_so_until_it_has_it(
     with files.locked(lock, waiting=heard.append):  # free: nothing to say
         pass
     assert heard == []
+
+
+def test_the_suite_forgets_the_builders_records_of_the_engines_and_registries_it_removed(tmp_path, monkeypatch):
+    """What tests/conftest.py does when the session ends: the builder's ledgers of an engine the session
+    started and removed go (another engine's stay), and so does a registry folder made since the
+    session began that holds only its lock (one that holds a registry, or existed before, or whose
+    lock a run holds, stays)."""
+    import fcntl
+
+    from helpers import _DockerAt, forget_engines, registry_folders, remove_lock_only_folders
+
+    from builder.gc import owned
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    gone, kept = "unix:///tmp/mlb-x-1/docker.sock", "unix:///var/run/docker.sock"
+    for host in (gone, kept):
+        owned.images_ledger(_DockerAt(host)).record("sha256:aa")  # type: ignore[arg-type]
+        owned.build_cache_ledger(_DockerAt(host)).record("record-id")  # type: ignore[arg-type]
+    (state := tmp_path / "ml-image-builder").joinpath("registry-1000").mkdir(parents=True)
+    (state / "registry-1000" / ".lock").touch()
+    before = registry_folders()
+    for port in ("2000", "3000", "4000"):
+        (state / f"registry-{port}").mkdir()
+        (state / f"registry-{port}" / ".lock").touch()
+    (state / "registry-3000" / "config.yml").write_text("version: 0.1\n")
+
+    forget_engines([gone])
+    with open(state / "registry-4000" / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        removed = remove_lock_only_folders(before)
+
+    ledgers = sorted(p.name for p in (state / "owned").iterdir())
+    key = owned.engine_key(_DockerAt(kept))  # type: ignore[arg-type]
+    assert ledgers == sorted([f"images-{key}.json", f".images-{key}.json.lock",
+                              f"build-cache-{key}.json", f".build-cache-{key}.json.lock"]), ledgers
+    assert removed == [state / "registry-2000"]
+    assert sorted(p.name for p in state.glob("registry-*")) == ["registry-1000", "registry-3000", "registry-4000"]
