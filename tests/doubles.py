@@ -39,6 +39,9 @@ class NoEngine(Engine):
     def address(self) -> str:
         raise _unused("address")
 
+    def store_key(self) -> str:
+        raise _unused("store_key")
+
     def label(self) -> tuple[str, str]:
         raise _unused("label")
 

@@ -237,6 +237,9 @@ class _DockerAt:
     def address(self) -> str:
         return self.host
 
+    def store_key(self) -> str:
+        return self.host
+
 
 def forget_engines(hosts: Iterable[str]) -> None:
     """Remove the builder's ledgers (images, build cache) of the Docker engines at *hosts*, which a test

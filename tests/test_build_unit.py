@@ -236,6 +236,9 @@ class FakeEngine(NoEngine):
     def address(self) -> str:
         return "fake://engine"
 
+    def store_key(self) -> str:
+        return self.address()
+
     def label(self) -> tuple[str, str]:
         return f"Docker engine at {self.address()}", "docker info"
 

@@ -52,9 +52,9 @@ DAY = 86400.0
 
 
 def engine_key(engine: Engine) -> str:
-    """The engine a ledger is about (its kind and address), in 16 hex: an image ID means nothing on
-    another engine."""
-    return hashlib.sha256(f"{engine.name()} {engine.address()}".encode()).hexdigest()[:16]
+    """The engine a ledger is about (its kind and :meth:`~builder.oci.engine.Engine.store_key`), in 16
+    hex: an image ID means nothing on another engine."""
+    return hashlib.sha256(f"{engine.name()} {engine.store_key()}".encode()).hexdigest()[:16]
 
 
 def images_ledger(engine: Engine) -> Ledger:

@@ -315,6 +315,9 @@ class DockerEngine:
     def address(self) -> str:
         return engine_address()
 
+    def store_key(self) -> str:
+        return self.address()
+
     def label(self) -> tuple[str, str]:
         return f"Docker engine at {self.address()}", "docker info"
 

@@ -231,6 +231,11 @@ class Engine(Protocol):
         """Where the engine listens (``unix:///var/run/docker.sock``), for messages."""
         ...
 
+    def store_key(self) -> str:
+        """What the builder files its records of this engine's images and build cache under
+        (:func:`builder.gc.owned.engine_key`): the same from every process that reaches the same store."""
+        ...
+
     def label(self) -> tuple[str, str]:
         """How a message names this engine (``Docker engine at unix:///var/run/docker.sock``), and the command
         that checks it (``docker info``)."""

@@ -137,6 +137,7 @@ class PodmanEngine:
                  folder: str | None = None) -> None:
         self.api = api
         self.url, self.service, self.folder = url, service, folder
+        self._graph_root: str | None = None  # store_key's, asked once
         #: {image ID: repo@digest pushed}: podman's RepoDigests name the local manifest only, never the one a
         #: push wrote (it compresses at push), so what its --digestfile said is kept here
         self.pushed: dict[str, set[str]] = {}
@@ -169,6 +170,15 @@ class PodmanEngine:
 
     def address(self) -> str:
         return self.url
+
+    def store_key(self) -> str:
+        # Its storage, not its socket: a builder that finds no podman API starts a service of its own on
+        # a private socket, another one in every process, and each run's records were filed apart (a
+        # later `builder gc` found none of them).
+        if self._graph_root is None:
+            store = self.api.get("/libpod/info").get("store") or {}
+            self._graph_root = str(store.get("graphRoot") or self.url)
+        return f"storage {self._graph_root}"
 
     def label(self) -> tuple[str, str]:
         return f"podman at {self.url}", "podman info"

@@ -157,3 +157,23 @@ def test_podman_builds_nvidia_cu130_arm64_under_emulation_into_one_index_with_am
         made = [ref for out in outs.values() for ref in (out.get("image_id"), out.get("content_tag")) if ref]
         if made:
             subprocess.run(["podman", "rmi", "--force", *made], capture_output=True, check=False)
+
+
+def test_every_builder_process_files_its_records_of_podman_under_one_key():
+    """Where no podman API socket listens, each builder process starts a podman service of its own on a
+    private socket; its records of podman's images and cache (the ledgers ``builder gc`` reads) are
+    filed under podman's storage, not that socket, so a later run's gc finds them."""
+    if shutil.which("podman") is None:
+        fail_or_skip("podman is not installed (make host ENGINE=podman)")
+    from builder.gc import owned
+    from builder.oci.podman import PodmanEngine
+
+    one, two = PodmanEngine.from_env(), PodmanEngine.from_env()
+    try:
+        graph_root = subprocess.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"], capture_output=True,
+                                    text=True, check=True).stdout.strip()
+        assert one.store_key() == two.store_key() == f"storage {graph_root}"
+        assert owned.images_ledger(one).path == owned.images_ledger(two).path
+    finally:
+        one.close()
+        two.close()
