@@ -226,7 +226,7 @@ def fetch_wheels(files: Mapping[str, bytes | Path], clone: str | None = None, ho
 
 
 class _DockerAt:
-    """The two facts the builder keys its ledgers of an engine on (builder/gc/owned.py's engine_key)."""
+    """The two facts the builder keys its ledgers of a Docker engine on (builder/gc/owned.py's engine_key)."""
 
     def __init__(self, host: str) -> None:
         self.host = host
@@ -234,11 +234,8 @@ class _DockerAt:
     def name(self) -> str:
         return "docker"
 
-    def address(self) -> str:
-        return self.host
-
     def store_key(self) -> str:
-        return self.host
+        return self.host  # DockerEngine's: its address
 
 
 def forget_engines(hosts: Iterable[str]) -> None:
