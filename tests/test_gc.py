@@ -13,12 +13,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
+from doubles import NoEngine
 from helpers import fetch_wheels
 
 from builder.config.ownership import Record, run_token
-from builder.config.project import load_project
+from builder.config.project import Project, load_project
 from builder.gc import owned
 from builder.gc import stores as gc
 from builder.oci.engine import CacheRecord, ImageFacts
@@ -114,6 +117,44 @@ def test_a_wheel_context_copy_goes_only_when_not_ours_current_and_no_other_clone
     assert stale("/new", 0) == ["a", "a2", "b", "e", "f"]  # never /new's: only others used them
     assert stale("/b", 7) == []
     assert stale("/b", 0) == ["a", "a2", "b", "f"]        # e is /b's current copy of wheels-torch
+
+
+class _Cache(NoEngine):
+    """An engine's build-cache listing (the engine test: tests/engine/test_gc_engine.py)."""
+
+    def __init__(self, cache: list[CacheRecord]) -> None:
+        self.cache = cache
+
+    def name(self) -> str:
+        return "docker"
+
+    def store_key(self) -> str:
+        return "unix:///nowhere.sock"
+
+    def build_cache(self) -> list[CacheRecord]:
+        return self.cache
+
+
+def test_a_build_records_its_copies_and_forgets_those_the_engine_no_longer_has(own_state, tmp_path):
+    """After a build: the copies of its contexts whose use moved are recorded as this clone's; the
+    records of copies the engine no longer has go (BuildKit's GC pruned them), unless used since the
+    build began (another clone's build that is recording its own)."""
+    engine, project = _Cache([]), cast(Project, SimpleNamespace(root=tmp_path / "clone"))
+    ledger = owned.build_cache_ledger(engine)
+    ledger.record_many(["pruned", "kept", "recent"], clone="/other")
+    start = time.time()
+    with ledger.editing() as records:
+        for key in ("pruned", "kept"):
+            records[key].clones["/other"] = records[key].recorded = start - DAY
+        records["recent"].clones["/other"] = start + 1
+    engine.cache = [_cache("kept"), _cache("new"), _cache("moved"), _cache("still"),
+                    _cache("other", desc="local source for wheels-common")]
+    before = owned.wheel_sources(engine, ["wheels-torch"])  # the listing as it was before the build:
+    del before["new"]  # the build made this copy,
+    before["moved"] = (None, 1)  # and used this one
+    used = owned.record_wheel_sources(engine, project, ["wheels-torch"], before, since=start)
+    assert used == ["moved", "new"]
+    assert sorted(ledger.records()) == ["kept", "moved", "new", "recent"]
 
 
 def test_which_recorded_images_go_and_why_the_others_stay(tmp_path):

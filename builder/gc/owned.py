@@ -99,10 +99,10 @@ def _is_wheel_source(record: CacheRecord) -> bool:
     return record.type == "source.local" and record.description.startswith(WHEEL_SOURCE)
 
 
-def _copies(engine: Engine, contexts: Iterable[str]) -> dict[str, CacheRecord]:
-    """{record ID: record} of BuildKit's copies of the named *contexts* (``wheels-<layer>``)."""
+def _copies(cache: Iterable[CacheRecord], contexts: Iterable[str]) -> dict[str, CacheRecord]:
+    """{record ID: record} of BuildKit's copies of the named *contexts* (``wheels-<layer>``) in *cache*."""
     wanted = {f"local source for {name}" for name in contexts}
-    return {r.id: r for r in engine.build_cache() if r.type == "source.local" and r.description in wanted}
+    return {r.id: r for r in cache if r.type == "source.local" and r.description in wanted}
 
 
 def _use(record: CacheRecord) -> tuple[str | None, int]:
@@ -112,23 +112,29 @@ def _use(record: CacheRecord) -> tuple[str | None, int]:
 def wheel_sources(engine: Engine, contexts: Iterable[str]) -> dict[str, tuple[str | None, int]]:
     """{record ID: (last used, use count)} of BuildKit's copies of the named *contexts*: taken before
     a build, for :func:`record_wheel_sources` after it."""
-    return {rid: _use(r) for rid, r in _copies(engine, contexts).items()}
+    return {rid: _use(r) for rid, r in _copies(engine.build_cache(), contexts).items()}
 
 
 def record_wheel_sources(engine: Engine, project: Project, contexts: Iterable[str],
-                         before: Mapping[str, tuple[str | None, int]]) -> list[str]:
+                         before: Mapping[str, tuple[str | None, int]], since: float) -> list[str]:
     """Record the copies of the named *contexts* this clone's build made or used: those absent *before*
-    it, or whose use moved during it; return their IDs.
+    it, or whose use moved during it; return their IDs. From the same listing, forget the records of
+    copies the engine no longer has (BuildKit's GC, a prune) that were last used before *since* (the
+    build's start): the ledger stays the size of what the engine holds, not only after ``builder gc``.
 
     BuildKit keeps a couple of copies of each context name per user and syncs them in place, and
     clones share them (seen here: clones in folders of one name, whatever their paths); a build
     that had to wait for a copy in use makes new ones. Another user's build of the same context at
     the same moment moves its copy too, which is then recorded as well: gc never prunes a copy in
     use, and pruning one costs its owner one full send of those wheels, nothing else."""
-    used = {rid: {"description": r.description} for rid, r in _copies(engine, contexts).items()
+    cache = engine.build_cache()
+    used = {rid: {"description": r.description} for rid, r in _copies(cache, contexts).items()
             if before.get(rid) != _use(r)}
+    ledger, present = build_cache_ledger(engine), {r.id for r in cache}
+    if gone := [k for k, r in ledger.records().items() if k not in present and r.last_used() < since]:
+        ledger.forget(gone)
     if used:  # one call: the copies one build used share their time of use (stale_wheel_sources)
-        build_cache_ledger(engine).record_many(used, clone=clone_id(project.root), facts=used)
+        ledger.record_many(used, clone=clone_id(project.root), facts=used)
     return sorted(used)
 
 

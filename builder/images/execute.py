@@ -205,7 +205,7 @@ class Executor:
                 on_step=lambda n, total, text: self.ui.step(unit, n, total, text),
                 on_log=lambda line: self.ui.log(unit, line))
 
-        sources = self._wheel_sources(request.contexts)
+        sources, started = self._wheel_sources(request.contexts), time.time()
         with owned.building(self.engine, plan.name):  # until this run holds the image it exports
             try:
                 image_id, result = build(request)
@@ -222,7 +222,7 @@ class Executor:
             run.held = image_id
         if sources is not None:
             with contextlib.suppress(*faults.KNOWN, OSError):  # a record missed is a copy gc never prunes: no harm
-                owned.record_wheel_sources(self.engine, self.project, request.contexts, sources)
+                owned.record_wheel_sources(self.engine, self.project, request.contexts, sources, since=started)
         out.image_id, out.steps, out.cached_steps, out.cache_read = image_id, result.steps, result.cached, \
             result.cache_read
         out.phases = dict(result.phases)
