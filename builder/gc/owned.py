@@ -115,6 +115,19 @@ def wheel_sources(engine: Engine, contexts: Iterable[str]) -> dict[str, tuple[st
     return {rid: _use(r) for rid, r in _copies(engine.build_cache(), contexts).items()}
 
 
+def forget_absent(ledger: Ledger, present: AbstractSet[str], since: float) -> None:
+    """Forget the records in *ledger* of what the engine no longer has (*present*: what it has),
+    recorded and last used before *since* (a run recording one now keeps its record); a live run's
+    hold on a target (``build:<target>``, no engine object) stays. Writes only when one goes."""
+    def gone(key: str, record: Record) -> bool:
+        return key not in present and record.last_used() < since and not (key.startswith(BUILDING) and record.held())
+
+    if any(gone(k, r) for k, r in ledger.records().items()):
+        with ledger.editing() as records:
+            for key in [k for k, r in records.items() if gone(k, r)]:
+                records.pop(key)
+
+
 def record_wheel_sources(engine: Engine, project: Project, contexts: Iterable[str],
                          before: Mapping[str, tuple[str | None, int]], since: float) -> list[str]:
     """Record the copies of the named *contexts* this clone's build made or used: those absent *before*
@@ -130,9 +143,8 @@ def record_wheel_sources(engine: Engine, project: Project, contexts: Iterable[st
     cache = engine.build_cache()
     used = {rid: {"description": r.description} for rid, r in _copies(cache, contexts).items()
             if before.get(rid) != _use(r)}
-    ledger, present = build_cache_ledger(engine), {r.id for r in cache}
-    if gone := [k for k, r in ledger.records().items() if k not in present and r.last_used() < since]:
-        ledger.forget(gone)
+    ledger = build_cache_ledger(engine)
+    forget_absent(ledger, {r.id for r in cache}, since)
     if used:  # one call: the copies one build used share their time of use (stale_wheel_sources)
         ledger.record_many(used, clone=clone_id(project.root), facts=used)
     return sorted(used)

@@ -401,13 +401,8 @@ def forget_gone(engine: Engine, since: float) -> None:
     scripts = Ledger(REFERENCES)
     scripts.forget([p for p in scripts.records() if not Path(p).is_file()])
     usage = engine.disk_usage()
-    present = {i.id for i in usage.images}
-    cache = {r.id for r in usage.build_cache}
-    for ledger, there in ((owned.images_ledger(engine), present), (owned.build_cache_ledger(engine), cache)):
-        with ledger.editing() as records:
-            for key in [k for k, r in records.items() if k not in there and r.last_used() < since
-                        and not (k.startswith(owned.BUILDING) and r.held())]:
-                records.pop(key)
+    owned.forget_absent(owned.images_ledger(engine), {i.id for i in usage.images}, since)
+    owned.forget_absent(owned.build_cache_ledger(engine), {r.id for r in usage.build_cache}, since)
 
 
 def after_build(project: Project, keep_days: float = 1.0) -> None:
