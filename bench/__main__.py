@@ -11,7 +11,9 @@ changed. ``--only avoidance`` runs just those rows (one cold build per target fi
 
 Contexts pruned (``--only cold-pruned``): cold builds, ours against the hand-written Dockerfile exported
 with zstd, each after BuildKit's copies of its wheel contexts were pruned (as its GC and ``builder gc``
-do), so both send their wheels again.
+do), so the hand-written file sends its wheels again; ours sends them again where they are folders
+(podman aside: the classic store), and on the containerd store reads them from their images, which
+no prune removes (its count of copies pruned is then 0).
 
 Bounded state (``--only disk``): on an empty second dockerd, with a wheelhouse of its own and a local
 index on loopback, the disk the builder's stores hold after 10 cycles of "the index gains a release of a

@@ -259,7 +259,8 @@ def fresh_node_table(f: dict[str, Any]) -> list[str]:
 def pruned_table(p: dict[str, Any]) -> list[str]:
     """The cold builds after the wheel contexts' copies were pruned, and where their time went."""
     rows = [("Cold builds, each after BuildKit's copies of its wheel contexts were pruned (whole processes, "
-             "`--no-smoke`, medians of 3, each round's order rotated):"), "",
+             "`--no-smoke`, medians of 3, each round's order rotated; ours' contexts are images of the "
+             "containerd store where the engine reads those in place: no copies to prune):"), "",
             "| figure | target | ours | baseline, zstd |", "|---|---|---:|---:|"]
     ours, theirs = p["ours"], p["baseline_zstd"]
     for t in ours["cold_build_s"]:

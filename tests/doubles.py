@@ -8,7 +8,7 @@ of the Protocol, and mypy checks each override's signature against it (a stand-i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,11 @@ class NoEngine(Engine):
     def save(self, ref: str) -> Iterator[bytes]:
         raise _unused("save")
 
-    def load(self, archive: Path) -> None:
+    def load(self, archive: Path | Iterable[bytes]) -> None:
         raise _unused("load")
+
+    def serves_image_contexts(self, builder: str | None) -> bool:
+        return False  # its builds' contexts are the staged folders
 
     def remove_image(self, ref: str) -> str | None:
         raise _unused("remove_image")

@@ -215,7 +215,7 @@ WHEEL_COPIES = {"ours": "local source for wheels-", "baseline_zstd": "local sour
 def cold_pruned(project: Project, views: list[TargetView], tmp: Path, made: Made) -> dict[str, Any]:
     """Cold builds after the wheel contexts' copies were pruned (as BuildKit's GC and ``builder gc`` do):
     before each build, BuildKit's copies of that side's wheel contexts are removed by ID, so the build
-    sends its wheels again; REPEATS rounds, each round's order rotated, whole processes as in the cold
+    sends its wheels again (ours on the containerd store has none: its contexts are images, read in place); REPEATS rounds, each round's order rotated, whole processes as in the cold
     row (:func:`_cold`). The copies pruned are every clone's of those context names on this engine:
     another clone's next build sends them again, nothing else."""
     client = docker.from_env(timeout=3600)

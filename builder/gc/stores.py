@@ -18,7 +18,8 @@ Five stores (:func:`collect` finds what goes, :func:`remove` removes it):
   Pruned through ``docker buildx prune --filter id=...``, never by touching the engine's files;
   records in use are never pruned, nor any copy the builder did not record.
 - **images**: images the builder recorded (:mod:`builder.gc.owned`: built, pulled, or reused
-  by a build) that carry no current tag of this checkout: their tags the builder gave go, and the
+  by a build, and the wheel contexts' images a build loaded: :mod:`builder.wheels.images`) that
+  carry no current tag of this checkout (the caller's, with the current wheel contexts' names): their tags the builder gave go, and the
   image with them unless another name keeps it; never one a live build holds, one of a target a
   build is building, one another clone used within ``keep_days``, one a container uses, or one a
   file names by digest (``dist/published.json``, ``base.lock.json``, a ``builder slurm`` script).

@@ -47,7 +47,7 @@ from builder.images import plan as plans
 from builder.images.outcome import Outcome
 from builder.oci import faults, registry
 from builder.oci.engine import BuildRequest, BuildResult, Engine
-from builder.wheels import contexts
+from builder.wheels import contexts, images
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
 CLEANUP_S = 30.0
@@ -101,6 +101,7 @@ class _Run:
     record: dict[str, Any] | None = None
     recorded: bool = False
     held: str | None = None  # the image this run holds in the images ledger (builder.gc.owned)
+    contexts: tuple[str, ...] = ()  # the context images it holds there
 
 
 def remove_smoke_containers(engine: Engine, say: Callable[[str], None] = print, timeout: float = CLEANUP_S) -> None:
@@ -140,12 +141,22 @@ def remove_orphans(engine: Engine, say: Callable[[str], None] = print) -> list[s
     return gone
 
 
-def _stage_wheels(project: Project, plan: plans.ViewPlan, say: Callable[[str], None]) -> None:
-    """Stage the folders the plan's wheel contexts name (hard links into the wheelhouse), or check
-    those staged before; *say* gets a line for each folder replaced. This run holds them until
-    :func:`builder.gc.stores.after_build`: no clean-up removes them while the engine reads them."""
+def _stage_wheels(engine: Engine, project: Project, plan: plans.ViewPlan,
+                  say: Callable[[str], None]) -> tuple[dict[str, str], list[str]]:
+    """The build's wheel contexts: the folders the plan names, staged (hard links into the wheelhouse)
+    or checked, and served as the engine's images where its builds read those in place
+    (:mod:`builder.wheels.images`); *say* gets a line for each folder replaced or image loaded.
+    This run holds the folders until :func:`builder.gc.stores.after_build` and the images until the
+    view is done (the IDs returned with the contexts, to release): no clean-up removes them while the
+    engine reads them."""
 
-    contexts.build_context(plan.wheels, clone_id(project.root), say=say)
+    folder = contexts.build_context(plan.wheels, clone_id(project.root), say=say)
+    if not engine.serves_image_contexts(plan.request.builder):
+        return plan.request.contexts, []
+    served = images.serve(engine, folder, plan.wheels, plan.platform, say)
+    for ref, image_id in served.values():
+        owned.record_image(engine, project, image_id, plan.name, [ref], hold=True)
+    return {name: images.SCHEME + ref for name, (ref, _) in served.items()}, [i for _, i in served.values()]
 
 
 class Executor:
@@ -189,14 +200,17 @@ class Executor:
                 self._record(run)  # what was pushed before a later stage failed
             if run.held is not None:  # tagged and done (or failed): gc may judge it from now on
                 owned.release_image(self.engine, run.held)
+            for image_id in run.contexts:
+                owned.release_image(self.engine, image_id)
         out.seconds = round(time.monotonic() - start, 2)
         self.ui.done(plan.unit, out)
         return out
 
     def _build(self, run: _Run) -> None:
         plan, out, unit = run.plan, run.out, run.plan.unit
-        _stage_wheels(self.project, plan, self.ui.say)
-        request = replace(plan.request, cache_from=() if plan.request.no_cache else tuple(
+        served, held = _stage_wheels(self.engine, self.project, plan, self.ui.say)
+        run.contexts = tuple(held)
+        request = replace(plan.request, contexts=served, cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
 
         def build(request: BuildRequest) -> tuple[str, BuildResult]:
@@ -399,15 +413,19 @@ class Executor:
 
     def _shared_stage(self, plan: plans.ViewPlan) -> None:
         self.ui.say("building the shared stage once")
+        held: list[str] = []
         try:
-            _stage_wheels(self.project, plan, self.ui.say)
-            request = plans.shared_stage(plan)
+            served, held = _stage_wheels(self.engine, self.project, plan, self.ui.say)
+            request = replace(plans.shared_stage(plan), contexts=served)
             with owned.building(self.engine, "common"):  # an untagged image: the builder's, gc's once built
                 image_id, _ = self.engine.build(request, cancel=self.cancel, registry_host=plan.registry_host,
                                                 cwd=self.project.root, on_log=lambda line: self.ui.log("common", line))
                 owned.record_image(self.engine, self.project, image_id, "common")
         except TargetFailed as exc:
             raise UserError(f"building the shared stage failed: {exc}") from None
+        finally:
+            for image_id in held:
+                owned.release_image(self.engine, image_id)
 
     # -- indexes ----------------------------------------------------------------------------------
 

@@ -54,7 +54,9 @@ class BuildPlan(_Value):
                                                  "the registry has.")
     build_args: dict[str, str] = Field(description="The Dockerfile's build arguments.")
     contexts: dict[str, str] = Field(description="The named build contexts (`wheels-<layer>`: that layer's "
-                                                 "staged wheels).")
+                                                 "staged wheels; where the engine's builds read images in place, "
+                                                 "the build reads the image loaded from that folder instead, "
+                                                 "`docker-image://ml-image-builder.invalid/contexts/...`).")
     labels: dict[str, str] = Field(description="The labels set at build time (the commit's revision and time).")
     cache_to: list[str] = Field(description="The cache exports (`--cache-to`).")
     early_stage: str | None = Field(description="The stage exported beside the build once its first step runs, its "

@@ -11,10 +11,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -194,12 +195,13 @@ class DockerAPI:
     def save(self, ref: str) -> Iterator[bytes]:
         yield from self.client.api.get_image(ref)
 
-    def load(self, archive: Path) -> None:
+    def load(self, archive: Path | Iterable[bytes]) -> None:
         # docker-py's load_image is a generator: a failed load is an error event in it (or an API error
         # when the engine refuses the request), so it is read to the end here, never left unread.
         try:
-            with archive.open("rb") as handle:
-                for event in self.client.api.load_image(handle):
+            with contextlib.ExitStack() as stack:
+                data = stack.enter_context(archive.open("rb")) if isinstance(archive, Path) else iter(archive)
+                for event in self.client.api.load_image(data):
                     if "error" in event:
                         raise EngineError(str(event["error"]).strip()[:300])
         except docker.errors.APIError as exc:
@@ -386,8 +388,13 @@ class DockerEngine:
     def save(self, ref: str) -> Iterator[bytes]:
         return self.api.save(ref)
 
-    def load(self, archive: Path) -> None:
+    def load(self, archive: Path | Iterable[bytes]) -> None:
         self.api.load(archive)
+
+    def serves_image_contexts(self, builder: str | None) -> bool:
+        # BuildKit's docker driver reads the containerd store's images in place; the classic store's
+        # would be exported to it first, and another builder would look for them in a registry
+        return builder is None and self.store() == "containerd"
 
     def remove_image(self, ref: str) -> str | None:
         return self.api.remove_image(ref)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,7 +68,8 @@ class BuildRequest:
     context: str
     platform: str
     build_args: dict[str, str] = field(default_factory=dict)
-    #: named contexts (``RUN --mount=from=NAME``): name -> a folder
+    #: named contexts (``RUN --mount=from=NAME``): name -> a folder, or an image of the engine's store
+    #: (``docker-image://<ref>``: :mod:`builder.oci.contextimages`)
     contexts: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     stage: str | None = None
@@ -297,8 +298,15 @@ class Engine(Protocol):
         """The image as a docker-archive (``docker save``), in chunks."""
         ...
 
-    def load(self, archive: Path) -> None:
-        """Load a docker-archive; a load the engine refuses raises :class:`EngineError`."""
+    def load(self, archive: Path | Iterable[bytes]) -> None:
+        """Load a docker-archive (a file, or its bytes in chunks, streamed); a load the engine refuses
+        raises :class:`EngineError`."""
+        ...
+
+    def serves_image_contexts(self, builder: str | None) -> bool:
+        """Whether builds on *builder* (None: the engine's own) read a named context that is an image of
+        this engine's store in place (``docker-image://``), with nothing sent or copied per build
+        (:mod:`builder.oci.contextimages`); else a folder is the context."""
         ...
 
     def remove_image(self, ref: str) -> str | None:

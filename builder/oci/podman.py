@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,8 +223,11 @@ class PodmanEngine:
     def save(self, ref: str) -> Iterator[bytes]:
         return self.api.save(ref)
 
-    def load(self, archive: Path) -> None:
+    def load(self, archive: Path | Iterable[bytes]) -> None:
         self.api.load(archive)
+
+    def serves_image_contexts(self, builder: str | None) -> bool:
+        return False  # buildah reads a folder context where it is: no copy of it per build to spare
 
     def remove_image(self, ref: str) -> str | None:
         return self.api.remove_image(ref)

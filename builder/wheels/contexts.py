@@ -3,7 +3,7 @@ the wheelhouse (:mod:`builder.wheels.wheelhouse`) as hard links (copies across f
 ``<wheelhouse>/.contexts/<digest>``, content-addressed: the same wheels give the same folder.
 
 A build mounts each layer's folder as the context ``wheels-<layer>``
-(:func:`builder.images.plan.wheel_contexts`); a folder is checked against the wheelhouse's verified
+(:func:`builder.images.plan.wheel_contexts`), or the image :mod:`builder.wheels.images` loads from it; a folder is checked against the wheelhouse's verified
 stamps before each build (:func:`build_context`), never hashed again, and replaced when anything in it
 changed. Everything here holds the wheelhouse's lock (:func:`builder.wheels.wheelhouse.lock_path`).
 """

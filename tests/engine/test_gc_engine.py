@@ -29,7 +29,7 @@ from builder.config.ownership import clone_id
 from builder.config.project import load_project
 from builder.gc import owned
 from builder.gc import stores as gc
-from builder.wheels import contexts, lockfile, wheelhouse
+from builder.wheels import contexts, images, layers, lockfile, wheelhouse
 from devtools.support import copy_project, edit_matrix
 
 pytestmark = pytest.mark.engine
@@ -122,7 +122,14 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
     built = json.loads(build.stdout)[0]["image_id"]
     assert owned.images_ledger(engine).records()[built].clones == {clone_id(root): pytest.approx(time.time(), abs=600)}
     copies = owned.build_cache_ledger(engine).records()
-    assert copies and all(r.facts["description"].startswith(owned.WHEEL_SOURCE) for r in copies.values())
+    view = project.target("cpu").default_view
+    served = images.refs(layers.context_layers(project, view), view.platform).values()
+    if engine.serves_image_contexts(None):  # the wheel contexts are images, recorded as the builder's: no copies
+        assert not copies
+        recorded = {t for r in owned.images_ledger(engine).records().values() for t in r.facts.get("tags", ())}
+        assert set(served) <= recorded
+    else:
+        assert copies and all(r.facts["description"].startswith(owned.WHEEL_SOURCE) for r in copies.values())
 
     # Planted: wheels the builder fetched that no lock pins (one another clone used today: kept by
     # --keep-days), a folder it staged that no view names (linking a third), a note and another project's
@@ -137,6 +144,10 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
     staged = lockfile.Pin("zz_staged", "1.0", hashlib.sha256(b"c" * 3000).hexdigest(), "zz_staged-1.0-py3-none-any.whl")
     fetch_wheels({staged.filename: b"c" * 3000}, clone=this)
     folder = contexts.build_context({"torch": [staged]}, this)
+    stale_context = None  # the image a build of an older lock served that layer as (where the engine reads those)
+    if engine.serves_image_contexts(None):
+        (ref, stale_context), = images.serve(engine, folder, {"torch": [staged]}, "linux/amd64").values()
+        owned.record_image(engine, project, stale_context, "cpu", [ref])
     wheelhouse.release()
     note, theirs = house / "NOTES.txt", house / "otherproject-1.0-py3-none-any.whl"
     note.write_text("the team's notes")
@@ -170,7 +181,8 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         assert set(listed) == ({("wheelhouse", stale_wheel.name), ("wheelhouse", staged.filename),
                                 ("contexts", str(folder)), ("wheelhouse", "(wheels linked from the folders above)"),
                                 ("images", superseded_id), ("images", left)}
-                               | {("build cache", r) for r in stale_copies})
+                               | {("build cache", r) for r in stale_copies}
+                               | ({("images", stale_context)} if stale_context else set()))
         assert sorted((i["name"], i["note"]) for i in report["kept"]) == sorted(
             [(used_id, f"{used}: a container uses it"),
              (str(house), "2 files the builder did not fetch: never touched")])
@@ -187,6 +199,8 @@ def test_gc_dry_run_lists_then_gc_removes_exactly_the_stale(engine, own_project,
         tags = {t for i in engine.client.images.list() for t in i.tags}
         assert superseded not in tags and used in tags and other in tags
         assert not _exists(engine, superseded_id) and not _exists(engine, left)
+        assert stale_context is None or not _exists(engine, stale_context)
+        assert all(_exists(engine, ref) for ref in served), "a current wheel context's image went"
         assert _exists(engine, foreign), "an image the builder did not record was removed"
         assert project.target("cpu").refs[0] in tags
         assert not stale_copies & {r.id for r in engine.build_cache()}
@@ -253,12 +267,15 @@ def test_an_image_pulled_by_digest_stays_and_one_a_file_names_by_digest_stays_wh
 
 
 @pytest.mark.slow
+@pytest.mark.classic
 def test_another_clones_image_and_wheel_copies_survive_gc_within_keep_days(engine, own_project, state, tmp_path,
                                                                            no_leftovers):
     """Two clones sharing the engine and the wheelhouse (issue 40: clone B's image, built with a change
     of its own, was removed by clone A's gc, and B's next build started from nothing). B builds cpu,
     then A does; A's gc keeps B's image (its content tag) and B's copies of the wheel contexts;
-    ``--keep-days 0`` (this checkout alone counts) removes them."""
+    ``--keep-days 0`` (this checkout alone counts) removes them. Where the wheel contexts are images
+    (the containerd store) there are no copies, and those images, current for A too, stay; the
+    `classic` run (a classic-store dockerd) checks the copies."""
     a = own_project
     b = tmp_path / "clone-b"
     shutil.copytree(a, b, ignore=shutil.ignore_patterns("dist"))
@@ -273,7 +290,11 @@ def test_another_clones_image_and_wheel_copies_survive_gc_within_keep_days(engin
     assert a_image != b_image
     copies = owned.build_cache_ledger(engine).records()
     b_copies = {rid for rid, r in copies.items() if list(r.clones) == [clone_id(b)]}
-    assert b_copies, "B's build made wheel-context copies of its own"
+    assert bool(b_copies) != engine.serves_image_contexts(None), "B's build made wheel-context copies of its own"
+    project = load_project(a / "matrix.yaml")
+    view = project.target("cpu").default_view
+    served = images.refs(layers.context_layers(project, view), view.platform).values() \
+        if engine.serves_image_contexts(None) else ()
     try:
         report = _gc(a)
         assert _exists(engine, b_image) and b_tag in {t for i in engine.client.images.list() for t in i.tags}
@@ -289,6 +310,7 @@ def test_another_clones_image_and_wheel_copies_survive_gc_within_keep_days(engin
         assert left <= _pruned(report)
         assert not b_copies & {r.id for r in engine.build_cache()}
         assert _exists(engine, a_image), "A's current image went"
+        assert all(_exists(engine, ref) for ref in served), "the wheel contexts' images A builds from went"
     finally:
         engine.remove_image(b_tag)
 
