@@ -52,7 +52,8 @@ def test_dockerfile_contract(golden_project):
     froms = [line.split() for line in text.splitlines() if line.startswith("FROM ")]
     assert text.startswith("# ") and "\nARG BASE\n" in text.split("\nFROM ", 1)[0]
     assert [f[1:] for f in froms] == [["${BASE}", "AS", "tools"], ["${BASE}", "AS", "common"],
-                                      ["common", "AS", "wheel-layers"], ["wheel-layers", "AS", "torch"],
+                                      ["common", "AS", "wheel-layers"], ["wheel-layers", "AS", "top-wheel-layer"],
+                                      ["top-wheel-layer", "AS", "torch"],
                                       ["common", "AS", "runtime-files"],
                                       ["torch", "AS", "runtime"]], froms
     # No step reaches a network, and every RUN has /tmp on a tmpfs (nothing of a step's stays there).
