@@ -350,3 +350,42 @@ def test_a_folder_another_clone_s_live_build_holds_stays_until_that_build_ends(t
     finally:
         holder.kill()
         holder.wait()
+
+
+class _Images(_Cache):
+    """An engine's images by ID, and what was removed (the engine test: tests/engine/test_gc_engine.py)."""
+
+    def __init__(self, found: dict[str, ImageFacts]) -> None:
+        super().__init__([])
+        self.found, self.removed = found, list[str]()
+
+    def image(self, ref: str) -> ImageFacts | None:
+        return self.found.get(ref) or next((i for i in self.found.values() if ref in i.tags), None)
+
+    def remove_image(self, ref: str) -> str | None:
+        self.removed.append(ref)
+        self.found = {i: f for i, f in self.found.items() if ref != i and ref not in f.tags}
+        return None
+
+
+def test_a_build_removes_the_wheel_context_images_of_superseded_locks(own_state, tmp_path):
+    """After a build (builder.gc.stores.after_build): the wheel contexts' images the builder recorded that
+    no current lock names go, a day on; a current one, one another clone used within the day, one a
+    running build holds, and an image that is not a context's (a target's: builder gc's) stay."""
+    ctx = "ml-image-builder.invalid/contexts/wheels-torch:"
+    found = {i: ImageFacts(i, tags=(tag,)) for i, tag in (
+        ("sha256:old", ctx + "old"), ("sha256:now", ctx + "now"), ("sha256:theirs", ctx + "theirs"),
+        ("sha256:held", ctx + "held"), ("sha256:target", "r:cpu-aa"))}
+    engine, project = _Images(found), cast(Project, SimpleNamespace(root=tmp_path / "clone"))
+    for image_id, image in found.items():
+        owned.record_image(engine, project, image_id, "cpu", image.tags, hold=image_id == "sha256:held")
+    with owned.images_ledger(engine).editing() as records:
+        for record in records.values():
+            record.recorded = next(iter(record.clones.values())) - 2 * DAY
+            record.clones = {str(project.root.resolve()): record.recorded}
+        records["sha256:theirs"].clones["/another-clone"] = time.time()
+    gone = gc.remove_stale_context_images(engine, project, {ctx + "now"}, keep_days=1)
+    assert gone == ["sha256:old"]
+    assert engine.removed == [ctx + "old"] and set(engine.found) == set(found) - {"sha256:old"}
+    owned.release_image(engine, "sha256:held")
+    assert gc.remove_stale_context_images(engine, project, {ctx + "now"}, keep_days=1) == ["sha256:held"]

@@ -54,9 +54,9 @@ from builder.config.files import locked
 from builder.config.ownership import REFERENCES, Ledger, Record, clone_id
 from builder.config.project import Project, TargetView
 from builder.gc import owned
-from builder.oci import localregistry
+from builder.oci import contextimages, localregistry
 from builder.oci.engine import Engine, ImageFacts
-from builder.wheels import contexts, layers, lockfile, wheelhouse
+from builder.wheels import contexts, images, layers, lockfile, wheelhouse
 
 STORES = ("wheelhouse", "contexts", "build cache", "images", "registry")
 #: Default of ``--keep-days``: another clone that builds weekly keeps its wheels.
@@ -406,10 +406,34 @@ def forget_gone(engine: Engine, since: float) -> None:
     owned.forget_absent(owned.build_cache_ledger(engine), {r.id for r in usage.build_cache}, since)
 
 
-def after_build(project: Project, keep_days: float = 1.0) -> None:
+def current_context_images(project: Project, views: Iterable[TargetView] | None = None) -> set[str]:
+    """The names of the wheel contexts' images the current locks give (:func:`builder.wheels.images.refs`)."""
+    return {ref for v in (all_views(project) if views is None else views)
+            for ref in images.refs(layers.context_layers(project, v), v.platform).values()}
+
+
+def remove_stale_context_images(engine: Engine, project: Project, current: AbstractSet[str],
+                                keep_days: float) -> list[str]:
+    """Remove the wheel contexts' images the builder recorded that carry none of the *current* names,
+    by the images' rules (:func:`builder.gc.owned.verdict`: never one a live build holds, one another
+    clone used within *keep_days*, one a container uses); their IDs."""
+    records = owned.images_ledger(engine).records()
+    served = {i: r for i, r in records.items()
+              if any(t.startswith(contextimages.REPOSITORY + "/") for t in r.facts.get("tags", ()))}
+    found = [f for i in served if (f := engine.image(i)) is not None]
+    gone = []
+    for v in owned.image_verdicts(found, served, clone=clone_id(project.root), keep_days=keep_days,
+                                  current=current, references={}):
+        if v.remove and _remove_image(engine, v) is None:
+            gone.append(v.id)
+    return gone
+
+
+def after_build(project: Project, engine: Engine | None = None, keep_days: float = 1.0) -> None:
     """What ``builder build`` cleans itself after building: the engine is done with the folders this
     run staged, so it holds them no more; then the staged folders the builder recorded that no current
-    view of this checkout names, no live build holds and no other clone used for *keep_days* go.
+    view of this checkout names, no live build holds and no other clone used for *keep_days* go, and
+    so do the wheel contexts' images on *engine* by the same rule (:func:`remove_stale_context_images`).
     Best effort: never fails a build."""
     with contextlib.suppress(Exception):  # a cleanup; the build itself has its outcome already
         wheelhouse.release()
@@ -419,6 +443,8 @@ def after_build(project: Project, keep_days: float = 1.0) -> None:
                                   clone_id(project.root), keep_days)
             for path in chosen.folders:
                 contexts.remove_context(path)
+        if engine is not None:
+            remove_stale_context_images(engine, project, current_context_images(project), keep_days)
 
 
 def report_lines(found: Found, verbose: bool, dry_run: bool) -> list[str]:

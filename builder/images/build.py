@@ -149,7 +149,7 @@ def _build(engine: Engine, project: Project, views: Sequence[TargetView], ui: UI
     if ready:
         outcomes += executor.run([(p, decided[p.unit]) for p in ready], keep_going=keep_going, jobs=jobs,
                                  shared=ready[0])
-        gc.after_build(project)  # this run's staged folders released; those this checkout left behind, a day on
+        gc.after_build(project, engine)  # this run's staged folders released; those this checkout left behind, a day on
     return outcomes
 
 

@@ -26,9 +26,10 @@ from pathlib import Path
 
 from builder.config import tags
 from builder.config.project import Project, TargetView
+from builder.gc import stores
 from builder.images import render
 from builder.oci.docker import exclude_paths
-from builder.wheels import images, layers
+from builder.wheels import layers
 
 
 def copy_sources(dockerfile: str, args: dict[str, str] | None = None) -> list[str]:
@@ -128,5 +129,5 @@ def current_refs(project: Project) -> set[str]:
     """Every tag this checkout's target views give an image now: content tags, local tags and their
     wheel contexts' images (:mod:`builder.wheels.images`): what ``builder gc`` never removes an image under."""
     views = [v for t in project.targets for v in t.views()]
-    return set(content_tags(project, views).values()) | {ref for v in views for ref in v.local_refs} | {
-        ref for v in views for ref in images.refs(layers.context_layers(project, v), v.platform).values()}
+    return set(content_tags(project, views).values()) | {ref for v in views for ref in v.local_refs} | \
+        stores.current_context_images(project, views)
