@@ -93,7 +93,7 @@ def fake_view(name: str, platform: str | None = None, **fields: Any) -> TargetVi
     primary = fields.pop("primary_ref", f"127.0.0.1:1/fake:{name}")
     return cast("TargetView", SimpleNamespace(
         name=name, unit=name, platform=platform, platforms=[platform], local_refs=[primary], primary_ref=primary,
-        refs=[primary], platform_refs=[], alias_refs=[], labels={}, arch=platform.split("/")[1],
+        refs=[primary], platform_refs=[], alias_refs=[], labels={}, arch=platform.split("/")[1], layers=["packages"],
         native=platform == host_platform(), compression="gzip", **fields))
 
 

@@ -154,29 +154,37 @@ def test_a_build_without_buildx_says_how_to_install_it(tmp_path, monkeypatch):
         buildkit.run(BuildRequest(dockerfile="Dockerfile", context=".", platform="linux/amd64"), cwd=tmp_path)
 
 
-#: A stand-in ``docker`` CLI (Python): ``buildx build`` of the image prints one step of the
-#: wheel-layers stage (cached when the file ``cached`` is in its folder), then the export, and names
-#: its image; the early export (``--target wheel-layers``) records its argv and pid and runs until
-#: stopped (fails at once when ``early-fails`` is there). Its folder is written into it: the builder
-#: hands a child only the environment its tool reads. What BuildKit does with both builds is the
-#: engine tests' (tests/engine/test_build.py).
+#: A stand-in ``docker`` CLI (Python): ``buildx build`` of the image prints the steps of two wheel
+#: layers' stages, one after the other (cached when the file ``cached`` is in its folder), then the
+#: export, and names its image; an early export (``--target wheel-layer-*``) records its argv and pid,
+#: prints its layers' export (the first from 05:00:02 to 05:00:05, the second from 05:00:03 to
+#: 05:00:09) and runs until stopped (fails at once when ``early-fails`` is there). Its folder is
+#: written into it: the builder hands a child only the environment its tool reads. What BuildKit
+#: does with these builds is the engine tests' (tests/engine/test_build.py).
 FAKE_DOCKER = '''#!{python}
 import json, os, sys, time
 args = sys.argv[1:]
 out = {out!r}
-if "--target" in args and args[args.index("--target") + 1] == "wheel-layers":
-    with open(os.path.join(out, "early.json"), "w") as f:
+stage = args[args.index("--target") + 1] if "--target" in args else None
+if stage in ("wheel-layer-a", "wheel-layer-b"):
+    with open(os.path.join(out, f"early-{{stage}}.json"), "w") as f:
         json.dump({{"argv": args, "pid": os.getpid()}}, f)
     if os.path.exists(os.path.join(out, "early-fails")):
         sys.exit(1)
+    start, end = ("02", "05") if stage == "wheel-layer-a" else ("03", "09")
+    print(json.dumps({{"statuses": [{{"id": "exporting layers", "vertex": "sha256:e",
+                                    "started": f"2026-12-07T05:00:{{start}}.0Z",
+                                    "completed": f"2026-12-07T05:00:{{end}}.0Z"}}]}}), file=sys.stderr, flush=True)
     time.sleep(60)
     sys.exit(0)
 cached = os.path.exists(os.path.join(out, "cached"))
-step = {{"digest": "sha256:s", "name": "[wheel-layers 1/2] RUN install", "started": "2026-12-07T05:00:00.0Z"}}
-print(json.dumps({{"vertexes": [dict(step, cached=True, completed="2026-12-07T05:00:00.0Z") if cached else step]}}),
-      file=sys.stderr, flush=True)
-time.sleep(0.5)  # the early export starts meanwhile
-print(json.dumps({{"vertexes": [dict(step, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
+for n, name in enumerate(["[wheel-layer-a 1/1] RUN install a", "[wheel-layer-b 1/1] RUN install b"]):
+    step = {{"digest": f"sha256:s{{n}}", "name": name, "started": "2026-12-07T05:00:00.0Z"}}
+    print(json.dumps({{"vertexes": [dict(step, cached=True, completed="2026-12-07T05:00:00.0Z") if cached else step]}}),
+          file=sys.stderr, flush=True)
+    time.sleep(0.5)  # the early export starts meanwhile
+    print(json.dumps({{"vertexes": [dict(step, completed="2026-12-07T05:00:01.0Z")]}}), file=sys.stderr, flush=True)
+time.sleep(0.5)
 with open(args[args.index("--metadata-file") + 1], "w") as f:
     json.dump({{"containerimage.digest": "sha256:" + "a" * 64}}, f)
 '''
@@ -197,39 +205,48 @@ def _early_request() -> BuildRequest:
                         build_args={"WHEELS_TORCH": "torch==2.13.0+cpu --hash=sha256:ab"},
                         contexts={"wheels-torch": "/w/torch"}, labels={"a": "b"}, tags=("r:cpu",),
                         cache_from=("type=registry,ref=r:cache",), cache_to=("type=inline",),
-                        early_stage="wheel-layers")
+                        early_stages=("wheel-layer-a", "wheel-layer-b"))
 
 
-def test_the_wheel_layers_are_exported_early_and_that_build_stopped_with_the_image(fake_docker):
-    """The wheel-layers stage's first step runs: a second build of the same arguments and contexts to
-    that stage starts, its layers compressed as the image's and nothing stored (no tag, label or
-    cache export); once the image's build ends, it is stopped (it was still running), at once."""
+def _early(folder: Path) -> dict[str, dict]:
+    return {p.stem.removeprefix("early-"): json.loads(p.read_text()) for p in sorted(folder.glob("early-*.json"))}
+
+
+def test_each_wheel_layer_is_exported_early_and_those_builds_stopped_with_the_image(fake_docker):
+    """Each wheel layer's stage's step runs: a build of the same arguments and contexts to that
+    stage starts, its layers compressed as the image's and nothing stored (no tag, label or cache
+    export); once the image's build ends, they are stopped (they were still running), at once. The
+    build's ``export: early`` is their export's wall time, the first layer's start to the last's end."""
     started = time.monotonic()
     result = buildkit.run(_early_request(), cwd=fake_docker)
     assert result.ids == ("sha256:" + "a" * 64,)
-    early = json.loads((fake_docker / "early.json").read_text())
-    argv = early["argv"]
-    assert argv[argv.index("--target") + 1] == "wheel-layers"
-    assert argv[argv.index("--output") + 1] == "type=image,store=false,compression=zstd,force-compression=true,oci-mediatypes=true"
-    assert "WHEELS_TORCH=torch==2.13.0+cpu --hash=sha256:ab" in argv and "wheels-torch=/w/torch" in argv
-    assert not {"--tag", "--label", "--cache-from", "--cache-to", "--metadata-file"} & set(argv), argv
-    assert not Path(f"/proc/{early['pid']}").exists(), "the early export is stopped when the image's build ends"
-    assert time.monotonic() - started < 10  # SIGINT stopped it: not CANCEL_S, not its 60 s
+    early = _early(fake_docker)
+    assert list(early) == ["wheel-layer-a", "wheel-layer-b"]
+    for stage, export in early.items():
+        argv = export["argv"]
+        assert argv[argv.index("--target") + 1] == stage
+        assert argv[argv.index("--output") + 1] == "type=image,store=false,compression=zstd,force-compression=true,oci-mediatypes=true"
+        assert "WHEELS_TORCH=torch==2.13.0+cpu --hash=sha256:ab" in argv and "wheels-torch=/w/torch" in argv
+        assert not {"--tag", "--label", "--cache-from", "--cache-to", "--metadata-file"} & set(argv), argv
+        assert not Path(f"/proc/{export['pid']}").exists(), "an early export is stopped when the image's build ends"
+    assert time.monotonic() - started < 10  # SIGINT stopped them together: not CANCEL_S each, not their 60 s
+    assert result.phases["export: early"] == 7.0  # 05:00:02 to 05:00:09
 
 
 def test_no_early_export_when_the_wheel_layers_are_cached_or_not_asked_for(fake_docker):
     (fake_docker / "cached").touch()
     buildkit.run(_early_request(), cwd=fake_docker)
-    assert not (fake_docker / "early.json").exists(), "a cached step's layer has its blob already"
+    assert not _early(fake_docker), "a cached step's layer has its blob already"
     (fake_docker / "cached").unlink()
-    buildkit.run(dataclasses.replace(_early_request(), early_stage=None), cwd=fake_docker)
+    buildkit.run(dataclasses.replace(_early_request(), early_stages=()), cwd=fake_docker)
     buildkit.run(dataclasses.replace(_early_request(), stage="common"), cwd=fake_docker)  # a stage's own build
-    assert not (fake_docker / "early.json").exists()
+    assert not _early(fake_docker)
+    buildkit.run(dataclasses.replace(_early_request(), early_stages=("wheel-layer-b",)), cwd=fake_docker)
+    assert list(_early(fake_docker)) == ["wheel-layer-b"]
 
 
 def test_a_failed_early_export_fails_nothing(fake_docker):
     (fake_docker / "early-fails").touch()
     result = buildkit.run(_early_request(), cwd=fake_docker)
-    assert (fake_docker / "early.json").exists() and result.ids == ("sha256:" + "a" * 64,)
+    assert len(_early(fake_docker)) == 2 and result.ids == ("sha256:" + "a" * 64,)
     assert "export: early" not in result.phases
-

@@ -39,21 +39,25 @@ def test_golden_dockerfile(golden_project, name):
 def test_shared_layers_identical_across_targets(golden_project):
     """Everything before the wheel layers is byte-identical in every target (cache reuse)."""
     texts = render.render(golden_project, golden_project.targets).values()
-    assert all("\nFROM common AS wheel-layers\n" in t for t in texts)
-    heads = {t.split("\nFROM common AS wheel-layers")[0].split("\nFROM ", 1)[1] for t in texts}
+    assert all("\nFROM common AS wheel-layer-" in t for t in texts)
+    heads = {t.split("\nFROM common AS wheel-layer-")[0].split("\nFROM ", 1)[1] for t in texts}
     assert len(heads) == 1
 
 
 def test_dockerfile_contract(golden_project):
-    text = render.render(golden_project, [golden_project.target("cuda")]).popitem()[1]
+    cuda = golden_project.target("cuda")
+    text = render.render(golden_project, [cuda]).popitem()[1]
     assert "USER 1001:1001" in text
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "runtime-check", "exec", "--"]' in text
     # Every stage is on the digest-pinned base (a build argument) or on a stage of its own.
     froms = [line.split() for line in text.splitlines() if line.startswith("FROM ")]
     assert text.startswith("# ") and "\nARG BASE\n" in text.split("\nFROM ", 1)[0]
+    # One stage per wheel layer of the plan, each on the one below (the target's packages: in runtime).
+    below = ["common", *(f"wheel-layer-{layer}" for layer in cuda.layers[:-1])]
+    assert len(below) >= 3
     assert [f[1:] for f in froms] == [["${BASE}", "AS", "tools"], ["${BASE}", "AS", "common"],
-                                      ["common", "AS", "wheel-layers"], ["wheel-layers", "AS", "top-wheel-layer"],
-                                      ["top-wheel-layer", "AS", "torch"],
+                                      *([a, "AS", b] for a, b in zip(below, below[1:])),
+                                      [below[-1], "AS", "torch"],
                                       ["common", "AS", "runtime-files"],
                                       ["torch", "AS", "runtime"]], froms
     # No step reaches a network, and every RUN has /tmp on a tmpfs (nothing of a step's stays there).

@@ -48,9 +48,6 @@ BUILD, SMOKE, PULL, TAG, PUSH, COPY_TAGS, ATTEST, RECORD, INDEX = (
 #: The label holding the commit an image was built from (``-dirty`` when the tree was).
 REVISION = "org.opencontainers.image.revision"
 CREATED = "org.opencontainers.image.created"
-#: The rendered Dockerfile's stage of the wheel layers (templates/Dockerfile.j2), which a build
-#: exports early (:class:`builder.oci.buildkit.EarlyExport`).
-EARLY_STAGE = "wheel-layers"
 
 
 @dataclass(frozen=True)
@@ -251,7 +248,7 @@ def request(
         contexts=wheel_contexts(layers.context_layers(project, view) if wheels is None else wheels),  # staged by the build
         labels={} if stage else dict(labels),
         stage=stage,
-        early_stage=None if stage else EARLY_STAGE,
+        early_stages=() if stage else layers.early_stages(view.layers),
         cache_from=tuple(f"type=registry,ref={ref}" for ref in cache_from),
         cache_to=cache_exports(view, registry_cache=registry_cache, push=push),
         no_cache=nocache,

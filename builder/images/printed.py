@@ -59,9 +59,10 @@ class BuildPlan(_Value):
                                                  "`docker-image://ml-image-builder.invalid/contexts/...`).")
     labels: dict[str, str] = Field(description="The labels set at build time (the commit's revision and time).")
     cache_to: list[str] = Field(description="The cache exports (`--cache-to`).")
-    early_stage: str | None = Field(description="The stage exported beside the build once its first step runs, its "
-                                                "layers compressed and nothing stored (BuildKit, where the image "
-                                                "store keeps layers compressed).")
+    early_stages: list[str] = Field(description="The stages exported beside the build, each once its first step "
+                                                "runs, their layers compressed and nothing stored (BuildKit, where "
+                                                "the image store keeps layers compressed): each wheel layer's below "
+                                                "the plan's last.")
     stages: list[str] = Field(description="What a plain `builder build` does, in order: build, smoke, tag "
                                           "(push, attest, record with --push).")
 
@@ -71,7 +72,7 @@ class BuildPlan(_Value):
         return cls(content_tag=plan.content_tag, local_refs=list(plan.local_refs), push_refs=list(plan.push_refs),
                    cache_sources=list(plan.cache_sources), build_args=dict(request.build_args),
                    contexts=dict(request.contexts), labels=dict(request.labels), cache_to=list(request.cache_to),
-                   early_stage=request.early_stage, stages=list(plan.stages))
+                   early_stages=list(request.early_stages), stages=list(plan.stages))
 
 
 class PrintedTarget(_Value):

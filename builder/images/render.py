@@ -64,6 +64,7 @@ def render_target(env: jinja2.Environment, project: Project, target: Target) -> 
         "epoch": project.matrix.base.source_date_epoch,
         "arg_name": layers.arg_name,
         "context_name": layers.context_name,
+        "stage_name": layers.stage_name,
         "startup_imports": ", ".join(project.matrix.startup_imports),
         "startup_packages": " ".join(dict.fromkeys(m.split(".")[0] for m in project.matrix.startup_imports)),
     }

@@ -120,6 +120,12 @@ class Phases:
         _, started, completed = self.parts.get(key, (part, None, None))
         self.parts[key] = (part, started or status.get("started"), status.get("completed") or completed)
 
+    def window(self, part: str) -> tuple[float, float] | None:
+        """When *part* (one of :data:`EXPORT_PARTS`) first started and last ended, POSIX seconds; None if it never ended."""
+        spans = [(_seconds(started), _seconds(completed)) for p, started, completed in self.parts.values()
+                 if p == part and started and completed]
+        return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None
+
     def seconds(self) -> dict[str, float]:
         out: dict[str, float] = {}
         spans = [(next((p for p, pattern in PHASES if pattern.match(name)), "other"), started, completed)

@@ -5,7 +5,7 @@ docker-py stays for everything else (inspect, tag, push, smoke runs). A
 :class:`~builder.oci.engine.BuildRequest` is a pure plan (what ``builder print`` and the bake file show);
 :func:`argv` is its command line, :func:`run` executes it, reads
 BuildKit's own progress events (``--progress=rawjson``, :mod:`builder.oci.buildevents`) and returns
-the image's ID; :class:`EarlyExport` runs a second build beside it.
+the image's ID; :class:`EarlyExports` runs more builds beside it.
 
 The builder is the user's choice: ``--builder NAME`` or ``BUILDX_BUILDER`` (a team's remote
 BuildKit, a Kubernetes-driver farm); the default is the engine's own (the ``docker`` driver).
@@ -64,7 +64,7 @@ def compression_options(compression: str) -> str:
 
 def output(request: BuildRequest) -> str:
     """The ``--output`` of *request*: the image store, in its compression (an early export: nothing stored)."""
-    if request.early_stage is not None and request.stage == request.early_stage:
+    if request.stage is not None and request.stage in request.early_stages:
         return f"type=image,store=false,{compression_options(request.compression)}"
     return f"type=docker,{compression_options(request.compression)}"
 
@@ -175,44 +175,64 @@ def docker_config(host: str | None, creds: dict[str, str] | None) -> Iterator[di
         yield child_env(ENGINE, {"DOCKER_CONFIG": tmp})
 
 
-class EarlyExport:
-    """The early export of :attr:`BuildRequest.early_stage`: a second ``docker buildx build`` to that
-    stage, its layers compressed as the image's, nothing stored. BuildKit runs a step both builds ask
-    for once and computes a layer's blob once, so the stage's layers are compressed while the steps
-    above it run and the image's export reuses them. Stopped when the image's build ends; its
-    failure fails nothing. BuildKit keeps a copy of each context for its session as for the image's
-    (docs/speed.md): the first early export after those copies were pruned sends them again."""
+#: A Dockerfile step's vertex, by stage (``[wheel-layer-torch 1/1] RUN ...``).
+EARLY_STEP = re.compile(r"^\[(?P<stage>[^\]\s]+) \d+/\d+\] ")
 
-    def __init__(self, request: BuildRequest, env: dict[str, str], cwd: Path | None, log: Path) -> None:
-        assert request.early_stage is not None
-        self.request = replace(request, stage=request.early_stage, labels={}, tags=(), cache_from=(), cache_to=())
-        self.step = re.compile(rf"^\[{re.escape(request.early_stage)} \d+/\d+\] ")
-        self.env, self.cwd, self.log = env, cwd, log
-        self.proc: subprocess.Popen[str] | None = None
+
+class EarlyExports:
+    """The early exports of :attr:`BuildRequest.early_stages`: for each stage a second ``docker buildx
+    build`` to it, its layers compressed as the image's, nothing stored, started when the stage's
+    first step runs (not cached: a cached step's layer has its blob). BuildKit runs a step every
+    build asks for once and computes a layer's blob once, so each wheel layer is compressed while
+    the layers above it install and the image's export reuses them. Stopped when the image's build
+    ends; a failure fails nothing. BuildKit keeps a copy of each folder context per session, as for
+    the image's (docs/speed.md): the first early exports after those copies were pruned send them
+    again (the contexts as images send nothing)."""
+
+    def __init__(self, request: BuildRequest, env: dict[str, str], cwd: Path | None, folder: Path) -> None:
+        self.requests = {stage: replace(request, stage=stage, labels={}, tags=(), cache_from=(), cache_to=())
+                         for stage in request.early_stages}
+        self.env, self.cwd, self.folder = env, cwd, folder
+        self.procs: dict[str, subprocess.Popen[str]] = {}
 
     def see(self, vertex: dict[str, Any]) -> None:
-        """One vertex event of the image's build: the early export starts with the stage's first step
-        that runs (not cached: a cached step's layer has its blob)."""
-        if self.proc is not None or vertex.get("cached") or vertex.get("completed") or not vertex.get("started"):
+        """One vertex event of the image's build: a stage's early export starts with its first step that runs."""
+        if vertex.get("cached") or vertex.get("completed") or not vertex.get("started"):
             return
-        if self.step.match(vertex.get("name", "")):
-            with self.log.open("w") as log:
-                self.proc = subprocess.Popen(argv(self.request), stdout=subprocess.DEVNULL, stderr=log, text=True,
-                                             env=self.env, cwd=self.cwd, start_new_session=True)
+        step = EARLY_STEP.match(vertex.get("name", ""))
+        if step is None or step["stage"] not in self.requests or step["stage"] in self.procs:
+            return
+        with self._log(step["stage"]).open("w") as log:
+            self.procs[step["stage"]] = subprocess.Popen(
+                argv(self.requests[step["stage"]]), stdout=subprocess.DEVNULL, stderr=log, text=True,
+                env=self.env, cwd=self.cwd, start_new_session=True)
 
     def stop(self) -> None:
-        if self.proc is not None:
-            _stop(self.proc)
+        """Every one still running gets SIGINT at once, then each its time to stop (:func:`_stop`)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
+        for proc in self.procs.values():
+            _stop(proc)
 
     def seconds(self) -> dict[str, float]:
-        """Its export's seconds (``export: early``), from its own events; none when it did not run."""
-        phases = Phases()
-        with contextlib.suppress(OSError), self.log.open() as stream:
-            for event in events(stream):
-                for status in event.get("statuses") or []:
-                    phases.update_status(status)
-        seconds = phases.seconds().get("export: layers") if self.proc is not None else None
-        return {"export: early": seconds} if seconds is not None else {}
+        """Their export's seconds (``export: early``), from their own events: the first layer's
+        compression started to the last one's end; none when none ran."""
+        windows: list[tuple[float, float]] = []
+        for stage in self.procs:
+            phases = Phases()
+            with contextlib.suppress(OSError), self._log(stage).open() as stream:
+                for event in events(stream):
+                    for status in event.get("statuses") or []:
+                        phases.update_status(status)
+            windows += filter(None, [phases.window("export: layers")])
+        if not windows:
+            return {}
+        return {"export: early": round(max(end for _, end in windows) - min(start for start, _ in windows), 2)}
+
+    def _log(self, stage: str) -> Path:
+        return self.folder / f"early-{stage}.log"
 
 
 def run(
@@ -242,7 +262,7 @@ def run(
                                 start_new_session=True)  # a terminal's Ctrl-C reaches us, and we cancel it
         stderr = proc.stderr
         assert stderr is not None
-        early = EarlyExport(request, env, cwd, Path(tmp) / "early.log") if request.early_stage and not request.stage else None
+        early = EarlyExports(request, env, cwd, Path(tmp)) if request.early_stages and not request.stage else None
         try:
             errors, code = supervised(proc, cancel, lambda: _follow(stderr, steps, on_step, on_log, phases=phases, early=early))
         finally:
@@ -267,7 +287,7 @@ def run(
 
 def _follow(stream: IO[str], steps: Steps, on_step: Callable[[int, int, str], None],
             on_log: Callable[[str], None], *, phases: Phases | None = None,
-            early: EarlyExport | None = None) -> list[str]:
+            early: EarlyExports | None = None) -> list[str]:
     """Read buildx's progress to its end, *steps*, *phases*, *early* and the callbacks following it;
     return the errors it reported."""
     lines = Lines()

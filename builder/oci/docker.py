@@ -425,8 +425,8 @@ class DockerEngine:
     ) -> tuple[str, BuildResult]:
         """BuildKit reads the base and the cache from *registry_host* itself, with the same credentials."""
         creds = registry.credentials(registry_host) if registry_host else None
-        if request.early_stage and not request.builder and self.store() == "classic":
-            request = replace(request, early_stage=None)  # its docker driver keeps layers uncompressed: nothing to do early
+        if request.early_stages and not request.builder and self.store() == "classic":
+            request = replace(request, early_stages=())  # its docker driver keeps layers uncompressed: nothing to do early
         result = buildkit.run(request, on_step=on_step, on_log=on_log, cancel=cancel, registry_host=registry_host,
                               creds=creds, cwd=cwd)
         return self.resolve(result.ids), result

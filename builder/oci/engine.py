@@ -82,12 +82,11 @@ class BuildRequest:
     #: containerd store, a remote builder), not by the classic store's
     compression: str = "gzip"
     tags: tuple[str, ...] = ()
-    #: the stage whose layers are exported beside the build, nothing stored, once its first step
-    #: runs (the wheel layers: BuildKit compresses them while the steps above them run, and the
-    #: image's export finds them done); None: none. Honoured where the image's layers are compressed
-    #: as built (BuildKit with the containerd store or a remote builder), not by the classic store
-    #: or podman.
-    early_stage: str | None = None
+    #: the stages exported beside the build, nothing stored, each once its first step runs (the
+    #: wheel layers': BuildKit compresses each layer while the steps above it run, and the image's
+    #: export finds them done). Honoured where the image's layers are compressed as built (BuildKit
+    #: with the containerd store or a remote builder), not by the classic store or podman.
+    early_stages: tuple[str, ...] = ()
 
 
 @dataclass

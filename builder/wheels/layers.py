@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packaging.utils import canonicalize_name
@@ -70,6 +71,24 @@ def context_name(layer: str) -> str:
     build sent the wheels again (0.74 GB of nvidia-cu130's, 9 s, with every step cached).
     """
     return "wheels-" + layer
+
+
+def stage_name(layer: str) -> str:
+    """The rendered Dockerfile's stage that installs *layer*: ``cuda-dnn`` -> ``wheel-layer-cuda-dnn``
+    (not its context's name: a stage of that name would hide the context)."""
+    return "wheel-layer-" + layer
+
+
+def early_stages(target_layers: Sequence[str]) -> tuple[str, ...]:
+    """The stages a build exports early, one per wheel layer below the plan's last (accelerate,
+    small) and the target's packages: each layer is compressed from the moment its step ends,
+    while the layers above it install (:class:`builder.oci.buildkit.EarlyExports`).
+
+    Example:
+        >>> early_stages(["cuda-dnn", "torch", "accelerate", "packages"])
+        ('wheel-layer-cuda-dnn', 'wheel-layer-torch')
+    """
+    return tuple(stage_name(layer) for layer in target_layers[:-2])
 
 
 def layer_of(matrix: Matrix, backend: str, wheel: str) -> str:

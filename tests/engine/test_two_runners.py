@@ -137,7 +137,7 @@ def _push_base(engine: docker.DockerClient, reference: str, repo: str, creds: di
 
 
 def _shared_steps(dockerfile: str) -> int:
-    """BuildKit's steps (RUN, COPY, ADD, WORKDIR) before the runtime stages (tools, common, wheel-layers, torch)."""
+    """BuildKit's steps (RUN, COPY, ADD, WORKDIR) before the runtime stages (tools, common, wheel-layer-*, torch)."""
     count = 0
     for line in dockerfile.splitlines():
         if line.startswith("FROM ") and " AS runtime" in line:

@@ -58,8 +58,8 @@ def published(based_project, registry, signing_key, tmp_path_factory) -> tuple[P
     git("init", "-q", "-b", "main", cwd=origin)
     git("add", "-A", cwd=origin)
     git("commit", "-q", "-m", "the published commit", cwd=origin)
-    # --rebuild: every step runs, so on the containerd store the wheel layers are exported early (a
-    # second buildx build): the classic store's rebuild below, which exports nothing early, checks
+    # --rebuild: every step runs, so on the containerd store the wheel layers are exported early (buildx
+    # builds beside it): the classic store's rebuild below, which exports nothing early, checks
     # that this changes no byte of the image.
     build = run_builder("build", "-t", "cpu", "--push", "--rebuild", "--json", "-q", "--sign-key",
                         str(signing_key["private"]), cwd=origin)

@@ -1,14 +1,14 @@
 # Rendered by `builder render` from templates/: do not edit; change matrix.yaml or templates/.
 # Target rocm: backend rocm 5.7, torch 2.2.2+rocm5.7
 #
-# Stages, in cache order: common (byte-identical in every target) -> wheel-layers (this backend's
-# wheels, one layer per group of the layer plan) -> top-wheel-layer (the plan's last group below
-# the target's own packages) -> torch (start-up bytecode, torch's facts) -> runtime (the in-image
-# runtime, the layer that changes most); beside them tools (the installer, in no layer) and
-# runtime-files (the runtime, built while torch installs). Each layer's wheels come from a named
-# build context of their own, `wheels-<layer>` (bind-mounted for the RUN that
-# installs them: no network, no server), are checked against the hash locks and never stay in a
-# layer; no cache, CA bundle or credential does either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
+# Stages, in cache order: common (byte-identical in every target) -> wheel-layer-<layer> (this
+# backend's wheels, one stage and layer per group of the layer plan) -> torch (the backend's
+# environment, start-up bytecode, torch's facts) -> runtime (the in-image runtime, the layer that
+# changes most); beside them tools (the installer, in no layer) and runtime-files (the runtime,
+# built while torch installs). Each layer's wheels come from a named build context of their own,
+# `wheels-<layer>` (bind-mounted for the RUN that installs them: no network, no server), are
+# checked against the hash locks and never stay in a layer; no cache, CA bundle or credential does
+# either. Build with `builder build`, or `docker buildx bake` on `builder bake`'s file.
 
 # The shared base, pinned by digest per platform in base.lock.json (not here: a re-pin changes
 # that file alone). `builder build` passes the platform's pin as BASE; `builder print` shows it.
@@ -57,17 +57,15 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find /opt/venv -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +
 
-FROM common AS wheel-layers
 # The layer plan (matrix.yaml's layers): one layer per group of the target's locked wheels, by what
 # changes together and about 1 GB at most, so a change to one group rebuilds, pushes and pulls that
-# layer and those above it, and the engine fetches the layers side by side.
-# The plan's last wheel layer below the target's own packages (accelerate: small) in a stage above.
-# Where the image store keeps layers compressed, `builder build` exports the wheel-layers stage beside
-# the build as soon as its first step runs (a second buildx build with nothing stored: BuildKit runs
-# each step once for both): the layers below are then compressed from the moment the last of them
-# is installed, while this layer installs and torch is imported below, and the image's export
-# finds them done.
-FROM wheel-layers AS top-wheel-layer
+# layer and those above it, and the engine fetches the layers side by side. Each layer in a stage of
+# its own, wheel-layer-<layer>, on the one below: where the image store keeps layers compressed,
+# `builder build` exports each stage below the plan's last layer (accelerate: small) beside the build
+# as soon as its step runs (a buildx build with nothing stored: BuildKit runs each step once for
+# all of them), so each layer is compressed from the moment it is installed, while the layers above
+# it install, and the image's export finds them done.
+FROM common AS wheel-layer-torch
 ARG WHEELS_TORCH
 RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,source=/opt/uv,target=/tmp/uv --mount=type=bind,from=wheels-torch,target=/tmp/wheels/torch \
     if [ -n "$WHEELS_TORCH" ]; then touch /tmp/.layer \
@@ -76,7 +74,7 @@ RUN --network=none --mount=type=tmpfs,target=/tmp --mount=type=bind,from=tools,s
       --find-links /tmp/wheels/torch -r /tmp/torch.lock \
  && rm -rf /opt/venv/.lock /opt/venv/.uv-cache && for f in /opt/venv/lib/python3*/site-packages/*.dist-info/uv_cache.json; do [ -e "$f" ] || continue; rm "$f"; sed -i '/[/]uv_cache[.]json,/d' "${f%/uv_cache.json}/RECORD"; done \
  && find /opt/venv -xdev -cnewer /tmp/.layer -exec touch -h -d @1735689600 {} +; fi
-FROM top-wheel-layer AS torch
+FROM wheel-layer-torch AS torch
 # Bytecode only for what start-up imports (the user cannot write it at run time), in a layer of
 # its own above the wheels: fast starts without compiling every module of every package into
 # the image; pynvml's too where the image has it (the runtime's check asks NVML at every start,
