@@ -153,9 +153,8 @@ def _stage_wheels(engine: Engine, project: Project, plan: plans.ViewPlan,
     folder = contexts.build_context(plan.wheels, clone_id(project.root), say=say)
     if not engine.serves_image_contexts(plan.request.builder):
         return plan.request.contexts, []
-    served = images.serve(engine, folder, plan.wheels, plan.platform, say)
-    for ref, image_id in served.values():
-        owned.record_image(engine, project, image_id, plan.name, [ref], hold=True)
+    served = images.serve(engine, folder, plan.wheels, plan.platform, say, on_served=lambda ref, image_id:
+                          owned.record_image(engine, project, image_id, plan.name, [ref], hold=True))
     return {name: images.SCHEME + ref for name, (ref, _) in served.items()}, [i for _, i in served.values()]
 
 

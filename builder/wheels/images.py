@@ -49,12 +49,15 @@ def refs(layers: Mapping[str, Sequence[Pin]], platform: str) -> dict[str, str]:
 
 
 def serve(engine: Engine, folder: Path, layers: Mapping[str, Sequence[Pin]], platform: str,
-          say: Callable[[str], object] = wheelhouse.say_stderr) -> dict[str, tuple[str, str]]:
+          say: Callable[[str], object] = wheelhouse.say_stderr,
+          on_served: Callable[[str, str], object] = lambda ref, image_id: None) -> dict[str, tuple[str, str]]:
     """The contexts of *layers* as images of *engine*: by context name, the image's name and ID. Each
     is checked against its recorded diff ID and loaded from the staged *folder*
     (:func:`builder.wheels.contexts.build_context`, held by this run) when absent or another;
-    *say* gets a line for each image loaded. Raises what the engine raises (:class:`EngineError`
-    when it did not keep an image as loaded)."""
+    *say* gets a line for each image loaded, *on_served* each image's name and ID as soon as it is
+    in place, before the next is loaded (the caller records it: a run stopped between two loads
+    leaves none it did not record). Raises what the engine raises (:class:`EngineError` when it did
+    not keep an image as loaded)."""
     record = wheelhouse.records(say).get(wheelhouse.context_key(folder))
     known: dict[str, str] = dict(record.facts.get(DIFF_IDS) or {}) if record is not None else {}
     served, learned = {}, {}
@@ -73,6 +76,7 @@ def serve(engine: Engine, folder: Path, layers: Mapping[str, Sequence[Pin]], pla
             say(f"wheels: {name} loaded into the image store as {ref} "
                 f"({sum(p.stat().st_size for p in (folder / layer).iterdir()) / 1e6:.0f} MB)")
         served[name] = (ref, image.id)
+        on_served(ref, image.id)
     if learned:
         with locked(wheelhouse.lock_path()), wheelhouse.editing(wheelhouse.location(), say) as book:
             if (record := book.get(wheelhouse.context_key(folder))) is not None:

@@ -93,3 +93,31 @@ def test_a_layer_is_loaded_once_read_in_place_and_loaded_again_when_its_name_is_
     finally:
         for name in (ref, "zz-ctx-test:keep", "zz-ctx-test:other"):
             engine.remove_image(name)
+
+
+def test_each_image_is_handed_over_as_soon_as_it_is_in_place(engine, house):
+    """A run stopped between two loads has recorded every image it loaded: the first layer's image
+    reaches *on_served* before the second is loaded, and here the second fails (its folder holds
+    a subfolder, which no context image takes)."""
+    if not engine.serves_image_contexts(None):
+        pytest.skip("this engine's builds read a folder context (the classic store): no context images")
+    pins = {}
+    for layer in ("tools", "common"):
+        payload = f"{layer} {uuid.uuid4().hex}".encode() * 100
+        pins[layer] = Pin(f"zz-{layer}", "1.0", hashlib.sha256(payload).hexdigest(), f"zz_{layer}-1.0-py3-none-any.whl")
+        fetch_wheels({pins[layer].filename: payload})
+    layers = {layer: [pin] for layer, pin in pins.items()}
+    folder = contexts.build_context(layers)
+    (folder / "common" / "sub").mkdir()
+    refs = images.refs(layers, "linux/amd64")
+    handed: list[tuple[str, str]] = []
+    try:
+        with pytest.raises(ValueError, match="sub is not a regular file"):
+            images.serve(engine, folder, layers, "linux/amd64", lambda line: None,
+                         on_served=lambda ref, image_id: handed.append((ref, image_id)))
+        image = engine.image(refs["wheels-tools"])
+        assert image is not None and handed == [(refs["wheels-tools"], image.id)]
+        assert engine.image(refs["wheels-common"]) is None
+    finally:
+        for ref in refs.values():
+            engine.remove_image(ref)
