@@ -5,11 +5,12 @@ the Protocol), and publish.record's locking."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -18,7 +19,7 @@ import docker
 import pytest
 from click.testing import CliRunner
 from doubles import NoEngine, Silent
-from helpers import bare_build_project, fake_view
+from helpers import bare_build_project, fake_view, fetch_wheels
 
 from builder.config.errors import TargetFailed
 from builder.config.ownership import clone_id, run_token
@@ -28,7 +29,8 @@ from builder.images import build, publish
 from builder.images import plan as plans
 from builder.images.execute import Attester, Executor, SmokeTest
 from builder.oci import registry
-from builder.oci.engine import BuildRequest, BuildResult, CacheRecord, Engine, ImageFacts
+from builder.oci.engine import BuildRequest, BuildResult, CacheRecord, Engine, EngineError, ImageFacts
+from builder.wheels.lockfile import Pin
 from devtools.support import REPO
 
 
@@ -340,6 +342,47 @@ def test_a_built_image_is_recorded_held_by_its_run_until_its_stages_end(tmp_path
     presence = plans.Presence(local_id="sha256:old", local_tags=(plan.content_tag, "127.0.0.1:1/fake:t0"))
     _executor(engine, tmp_path, plans.Options()).run_view(plan, plans.decide(plan, presence, plans.Options()))
     assert owned.images_ledger(engine).records()["sha256:old"].facts["target"] == "t0"
+
+
+class LoadRefusedEngine(FakeEngine):
+    """Its builds read image contexts in place, and it refuses every load (as a full image store
+    does); it keeps the contexts each build was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: list[dict[str, str]] = []
+
+    def serves_image_contexts(self, builder: str | None) -> bool:
+        return True
+
+    def load(self, archive: Path | Iterable[bytes]) -> None:
+        raise EngineError("write /var/lib/containerd/...: no space left on device")
+
+    def build(self, request: BuildRequest, **kw: Any) -> tuple[str, BuildResult]:
+        self.contexts.append(dict(request.contexts))
+        return super().build(request, **kw)
+
+
+def test_wheels_the_engine_did_not_load_as_images_reach_the_build_as_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILDER_WHEELHOUSE", str(tmp_path / "house"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "state"))
+    (tmp_path / "house").mkdir()
+    payload = b"a wheel" * 100
+    pin = Pin("zz", "1.0", hashlib.sha256(payload).hexdigest(), "zz-1.0-py3-none-any.whl")
+    fetch_wheels({pin.filename: payload})
+    wheels = {"torch": [pin]}
+    base = _plan()
+    plan = dataclasses.replace(base, wheels=wheels,
+                               request=dataclasses.replace(base.request, contexts=plans.wheel_contexts(wheels)))
+    engine, ui = LoadRefusedEngine(), Said()
+    executor = Executor(engine, cast(Project, SimpleNamespace(root=tmp_path)), ui, options=plans.Options(),
+                        smoke=_smoke(), revision="abc")
+    out = executor.run_view(plan, plans.decide(plan, None, plans.Options()))
+    assert out.error is None and out.result == "built"
+    assert engine.contexts == [plans.wheel_contexts(wheels)], "the build reads the staged folders"
+    assert (Path(engine.contexts[0]["wheels-torch"]) / pin.filename).read_bytes() == payload
+    assert any("did not load the wheels as images (write /var/lib/containerd/...: no space left on device); "
+               "this build sends their folders instead" in line for line in ui.said), ui.said
 
 
 class RacedEngine(FakeEngine):

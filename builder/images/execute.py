@@ -46,7 +46,7 @@ from builder.images import lookup, publish, smoke, trust
 from builder.images import plan as plans
 from builder.images.outcome import Outcome
 from builder.oci import faults, registry
-from builder.oci.engine import BuildRequest, BuildResult, Engine
+from builder.oci.engine import BuildRequest, BuildResult, Engine, EngineError
 from builder.wheels import contexts, images
 
 #: After an interrupt: how long to wait for the cancelled builds and this run's smoke containers.
@@ -145,7 +145,8 @@ def _stage_wheels(engine: Engine, project: Project, plan: plans.ViewPlan,
                   say: Callable[[str], None]) -> tuple[dict[str, str], list[str]]:
     """The build's wheel contexts: the folders the plan names, staged (hard links into the wheelhouse)
     or checked, and served as the engine's images where its builds read those in place
-    (:mod:`builder.wheels.images`); *say* gets a line for each folder replaced or image loaded.
+    (:mod:`builder.wheels.images`; the folders when the engine refuses a load); *say* gets a line
+    for each folder replaced or image loaded.
     This run holds the folders until :func:`builder.gc.stores.after_build` and the images until the
     view is done (the IDs returned with the contexts, to release): no clean-up removes them while the
     engine reads them."""
@@ -153,9 +154,21 @@ def _stage_wheels(engine: Engine, project: Project, plan: plans.ViewPlan,
     folder = contexts.build_context(plan.wheels, clone_id(project.root), say=say)
     if not engine.serves_image_contexts(plan.request.builder):
         return plan.request.contexts, []
-    served = images.serve(engine, folder, plan.wheels, plan.platform, say, on_served=lambda ref, image_id:
-                          owned.record_image(engine, project, image_id, plan.name, [ref], hold=True))
-    return {name: images.SCHEME + ref for name, (ref, _) in served.items()}, [i for _, i in served.values()]
+    held: list[str] = []
+
+    def hold(ref: str, image_id: str) -> None:
+        owned.record_image(engine, project, image_id, plan.name, [ref], hold=True)
+        held.append(image_id)
+
+    try:
+        served = images.serve(engine, folder, plan.wheels, plan.platform, say, on_served=hold)
+    except EngineError as exc:  # the folders build the same image, only slower
+        for image_id in held:
+            owned.release_image(engine, image_id)
+        say(f"{plan.name}: the engine did not load the wheels as images ({exc}); this build sends their "
+            "folders instead")
+        return plan.request.contexts, []
+    return {name: images.SCHEME + ref for name, (ref, _) in served.items()}, held
 
 
 class Executor:
