@@ -351,6 +351,7 @@ class LoadRefusedEngine(FakeEngine):
     def __init__(self) -> None:
         super().__init__()
         self.contexts: list[dict[str, str]] = []
+        self.early: list[tuple[str, ...]] = []
 
     def serves_image_contexts(self, builder: str | None) -> bool:
         return True
@@ -360,6 +361,7 @@ class LoadRefusedEngine(FakeEngine):
 
     def build(self, request: BuildRequest, **kw: Any) -> tuple[str, BuildResult]:
         self.contexts.append(dict(request.contexts))
+        self.early.append(request.early_stages)
         return super().build(request, **kw)
 
 
@@ -372,14 +374,15 @@ def test_wheels_the_engine_did_not_load_as_images_reach_the_build_as_folders(tmp
     fetch_wheels({pin.filename: payload})
     wheels = {"torch": [pin]}
     base = _plan()
-    plan = dataclasses.replace(base, wheels=wheels,
-                               request=dataclasses.replace(base.request, contexts=plans.wheel_contexts(wheels)))
+    plan = dataclasses.replace(base, wheels=wheels, request=dataclasses.replace(
+        base.request, contexts=plans.wheel_contexts(wheels), early_stages=("wheel-layer-torch",)))
     engine, ui = LoadRefusedEngine(), Said()
     executor = Executor(engine, cast(Project, SimpleNamespace(root=tmp_path)), ui, options=plans.Options(),
                         smoke=_smoke(), revision="abc")
     out = executor.run_view(plan, plans.decide(plan, None, plans.Options()))
     assert out.error is None and out.result == "built"
     assert engine.contexts == [plans.wheel_contexts(wheels)], "the build reads the staged folders"
+    assert engine.early == [()], "no early export: each would send the folders once more"
     assert (Path(engine.contexts[0]["wheels-torch"]) / pin.filename).read_bytes() == payload
     assert any("did not load the wheels as images (write /var/lib/containerd/...: no space left on device); "
                "this build sends their folders instead" in line for line in ui.said), ui.said

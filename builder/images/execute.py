@@ -222,7 +222,11 @@ class Executor:
         plan, out, unit = run.plan, run.out, run.plan.unit
         served, held = _stage_wheels(self.engine, self.project, plan, self.ui.say)
         run.contexts = tuple(held)
-        request = replace(plan.request, contexts=served, cache_from=() if plan.request.no_cache else tuple(
+        # Early exports only where the wheels' contexts are images: BuildKit keeps a folder context's
+        # copy per build session, so each early export would send its layers' wheels once more.
+        in_place = all(context.startswith(images.SCHEME) for context in served.values())
+        request = replace(plan.request, contexts=served, early_stages=plan.request.early_stages if in_place else (),
+                          cache_from=() if plan.request.no_cache else tuple(
                               f"type=registry,ref={ref}" for ref in self._cache_sources(plan)))
 
         def build(request: BuildRequest) -> tuple[str, BuildResult]:

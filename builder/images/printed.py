@@ -61,8 +61,8 @@ class BuildPlan(_Value):
     cache_to: list[str] = Field(description="The cache exports (`--cache-to`).")
     early_stages: list[str] = Field(description="The stages exported beside the build, each once its first step "
                                                 "runs, their layers compressed and nothing stored (BuildKit, where "
-                                                "the image store keeps layers compressed): each wheel layer's below "
-                                                "the plan's last.")
+                                                "the image store keeps layers compressed and the wheels' contexts "
+                                                "are images): each wheel layer's below the plan's last.")
     stages: list[str] = Field(description="What a plain `builder build` does, in order: build, smoke, tag "
                                           "(push, attest, record with --push).")
 

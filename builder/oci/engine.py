@@ -85,7 +85,8 @@ class BuildRequest:
     #: the stages exported beside the build, nothing stored, each once its first step runs (the
     #: wheel layers': BuildKit compresses each layer while the steps above it run, and the image's
     #: export finds them done). Honoured where the image's layers are compressed as built (BuildKit
-    #: with the containerd store or a remote builder), not by the classic store or podman.
+    #: with the containerd store or a remote builder), not by the classic store or podman; the
+    #: executor asks for them only where the wheels' contexts are images.
     early_stages: tuple[str, ...] = ()
 
 
