@@ -285,7 +285,7 @@ NOTES = HOW[:-1] + """:
 cold = the whole `builder build -t T --rebuild --no-smoke -q --json` process (zstd) against the whole `docker buildx
 build --no-cache` of the baseline (gzip, and again exported with zstd: `--output
 type=image,compression=zstd,force-compression=true,oci-mediatypes=true`), medians of 3, each round's order rotated; no-op = wall time of
-the whole `builder build -t T --no-smoke -q --json` process (baseline: `docker buildx build` of its Dockerfile,
+the whole `builder build -t T --platform P --no-smoke -q --json` process, P the platform the baseline builds (baseline: `docker buildx build` of its Dockerfile,
 the wheels bind-mounted from its `wheels` named context, gzip as Docker's default); runtime change = a comment appended to
 runtime/ml_runtime/__init__.py in the temporary copy, then the same rebuild. Sizes and sharing are taken from
 the images an ordinary cached build leaves tagged; essential = base root fs + uncompressed size of the locked

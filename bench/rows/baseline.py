@@ -175,7 +175,7 @@ def _settle(run: _Bench, project: Project, views: list[TargetView], tags: dict[s
     stacks: dict[str, dict[str, list[Layer]]] = {"ours": {}, "baseline": {}}
     for t in views:
         run.made.refs.append(tags[t.name])
-        final = {"ours": builder_build(run.root, t.name)[1]["image_id"],
+        final = {"ours": builder_build(run.root, t.name, "--platform", t.platform)[1]["image_id"],
                  "baseline": run.baseline_build(t, tags[t.name])[1]}
         run.made.ids += [final["ours"], final["baseline"]]
         essential = run.client.api.inspect_image(run.base)["Size"] + sum(
@@ -188,14 +188,15 @@ def _settle(run: _Bench, project: Project, views: list[TargetView], tags: dict[s
     return stacks
 
 
-def _paired(run: _Bench, t: Target, tag: str,
+def _paired(run: _Bench, t: TargetView, tag: str,
             prepare: Callable[[Target], None]) -> tuple[list[float], list[float], list[bool]]:
     """REPEATS rebuilds of *t*, ours then the baseline's (tagged *tag*), each after *prepare*: (ours s,
-    theirs s, all cached)."""
+    theirs s, all cached). Ours builds *t*'s platform alone, as the baseline does: nvidia-cu130 lists
+    linux/arm64 too, whose rebuild under qemu would count in ours alone."""
     samples, theirs_samples, cached = [], [], []
     for _ in range(REPEATS):
         prepare(t)
-        seconds, outcome = builder_build(run.root, t.name)
+        seconds, outcome = builder_build(run.root, t.name, "--platform", t.platform)
         samples.append(seconds)
         cached.append(outcome["cached_steps"] == outcome["steps"])
         run.made.ids.append(outcome["image_id"])
