@@ -29,7 +29,15 @@ import requests
 
 from bench import baseline_context, baseline_wheels, run, say, timed
 from devtools import locks
-from devtools.support import REPO, base_pin, copy_project, edit_matrix, host_platform, retarget_base_lock
+from devtools.support import (
+    REPO,
+    base_pin,
+    copy_project,
+    edit_matrix,
+    engine_refs_under,
+    host_platform,
+    retarget_base_lock,
+)
 
 BASELINE_REPO = "ml-bench-baseline"
 #: What ``builder print`` writes (builder/images/printed.py makes it; ``make schema`` writes this file).
@@ -190,7 +198,9 @@ class Made:
 
     ``refs`` are the bench's own tags: removing the last tag of an image deletes it with its
     untagged parents. ``borrowed`` are extra tags on images that existed before (the base):
-    only those tags go. ``ids`` are the images that lost their tags along the way.
+    only those tags go. ``ids`` are the images that lost their tags along the way. ``registries``
+    are the bench's own registries: every name under them goes too (tags, and names by digest,
+    as a base pinned there on another platform gets from a build).
     """
 
     def __init__(self, client: docker.DockerClient) -> None:
@@ -198,6 +208,7 @@ class Made:
         self.refs: list[str] = []
         self.borrowed: list[str] = []
         self.ids: list[str] = []
+        self.registries: list[str] = []
 
     def _remove(self, ref: str) -> bool:
         try:
@@ -230,7 +241,8 @@ class Made:
                 continue
             if set(tags) - set(self.borrowed):
                 self._remove(ref)  # other tags keep the image: this only untags
-        left = list(dict.fromkeys([*self.refs, *self.ids]))
+        left = list(dict.fromkeys([*self.refs, *(n for r in self.registries for n in engine_refs_under(r)),
+                                   *self.ids]))
         for _ in range(4):  # leaves first; a parent shared by two leaves goes on a later pass
             left = [ref for ref in left if not self._remove(ref)]
         if left:
@@ -257,6 +269,7 @@ def setup_project(client: docker.DockerClient, root: Path, host: str, made: Made
     tags = [t for image in client.api.images(name=f"{new_registry}/base") for t in image.get("RepoTags") or []
             if t.startswith(f"{new_registry}/base:")]
     made.refs += [*tags, reference]
+    made.registries.append(new_registry)
     return root
 
 

@@ -88,6 +88,22 @@ def registry_of(root: Path) -> str:
     return registry
 
 
+def engine_refs_under(prefix: str) -> list[str]:
+    """Every name the local engine gives an image under *prefix* (a repository, or a registry's
+    ``host:port``): its tags and its names by digest. ``docker images`` prints one name per image on
+    the containerd store, so a name by digest alone (a base pinned in a test's registry) is read from
+    each image's ``RepoDigests``."""
+    ids = subprocess.run(["docker", "images", "--all", "--quiet", "--no-trunc"],
+                         capture_output=True, text=True, check=False).stdout.split()
+    if not ids:
+        return []
+    listed = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RepoTags}}\t{{json .RepoDigests}}",
+                             *dict.fromkeys(ids)], capture_output=True, text=True, check=False).stdout
+    names = [n for line in listed.splitlines() for part in line.split("\t") for n in json.loads(part) or []]
+    return [n for n in dict.fromkeys(names) if n[len(prefix):len(prefix) + 1] in ("/", ":", "@")
+            and n.startswith(prefix)]
+
+
 def host_platform() -> str:
     """This host's OCI platform, as base.lock.json keys it (devtools imports nothing of builder)."""
     return {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}.get(platform.machine(), platform.machine())

@@ -31,7 +31,7 @@ from helpers import run_builder
 from builder.config.project import load_project
 from builder.config.wheelmap import index_env_var
 from builder.oci import artifacts, registry
-from devtools.support import copy_project, edit_matrix, native_only, retarget_base_lock
+from devtools.support import copy_project, edit_matrix, engine_refs_under, native_only, retarget_base_lock
 
 pytestmark = pytest.mark.engine
 
@@ -97,18 +97,6 @@ def _everything(repo: str, creds: dict[str, str]) -> dict[str, bytes]:
     return found
 
 
-def _refs_under(repo: str) -> list[str]:
-    """The engine's references under *repo*: each tag, or the digest where an image has no tag there
-    (the base pinned by digest alone), which ``docker rmi`` takes."""
-    listed = subprocess.run(["docker", "images", "--digests", "--format", "{{.Repository}} {{.Tag}} {{.Digest}}"],
-                            capture_output=True, text=True, check=False).stdout.splitlines()
-    refs = []
-    for name, tag, digest in (line.split() for line in listed if len(line.split()) == 3):
-        if name == repo or name.startswith(repo + "/"):
-            refs.append(f"{name}:{tag}" if tag != "<none>" else f"{name}@{digest}")
-    return refs
-
-
 @pytest.mark.timeout(2400)  # with the session's base and cpu build (cpu_project) on a fresh engine
 def test_no_credential_in_anything_published_or_printed(cpu_project, auth_registry, tmp_path):
     from cryptography.hazmat.primitives import serialization
@@ -135,8 +123,8 @@ def test_no_credential_in_anything_published_or_printed(cpu_project, auth_regist
 
     try:
         build = run_builder("build", "-t", "cpu", "--push", "--json", "--sign-key", str(key), cwd=root, env=env)
-    finally:  # the tags this build gave under the test's registry (its image and the base) go with the test
-        mine = _refs_under(repo)
+    finally:  # the names this build gave under the test's registry (its image's tags, the base's digest) go
+        mine = engine_refs_under(repo)
         if mine:
             subprocess.run(["docker", "rmi", *mine], capture_output=True, check=False)
     log = build.stdout + build.stderr
