@@ -250,6 +250,24 @@ def forget_engines(hosts: Iterable[str]) -> None:
         owned.build_cache_ledger(engine).discard()
 
 
+def remove_clone_images(engine: Any, root: Path) -> list[str]:
+    """Remove the images the builder recorded for the clone *root* alone that no tag keeps, and their
+    records; their IDs. A test's build that a later one of the same test superseded (or whose tags
+    the test removed) stays as a dangling image on the containerd store, ~0.3 GB of its own each,
+    until ``builder gc`` finds that clone unused for a day."""
+    from builder.config.ownership import clone_id
+    from builder.gc import owned
+
+    ledger = owned.images_ledger(engine)
+    gone = []
+    for image_id in ledger.select(lambda _, record: set(record.clones) == {clone_id(root)}):
+        facts = engine.image(image_id)
+        if facts is None or (not facts.tags and engine.remove_image(image_id) is None):
+            gone.append(image_id)
+    ledger.forget(gone)
+    return gone
+
+
 def registry_folders() -> set[Path]:
     """The builder's registry folders in the user's state (builder/oci/loopback.py), one per loopback port."""
     from builder.config.state import state_dir

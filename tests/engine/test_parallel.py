@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from helpers import publish_base_to, run_builder
+from helpers import publish_base_to, remove_clone_images, run_builder
 
 from devtools.support import copy_project, host_platform
 
@@ -44,3 +44,4 @@ def test_two_targets_in_parallel_share_the_common_layers(based_project, engine, 
             for tag in image.tags:  # the same image may carry other tests' tags: only ours go
                 if tag.startswith(doc["registry"] + ":"):
                     engine.client.api.remove_image(tag, noprune=True)
+        remove_clone_images(engine, root)  # the shared stage's untagged image, and the targets' now

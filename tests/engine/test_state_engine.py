@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers import fetch_wheels, publish_base_to, run_builder
+from helpers import fetch_wheels, publish_base_to, remove_clone_images, run_builder
 
 from builder.config.ownership import run_token
 from builder.images import execute
@@ -59,6 +59,7 @@ def state_project(based_project, engine, tmp_path_factory):
         for tag in image.tags:
             if tag.startswith(doc["registry"] + ":"):
                 engine.client.api.remove_image(tag, noprune=True)
+    remove_clone_images(engine, root)
 
 
 def _shared_wheelhouse() -> Path:
